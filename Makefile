@@ -1,0 +1,45 @@
+# `make test` and `make demo` set everything up from a fresh clone.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup test unit integration demo bench-sim envoy-config clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+# redis-server is needed by the integration suite; install it through apt when we can.
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+	  else \
+	    echo "redis-server is missing: install it (Debian/Ubuntu: sudo apt-get install redis-server)"; exit 1; \
+	  fi; }
+
+test: setup redis
+	$(PY) -m pytest -q
+
+unit: setup
+	$(PY) -m pytest -q tests/unit
+
+integration: setup redis
+	$(PY) -m pytest -q tests/integration
+
+demo: setup
+	$(PY) -m extproc.demo
+
+bench-sim: setup
+	$(PY) -m extproc.sim.bench
+
+envoy-config: setup
+	$(VENV)/bin/extproc envoy-config > envoy/envoy.yaml
+
+clean:
+	rm -rf $(VENV) .pytest_cache
