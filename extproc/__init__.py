@@ -1,0 +1,3 @@
+"""Capacity-aware LLM gateway for heterogeneous GPU fleets (an Envoy ext_proc server)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,68 @@
+"""`extproc <command>`: each command is a thin shell over a library call."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from extproc.server.app import serve
+
+    return serve(args.config, port=args.port, admin_port=args.admin_port,
+                 host=args.host, admin_host=args.admin_host)
+
+
+def _envoy_config(args: argparse.Namespace) -> int:
+    from extproc.envoy_bootstrap import BootstrapOptions, render
+
+    sys.stdout.write(render(BootstrapOptions(
+        listen_port=args.listen_port, extproc_port=args.extproc_port, admin_port=args.admin_port,
+        destination_header=args.destination_header)))
+    return 0
+
+
+def _engine_sim(args: argparse.Namespace) -> int:
+    from extproc.sim.cli import run
+
+    return run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="extproc", description=__doc__)
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the ext_proc gateway")
+    serve.add_argument("--config", required=True, help="YAML config file (reloaded on change)")
+    serve.add_argument("--port", type=int, default=50052, help="ext_proc gRPC port")
+    serve.add_argument("--host", default="0.0.0.0", help="ext_proc gRPC bind address")
+    serve.add_argument("--admin-port", type=int, default=9090, help="/metrics and /healthz port")
+    serve.add_argument("--admin-host", default="127.0.0.1", help="admin bind address")
+    serve.set_defaults(func=_serve)
+
+    envoy = sub.add_parser("envoy-config", help="print an Envoy bootstrap for the gateway")
+    envoy.add_argument("--listen-port", type=int, default=8888)
+    envoy.add_argument("--extproc-port", type=int, default=50052)
+    envoy.add_argument("--admin-port", type=int, default=9901)
+    envoy.add_argument("--destination-header", default="x-gateway-destination-endpoint")
+    envoy.set_defaults(func=_envoy_config)
+
+    sim = sub.add_parser("engine-sim", help="run a simulated vLLM/SGLang engine (or a fleet of them)")
+    try:
+        from extproc.sim.cli import add_arguments
+    except ImportError:  # the simulator is optional at import time; its absence is reported on use
+        add_arguments = None
+    if add_arguments is not None:
+        add_arguments(sim)
+    sim.set_defaults(func=_engine_sim)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.func(args) or 0)
