@@ -1,0 +1,135 @@
+"""Typed gateway settings: a YAML file, overridable by environment variables.
+
+    models:
+      llama2-7b:
+        pods:
+          - {name: a100-0, address: 127.0.0.1:8001, deployment: llama2-7b-a100, labels: {gpu: A100}}
+    routing: {default_strategy: least-request}
+    gateway: {destination_header: x-gateway-destination-endpoint, max_body_bytes: 8388608}
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extproc.pool.pod import Pod
+
+DEFAULT_DESTINATION_HEADER = "x-gateway-destination-endpoint"
+# Envoy's per-connection buffer (envoy_bootstrap.BUFFER_LIMIT_BYTES) must stay above this, so that
+# oversized bodies reach the gateway and get an OpenAI-style 413 instead of Envoy's plain-text one.
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+
+# Environment variable -> (section, key, type). ROUTING_ALGORITHM is the AIBrix gateway's name.
+ENV_OVERRIDES: dict[str, tuple[str, str, type]] = {
+    "EXTPROC_DEFAULT_STRATEGY": ("routing", "default_strategy", str),
+    "ROUTING_ALGORITHM": ("routing", "default_strategy", str),
+    "EXTPROC_DESTINATION_HEADER": ("gateway", "destination_header", str),
+    "EXTPROC_MAX_BODY_BYTES": ("gateway", "max_body_bytes", int),
+    "EXTPROC_DRAIN_TIMEOUT_SECONDS": ("gateway", "drain_timeout_seconds", float),
+}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(slots=True, frozen=True)
+class Config:
+    pods: tuple[Pod, ...] = ()
+    models: tuple[str, ...] = ()
+    default_strategy: str = "least-request"
+    destination_header: str = DEFAULT_DESTINATION_HEADER
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    drain_timeout_seconds: float = 30.0
+    routing: Mapping[str, Any] = field(default_factory=dict)
+
+
+def load(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    return parse(raw, os.environ if env is None else env)
+
+
+def parse(raw: Any, env: Mapping[str, str]) -> Config:
+    if not isinstance(raw, dict):
+        raise ConfigError("config must be a mapping")
+    routing = dict(_section(raw, "routing"))
+    gateway = dict(_section(raw, "gateway"))
+    sections = {"routing": routing, "gateway": gateway}
+    for var, (section, key, kind) in ENV_OVERRIDES.items():
+        if var in env:
+            try:
+                sections[section][key] = kind(env[var])
+            except ValueError:
+                raise ConfigError(f"{var}={env[var]!r} is not a valid {kind.__name__}") from None
+
+    models = _section(raw, "models")
+    pods = tuple(pod for name, spec in models.items() for pod in _pods(name, spec))
+
+    header = str(gateway.get("destination_header", DEFAULT_DESTINATION_HEADER)).lower()
+    if not header or header.startswith(":"):
+        raise ConfigError(f"destination_header {header!r} must be a plain header name")
+    max_body = int(gateway.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+    if max_body <= 0:
+        raise ConfigError("max_body_bytes must be positive")
+    strategy = str(routing.get("default_strategy", "least-request"))
+    from extproc.routing import strategy_names  # late: routing imports nothing from config
+    if strategy not in strategy_names():
+        raise ConfigError(f"default_strategy {strategy!r} is not one of {', '.join(strategy_names())}")
+    return Config(pods=pods, models=tuple(models), default_strategy=strategy,
+                  destination_header=header, max_body_bytes=max_body,
+                  drain_timeout_seconds=float(gateway.get("drain_timeout_seconds", 30.0)),
+                  routing=routing)
+
+
+def _section(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    value = raw.get(name) or {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name} must be a mapping")
+    return value
+
+
+def _pods(model: str, spec: Any) -> list[Pod]:
+    if not isinstance(spec, dict):
+        raise ConfigError(f"models.{model} must be a mapping with a pods list")
+    entries = spec.get("pods") or []
+    if not isinstance(entries, list):
+        raise ConfigError(f"models.{model}.pods must be a list")
+    pods, seen = [], set()
+    for i, entry in enumerate(entries):
+        where = f"models.{model}.pods[{i}]"
+        if not isinstance(entry, dict) or "name" not in entry or "address" not in entry:
+            raise ConfigError(f"{where} needs a name and an address")
+        name = str(entry["name"])
+        if name in seen:
+            raise ConfigError(f"{where}: duplicate pod name {name!r}")
+        seen.add(name)
+        labels = entry.get("labels") or {}
+        if not isinstance(labels, dict):
+            raise ConfigError(f"{where}.labels must be a mapping")
+        pods.append(Pod(model=model, name=name, address=_address(str(entry["address"]), where),
+                        deployment=str(entry.get("deployment", "")),
+                        labels={str(k): str(v) for k, v in labels.items()},
+                        ready=bool(entry.get("ready", True))))
+    return pods
+
+
+def _address(value: str, where: str) -> str:
+    """ORIGINAL_DST needs a literal ip:port; a hostname here would never connect."""
+    host, sep, port = value.rpartition(":")
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+        if not sep or not 0 < int(port) < 65536:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"{where}.address {value!r} must be ip:port") from None
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"

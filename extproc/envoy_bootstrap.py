@@ -1,0 +1,112 @@
+"""`extproc envoy-config`: the Envoy bootstrap that puts the gateway in front of the model pods.
+
+The only upstream is an ORIGINAL_DST cluster that follows the destination header the gateway sets.
+The route to it requires that header; every other request gets a local 503. ext_proc fails closed,
+so no request reaches an upstream without the gateway choosing it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from extproc.config import DEFAULT_DESTINATION_HEADER
+
+# Long prompts are buffered whole for routing: keep Envoy's buffer well above the gateway's
+# max_body_bytes (config.DEFAULT_MAX_BODY_BYTES) so the gateway, not Envoy, answers oversize bodies.
+BUFFER_LIMIT_BYTES = 16 * 1024 * 1024
+TYPE = "type.googleapis.com/"
+
+
+@dataclass(slots=True, frozen=True)
+class BootstrapOptions:
+    listen_port: int = 8888
+    listen_address: str = "0.0.0.0"
+    extproc_port: int = 50052
+    extproc_address: str = "127.0.0.1"
+    admin_port: int = 9901
+    destination_header: str = DEFAULT_DESTINATION_HEADER
+    message_timeout_seconds: int = 300  # a long prompt's body is one message; don't cut it short
+    upstream_connect_timeout_seconds: int = 5
+
+
+def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
+    no_route = {"status": 503, "body": {"inline_string": (
+        '{"error":{"message":"no destination was chosen for this request","type":"server_error",'
+        '"param":null,"code":"no_destination"}}')}}
+    ext_proc = {
+        "@type": TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+        "grpc_service": {"envoy_grpc": {"cluster_name": "extproc"}, "timeout": "30s"},
+        "failure_mode_allow": False,
+        "message_timeout": f"{o.message_timeout_seconds}s",
+        "processing_mode": {
+            "request_header_mode": "SEND",
+            "request_body_mode": "BUFFERED",
+            "response_header_mode": "SEND",
+            "response_body_mode": "STREAMED",
+            "request_trailer_mode": "SKIP",
+            "response_trailer_mode": "SKIP",
+        },
+    }
+    hcm = {
+        "@type": TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "gateway",
+        "codec_type": "AUTO",
+        "stream_idle_timeout": "600s",
+        "route_config": {"name": "gateway", "virtual_hosts": [{
+            "name": "models", "domains": ["*"],
+            "routes": [
+                {"match": {"prefix": "/", "headers": [
+                    {"name": o.destination_header, "present_match": True}]},
+                 "route": {"cluster": "model_pods", "timeout": "0s", "idle_timeout": "600s"}},
+                {"match": {"prefix": "/"}, "direct_response": no_route},
+            ]}]},
+        "http_filters": [
+            {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
+            {"name": "envoy.filters.http.router",
+             "typed_config": {"@type": TYPE + "envoy.extensions.filters.http.router.v3.Router"}},
+        ],
+    }
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": o.admin_port}}},
+        "static_resources": {
+            "listeners": [{
+                "name": "gateway",
+                "address": {"socket_address": {"address": o.listen_address, "port_value": o.listen_port}},
+                "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
+            }],
+            "clusters": [
+                {
+                    "name": "model_pods",
+                    "type": "ORIGINAL_DST",
+                    "lb_policy": "CLUSTER_PROVIDED",
+                    "connect_timeout": f"{o.upstream_connect_timeout_seconds}s",
+                    "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
+                    "original_dst_lb_config": {"use_http_header": True,
+                                               "http_header_name": o.destination_header},
+                },
+                {
+                    "name": "extproc",
+                    "type": "STATIC",
+                    "connect_timeout": "1s",
+                    "typed_extension_protocol_options": {
+                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                            "@type": TYPE + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                            "explicit_http_config": {"http2_protocol_options": {}},
+                        }},
+                    "load_assignment": {"cluster_name": "extproc", "endpoints": [{"lb_endpoints": [{
+                        "endpoint": {"address": {"socket_address": {
+                            "address": o.extproc_address, "port_value": o.extproc_port}}}}]}]},
+                },
+            ],
+        },
+    }
+
+
+def render(options: BootstrapOptions | None = None) -> str:
+    header = "# Generated by `extproc envoy-config`; edit the generator, not this file.\n"
+    return header + yaml.safe_dump(bootstrap(options or BootstrapOptions()), sort_keys=False)

@@ -1,0 +1,23 @@
+"""`least-request`: fewest in-flight requests wins. Blind to GPU speed, which is why load-balance exists."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from extproc.openai import Request
+from extproc.routing.framework import MaxScorePicker, PodView, Profile, RoutingSettings, register
+
+
+class LeastRequestScorer:
+    def score(self, request: Request, pods: Sequence[PodView], now: float) -> list[float]:
+        most = max(p.running for p in pods)
+        if most == 0:
+            return [1.0] * len(pods)
+        return [1.0 - p.running / most for p in pods]
+
+
+@register("least-request")
+def build(settings: RoutingSettings) -> Profile:
+    return Profile("least-request", MaxScorePicker(random.Random(settings.seed)),
+                   scorers=[(LeastRequestScorer(), 1.0)])

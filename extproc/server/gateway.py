@@ -1,0 +1,57 @@
+"""The gateway's live state: config, pool, in-flight counts, strategies and request metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
+
+from extproc.config import Config
+from extproc.openai import Request
+from extproc.pool import Pod, Pool
+from extproc.routing import PodView, Profile, RoutingSettings, build
+from extproc.state.inflight import InFlight
+
+
+disable_created_metrics()  # *_created series double the scrape for no routing value
+
+
+class Gateway:
+    def __init__(self, config: Config, registry: CollectorRegistry | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.clock = clock
+        self.pool = Pool()
+        self.inflight = InFlight(self.registry)
+        self.requests_total = Counter("extproc_requests", "Requests handled, by outcome",
+                                      ["model", "pod", "strategy", "code"], registry=self.registry)
+        self.open_streams = 0
+        self.config = config
+        self._profiles: dict[str, Profile] = {}
+        self.apply(config)
+
+    def apply(self, config: Config) -> None:
+        """Swap in a new config. In-flight tickets keep their own pod keys, so nothing is lost."""
+        pool = Pool(config.pods)
+        for model in config.models:
+            pool.declare(model)
+        self.pool = pool
+        self.config = config
+        self._profiles = {}
+
+    def profile(self, name: str) -> Profile:
+        """The strategy's Profile, built once per config; raises UnknownStrategy."""
+        profile = self._profiles.get(name)
+        if profile is None:
+            profile = self._profiles[name] = build(name, RoutingSettings(
+                seed=self.config.routing.get("seed")))
+        return profile
+
+    def choose(self, request: Request, profile: Profile) -> Pod | None:
+        pods = self.pool.ready_pods(request.model)
+        if not pods:
+            return None
+        running = self.inflight.running
+        chosen = profile.pick(request, [PodView(p, running(p)) for p in pods], self.clock())
+        return chosen.pod if chosen is not None else None
