@@ -33,6 +33,7 @@ ENV_OVERRIDES: dict[str, tuple[str, str, type]] = {
     "EXTPROC_DESTINATION_HEADER": ("gateway", "destination_header", str),
     "EXTPROC_MAX_BODY_BYTES": ("gateway", "max_body_bytes", int),
     "EXTPROC_DRAIN_TIMEOUT_SECONDS": ("gateway", "drain_timeout_seconds", float),
+    "EXTPROC_DRAIN_NOTICE_SECONDS": ("gateway", "drain_notice_seconds", float),
 }
 
 
@@ -48,6 +49,9 @@ class Config:
     destination_header: str = DEFAULT_DESTINATION_HEADER
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     drain_timeout_seconds: float = 30.0
+    # NOT_SERVING is announced this long before new streams are refused, so that health checkers
+    # (Envoy's, Kubernetes') can steer traffic away first.
+    drain_notice_seconds: float = 0.0
     routing: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -88,6 +92,7 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
     return Config(pods=pods, models=tuple(models), default_strategy=strategy,
                   destination_header=header, max_body_bytes=max_body,
                   drain_timeout_seconds=float(gateway.get("drain_timeout_seconds", 30.0)),
+                  drain_notice_seconds=float(gateway.get("drain_notice_seconds", 0.0)),
                   routing=routing)
 
 

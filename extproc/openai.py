@@ -108,7 +108,7 @@ def _message_text(message: Any) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     if isinstance(content, list):  # content parts: keep the text ones
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return "\n".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     raise bad_request("message content must be a string or an array of parts", param="messages")
 
 

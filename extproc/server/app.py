@@ -96,6 +96,7 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     for service in ("", EXTPROC_SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     watcher.cancel()
+    await asyncio.sleep(gateway.config.drain_notice_seconds)
     # stop() refuses new streams at once, waits for open ones up to the grace, then cancels them;
     # cancellation runs each Stream.close(), so in-flight counts still balance.
     await server.stop(gateway.config.drain_timeout_seconds)

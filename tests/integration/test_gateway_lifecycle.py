@@ -1,0 +1,132 @@
+"""Config reload, graceful drain on SIGTERM, the gRPC health service, and the Envoy bootstrap."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import grpc
+import openai
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from extproc.envoy_bootstrap import render
+from tests.support.procs import VENV_BIN, free_port, wait_until
+from tests.support.stack import Stack, http_get, upstream_stats
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def pods_config(*pods: tuple[str, int], model: str = "m") -> dict:
+    return {"models": {model: {"pods": [{"name": n, "address": f"127.0.0.1:{p}"} for n, p in pods]}}}
+
+
+@pytest.fixture
+def fresh_stack(tmp_path: Path, upstreams: dict[str, int]) -> Iterator[Stack]:
+    s = Stack(config_path=tmp_path / "gateway.yaml", log_dir=tmp_path,
+              env={"EXTPROC_DRAIN_TIMEOUT_SECONDS": "20", "EXTPROC_DRAIN_NOTICE_SECONDS": "3"})
+    s.write_config(pods_config(("a", upstreams["a"])))
+    s.start_gateway()
+    s.start_envoy()
+    yield s
+    s.stop()
+
+
+def health_status(port: int, service: str) -> int:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        return health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=2).status
+
+
+async def test_config_change_is_reloaded_and_invalid_one_rejected(fresh_stack: Stack, upstreams):
+    client = openai.AsyncOpenAI(base_url=fresh_stack.url + "/v1", api_key="x", max_retries=0)
+
+    async def model_ids() -> set[str]:
+        return {m.id for m in (await client.models.list()).data}
+
+    fresh_stack.write_config({"models": {**pods_config(("a", upstreams["a"]))["models"],
+                                         **pods_config(("b", upstreams["b"]), model="m2")["models"]}})
+    deadline = asyncio.get_running_loop().time() + 10
+    while await model_ids() != {"m", "m2"}:
+        assert asyncio.get_running_loop().time() < deadline, "reload not seen"
+        await asyncio.sleep(0.05)
+    before = upstream_stats(upstreams["b"])["requests"]
+    await client.chat.completions.create(model="m2", messages=[{"role": "user", "content": "x"}])
+    assert upstream_stats(upstreams["b"])["requests"] == before + 1
+
+    fresh_stack.config_path.write_text("models: [this is: not, valid")
+    wait_until(lambda: "rejected, keeping the previous one" in fresh_stack.gateway.log(),
+               what="invalid config rejected")
+    assert await model_ids() == {"m", "m2"}  # the old config still serves
+
+
+async def test_sigterm_drains_in_flight_streams_then_exits_zero(fresh_stack: Stack):
+    assert health_status(fresh_stack.extproc_port, "") == health_pb2.HealthCheckResponse.SERVING
+    assert health_status(fresh_stack.extproc_port, "envoy.service.ext_proc.v3.ExternalProcessor") \
+        == health_pb2.HealthCheckResponse.SERVING
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(fresh_stack.url + "/v1/chat/completions", json={
+            "model": "m", "stream": True, "max_tokens": 30,
+            "messages": [{"role": "user", "content": "x"}]}, headers={"x-token-delay": "0.03"})
+        await resp.content.readline()
+        fresh_stack.gateway.popen.send_signal(signal.SIGTERM)
+        wait_until(lambda: http_get(fresh_stack.admin_url + "/healthz")[0] == 503, what="draining")
+        wait_until(lambda: health_status(fresh_stack.extproc_port, "")
+                   == health_pb2.HealthCheckResponse.NOT_SERVING, what="gRPC health NOT_SERVING")
+        rest = await resp.content.read()  # the in-flight stream still completes
+    assert rest.count(b"data: {") == 29 and rest.endswith(b"data: [DONE]\n\n")
+    assert fresh_stack.gateway.popen.wait(20) == 0
+
+
+def test_envoy_config_is_valid_and_checked_in():
+    out = subprocess.run([str(VENV_BIN / "extproc"), "envoy-config"], capture_output=True, text=True,
+                         check=True).stdout
+    assert out == (REPO / "envoy" / "envoy.yaml").read_text(), "run `make envoy-config`"
+    check = subprocess.run([str(VENV_BIN / "envoy"), "--mode", "validate", "-c",
+                            str(REPO / "envoy" / "envoy.yaml")], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_custom_destination_header_validates(tmp_path: Path):
+    from extproc.envoy_bootstrap import BootstrapOptions
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render(BootstrapOptions(destination_header="target-pod", admin_port=free_port())))
+    check = subprocess.run([str(VENV_BIN / "envoy"), "--mode", "validate", "-c", str(path)],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "http_header_name: target-pod" in path.read_text()
+
+
+async def test_unreachable_pod_gives_503_and_balances_counts(tmp_path: Path):
+    dead_port = free_port()  # nothing listens here
+    s = Stack(config_path=tmp_path / "gateway.yaml", log_dir=tmp_path)
+    s.write_config(pods_config(("dead", dead_port)))
+    s.start_gateway()
+    s.start_envoy()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(s.url + "/v1/chat/completions", json={
+                    "model": "m", "messages": [{"role": "user", "content": "x"}]}) as resp:
+                assert resp.status == 503
+                assert resp.headers["target-pod"] == "dead"
+        wait_until(lambda: 'code="503",model="m",pod="dead"' in s.metrics(), what="503 counted")
+        assert s.running("m", "dead") == 0
+    finally:
+        s.stop()
+
+
+def test_gateway_refuses_a_taken_port(tmp_path: Path):
+    s = Stack(config_path=tmp_path / "gateway.yaml", log_dir=tmp_path)
+    s.write_config(pods_config(("a", 1)))
+    s.start_gateway()
+    try:
+        clash = subprocess.run([str(VENV_BIN / "extproc"), "serve", "--config", str(s.config_path),
+                                "--port", str(s.extproc_port), "--admin-port", str(free_port())],
+                               capture_output=True, text=True, timeout=30)
+        assert clash.returncode != 0
+    finally:
+        s.stop()

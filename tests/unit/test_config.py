@@ -1,0 +1,42 @@
+import pytest
+
+from extproc.config import ConfigError, parse
+
+BASE = {"models": {"m": {"pods": [{"name": "p0", "address": "10.0.0.1:8000", "labels": {"gpu": "A100"}}]}}}
+
+
+def test_defaults_and_pods():
+    c = parse(BASE, {})
+    assert c.default_strategy == "least-request"
+    assert c.destination_header == "x-gateway-destination-endpoint"
+    (pod,) = c.pods
+    assert (pod.model, pod.name, pod.address, pod.gpu, pod.ready) == ("m", "p0", "10.0.0.1:8000", "A100", True)
+
+
+def test_environment_overrides_file():
+    c = parse({**BASE, "routing": {"default_strategy": "random"}},
+              {"EXTPROC_DEFAULT_STRATEGY": "least-request", "EXTPROC_DESTINATION_HEADER": "Target-Pod",
+               "EXTPROC_MAX_BODY_BYTES": "1024"})
+    assert (c.default_strategy, c.destination_header, c.max_body_bytes) == ("least-request", "target-pod", 1024)
+
+
+def test_ipv6_address_is_bracketed():
+    c = parse({"models": {"m": {"pods": [{"name": "p", "address": "[::1]:8000"}]}}}, {})
+    assert c.pods[0].address == "[::1]:8000"
+
+
+@pytest.mark.parametrize("raw,env", [
+    ([], {}),
+    ({"models": {"m": {"pods": [{"name": "p", "address": "pod.svc:8000"}]}}}, {}),  # hostname
+    ({"models": {"m": {"pods": [{"name": "p", "address": "10.0.0.1"}]}}}, {}),  # no port
+    ({"models": {"m": {"pods": [{"name": "p", "address": "10.0.0.1:0"}]}}}, {}),
+    ({"models": {"m": {"pods": [{"name": "p", "address": "10.0.0.1:1"},
+                                {"name": "p", "address": "10.0.0.2:1"}]}}}, {}),  # duplicate
+    ({"models": {"m": {"pods": [{"address": "10.0.0.1:1"}]}}}, {}),
+    ({**BASE, "routing": {"default_strategy": "nope"}}, {}),
+    (BASE, {"EXTPROC_MAX_BODY_BYTES": "lots"}),
+    ({**BASE, "gateway": {"destination_header": ":authority"}}, {}),
+])
+def test_invalid_configs_are_rejected(raw, env):
+    with pytest.raises(ConfigError):
+        parse(raw, env)

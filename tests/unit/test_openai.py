@@ -1,0 +1,60 @@
+import json
+
+import pytest
+
+from extproc.openai import CHAT_PATH, COMPLETIONS_PATH, OpenAIError, estimate_tokens, parse_request
+
+
+def body(**kw) -> bytes:
+    return json.dumps(kw).encode()
+
+
+def test_chat_request_fields():
+    r = parse_request(CHAT_PATH, body(model="m", stream=True, max_completion_tokens=7, user="u",
+                                      messages=[{"role": "user", "content": "abcdefgh"}]))
+    assert (r.model, r.stream, r.max_tokens, r.user) == ("m", True, 7, "u")
+    assert r.prompt_tokens == 2
+
+
+def test_max_completion_tokens_wins_over_max_tokens():
+    r = parse_request(COMPLETIONS_PATH, body(model="m", prompt="x", max_tokens=3, max_completion_tokens=9))
+    assert r.max_tokens == 9
+
+
+def test_content_parts_and_token_id_prompts():
+    r = parse_request(CHAT_PATH, body(model="m", messages=[
+        {"role": "user", "content": [{"type": "text", "text": "abcd"}, {"type": "image_url"}]}]))
+    assert r.prompt_tokens == 1
+    assert parse_request(COMPLETIONS_PATH, body(model="m", prompt=[1, 2, 3])).prompt_tokens == 3
+
+
+def test_header_model_used_only_when_body_has_none():
+    assert parse_request(CHAT_PATH, body(messages=[{"content": "x"}]), header_model="h").model == "h"
+    assert parse_request(CHAT_PATH, body(model="b", messages=[{"content": "x"}]), "h").model == "b"
+
+
+@pytest.mark.parametrize("raw,param", [
+    (b"{", None), (b"[1]", None), (b"\xff", None),
+    (body(messages=[{"content": "x"}]), "model"),
+    (body(model=3, messages=[{"content": "x"}]), "model"),
+    (body(model="m", messages=[]), "messages"),
+    (body(model="m", messages=["x"]), "messages"),
+    (body(model="m", messages=[{"content": "x"}], stream="yes"), "stream"),
+    (body(model="m", messages=[{"content": "x"}], max_tokens=-1), "max_tokens"),
+    (body(model="m", messages=[{"content": "x"}], max_tokens=True), "max_tokens"),
+])
+def test_bad_requests_are_400_with_param(raw, param):
+    with pytest.raises(OpenAIError) as err:
+        parse_request(CHAT_PATH, raw)
+    assert err.value.status == 400
+    assert err.value.param == param
+    assert set(json.loads(err.value.body())["error"]) == {"message", "type", "param", "code"}
+
+
+def test_bad_completions_prompt():
+    with pytest.raises(OpenAIError):
+        parse_request(COMPLETIONS_PATH, body(model="m", prompt={"a": 1}))
+
+
+def test_estimate_tokens_rounds_up():
+    assert [estimate_tokens("x" * n) for n in (0, 1, 4, 5)] == [0, 1, 1, 2]

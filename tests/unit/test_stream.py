@@ -1,0 +1,171 @@
+"""The ext_proc state machine over fake message sequences: routing, errors, counts that balance."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
+from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, HttpHeaders, ProcessingRequest
+
+from extproc.config import parse
+from extproc.server.gateway import Gateway
+from extproc.server.processor import Processor, Stream
+
+CONFIG = {"models": {
+    "m": {"pods": [{"name": "p0", "address": "10.0.0.1:8000"}, {"name": "p1", "address": "10.0.0.2:8000"}]},
+    "down": {"pods": [{"name": "d0", "address": "10.0.0.3:8000", "ready": False}]},
+}, "gateway": {"max_body_bytes": 1000}}
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture
+def gw() -> Gateway:
+    return Gateway(parse(CONFIG, {}))
+
+
+def req_headers(path="/v1/chat/completions", method="POST", eos=False, **extra) -> ProcessingRequest:
+    pairs = {":path": path, ":method": method, "x-request-id": "rid-1", **extra}
+    return ProcessingRequest(request_headers=HttpHeaders(end_of_stream=eos, headers=HeaderMap(
+        headers=[HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()])))
+
+
+def req_body(body, eos=True) -> ProcessingRequest:
+    raw = json.dumps(body).encode() if isinstance(body, dict) else body
+    return ProcessingRequest(request_body=HttpBody(body=raw, end_of_stream=eos))
+
+
+def resp_headers(status="200", eos=False) -> ProcessingRequest:
+    return ProcessingRequest(response_headers=HttpHeaders(end_of_stream=eos, headers=HeaderMap(
+        headers=[HeaderValue(key=":status", raw_value=status.encode())])))
+
+
+def resp_body(eos: bool) -> ProcessingRequest:
+    return ProcessingRequest(response_body=HttpBody(body=b"data: {}\n\n", end_of_stream=eos))
+
+
+def header_map(mutation) -> dict[str, str]:
+    return {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers}
+
+
+def error_of(resp) -> tuple[int, dict]:
+    imm = resp.immediate_response
+    return imm.status.code, json.loads(imm.body)["error"]
+
+
+def test_routes_and_sets_destination_header_and_metadata(gw: Gateway):
+    s = Stream(gw)
+    r = s.handle(req_headers(**{"x-gateway-destination-endpoint": "127.0.0.1:1"}))
+    assert list(r.request_headers.response.header_mutation.remove_headers) == ["x-gateway-destination-endpoint"]
+    r = s.handle(req_body(CHAT))
+    dest = header_map(r.request_body.response.header_mutation)["x-gateway-destination-endpoint"]
+    assert dest in {"10.0.0.1:8000", "10.0.0.2:8000"}
+    assert r.request_body.response.clear_route_cache
+    lb = r.dynamic_metadata.fields["envoy.lb"].struct_value.fields
+    assert lb["x-gateway-destination-endpoint"].string_value == dest
+    assert gw.inflight.total() == 1
+    r = s.handle(resp_headers())
+    added = header_map(r.response_headers.response.header_mutation)
+    assert added == {"request-id": "rid-1", "routing-strategy": "least-request", "target-pod": s.pod.name}
+    s.handle(resp_body(eos=False))
+    assert gw.inflight.total() == 1
+    s.handle(resp_body(eos=True))
+    assert gw.inflight.total() == 0
+    s.close()
+    assert gw.inflight.total() == 0
+    assert gw.requests_total.labels("m", s.pod.name, "least-request", "200")._value.get() == 1
+
+
+def test_least_request_spreads_concurrent_requests(gw: Gateway):
+    streams = [Stream(gw) for _ in range(4)]
+    for s in streams:
+        s.handle(req_headers())
+        s.handle(req_body(CHAT))
+    assert sorted(s.pod.name for s in streams) == ["p0", "p0", "p1", "p1"]
+    for s in streams:
+        s.close()
+    assert gw.inflight.total() == 0
+
+
+def test_abort_before_response_releases_once(gw: Gateway):
+    s = Stream(gw)
+    s.handle(req_headers())
+    s.handle(req_body(CHAT))
+    s.close()
+    s.close()
+    assert gw.inflight.total() == 0
+    assert gw.requests_total.labels("m", s.pod.name, "least-request", "aborted")._value.get() == 1
+
+
+def test_response_without_body_ends_at_headers(gw: Gateway):
+    s = Stream(gw)
+    s.handle(req_headers())
+    s.handle(req_body(CHAT))
+    s.handle(resp_headers("204", eos=True))
+    assert gw.inflight.total() == 0
+
+
+def test_chunked_request_body_is_accumulated(gw: Gateway):
+    s = Stream(gw)
+    s.handle(req_headers())
+    raw = json.dumps(CHAT).encode()
+    assert not s.handle(req_body(raw[:10], eos=False)).HasField("immediate_response")
+    r = s.handle(req_body(raw[10:], eos=True))
+    assert r.request_body.response.header_mutation.set_headers
+
+
+@pytest.mark.parametrize("msgs,status,code", [
+    ([req_headers(), req_body(b"{oops")], 400, "invalid_json"),
+    ([req_headers(), req_body({**CHAT, "model": "x"})], 404, "model_not_found"),
+    ([req_headers(), req_body({**CHAT, "model": "down"})], 503, "no_ready_pod"),
+    ([req_headers(**{"routing-strategy": "nope"})], 400, "unknown_routing_strategy"),
+    ([req_headers(eos=True)], 400, "missing_body"),
+    ([req_headers(path="/admin", method="GET", eos=True)], 404, "unknown_route"),
+    ([req_headers(), req_body(b"x" * 600, eos=False), req_body(b"x" * 600)], 413, "request_too_large"),
+])
+def test_errors_are_immediate_openai_responses(gw: Gateway, msgs, status, code):
+    s = Stream(gw)
+    for m in msgs:
+        r = s.handle(m)
+    assert error_of(r)[0] == status
+    assert error_of(r)[1]["code"] == code
+    assert s.done and gw.inflight.total() == 0
+
+
+def test_models_listing(gw: Gateway):
+    r = Stream(gw).handle(req_headers(path="/v1/models?x=1", method="GET", eos=True))
+    assert r.immediate_response.status.code == 200
+    assert [m["id"] for m in json.loads(r.immediate_response.body)["data"]] == ["down", "m"]
+
+
+def test_reload_keeps_in_flight_tickets(gw: Gateway):
+    s = Stream(gw)
+    s.handle(req_headers())
+    s.handle(req_body(CHAT))
+    gw.apply(parse({"models": {"m": {"pods": [{"name": "p9", "address": "10.0.0.9:1"}]}}}, {}))
+    s.handle(resp_headers())
+    s.handle(resp_body(eos=True))
+    assert gw.inflight.total() == 0
+
+
+async def test_processor_releases_on_cancellation(gw: Gateway):
+    routed = asyncio.Event()
+
+    async def envoy():
+        yield req_headers()
+        yield req_body(CHAT)
+        routed.set()
+        await asyncio.Event().wait()  # the client hangs; Envoy will cancel the stream
+
+    async def consume():
+        async for _ in Processor(gw).Process(envoy(), None):
+            pass
+
+    task = asyncio.create_task(consume())
+    await routed.wait()
+    assert gw.inflight.total() == 1 and gw.open_streams == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert gw.inflight.total() == 0 and gw.open_streams == 0
