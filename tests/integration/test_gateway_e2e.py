@@ -9,8 +9,8 @@ import aiohttp
 import openai
 import pytest
 
+from extproc.localstack import wait_until
 from tests.integration.conftest import MODEL
-from tests.support.procs import wait_until
 from tests.support.stack import Stack, upstream_stats
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Say this is a test!"}]}
@@ -93,7 +93,8 @@ async def test_client_sent_destination_header_is_ignored(stack: Stack, upstreams
     assert headers["x-upstream"] == "a"
     assert upstream_stats(upstreams["b"])["requests"] == before_b
     seen = upstream_stats(upstreams["a"])["headers"][-1]
-    assert {k.lower(): v for k, v in seen.items()}["x-gateway-destination-endpoint"] == f"127.0.0.1:{upstreams['a']}"
+    seen = {k.lower(): v for k, v in seen.items()}
+    assert seen["x-gateway-destination-endpoint"] == f"127.0.0.1:{upstreams['a']}"
 
 
 async def test_in_flight_count_returns_to_zero_after_client_aborts(stack: Stack):

@@ -15,7 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from extproc.envoy_bootstrap import render
-from tests.support.procs import VENV_BIN, free_port, wait_until
+from extproc.localstack import VENV_BIN, free_port, wait_until
 from tests.support.stack import Stack, http_get, upstream_stats
 
 REPO = Path(__file__).resolve().parents[2]

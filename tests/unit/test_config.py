@@ -10,14 +10,16 @@ def test_defaults_and_pods():
     assert c.default_strategy == "least-request"
     assert c.destination_header == "x-gateway-destination-endpoint"
     (pod,) = c.pods
-    assert (pod.model, pod.name, pod.address, pod.gpu, pod.ready) == ("m", "p0", "10.0.0.1:8000", "A100", True)
+    assert (pod.model, pod.name, pod.address, pod.gpu) == ("m", "p0", "10.0.0.1:8000", "A100")
+    assert pod.ready
 
 
 def test_environment_overrides_file():
     c = parse({**BASE, "routing": {"default_strategy": "random"}},
               {"EXTPROC_DEFAULT_STRATEGY": "least-request", "EXTPROC_DESTINATION_HEADER": "Target-Pod",
                "EXTPROC_MAX_BODY_BYTES": "1024"})
-    assert (c.default_strategy, c.destination_header, c.max_body_bytes) == ("least-request", "target-pod", 1024)
+    assert (c.default_strategy, c.destination_header) == ("least-request", "target-pod")
+    assert c.max_body_bytes == 1024
 
 
 def test_ipv6_address_is_bracketed():

@@ -1,0 +1,165 @@
+"""Run the gateway locally as real processes: Envoy, `extproc serve`, engines on free ports.
+
+Used by `make demo`, the benchmarks and the integration tests, so they all exercise the same wiring.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extproc.envoy_bootstrap import BootstrapOptions, render
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ProcessExited(RuntimeError):
+    pass
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 20.0, what: str = "condition",
+               interval: float = 0.02) -> None:
+    """Poll `check` until it is true; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except ProcessExited:
+            raise
+        except Exception:  # not up yet
+            pass
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+class Proc:
+    """A child process whose output goes to a log file that failures print."""
+
+    def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None):
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self._log = open(self.log_path, "wb")
+        self.popen = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
+                                      env={**os.environ, **(env or {})}, start_new_session=True)
+
+    def wait_ready(self, check: Callable[[], bool], timeout: float = 30.0) -> None:
+        def ready() -> bool:
+            if self.popen.poll() is not None:
+                raise ProcessExited(f"{self.name} exited with {self.popen.returncode}:\n{self.log()}")
+            return check()
+        try:
+            wait_until(ready, timeout, what=self.name)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\n{self.log()}") from None
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self._log.close()
+        return self.popen.returncode
+
+
+def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+@dataclass
+class LocalStack:
+    config_path: Path
+    log_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    extproc_port: int = field(default_factory=free_port)
+    admin_port: int = field(default_factory=free_port)
+    envoy_port: int = field(default_factory=free_port)
+    envoy_admin_port: int = field(default_factory=free_port)
+    gateway: Proc | None = None
+    envoy: Proc | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.envoy_port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        tmp = self.config_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(config))
+        tmp.replace(self.config_path)  # atomic, like a ConfigMap update
+
+    def start_gateway(self) -> None:
+        self.gateway = Proc("gateway", [str(VENV_BIN / "extproc"), "serve", "--config", str(self.config_path),
+                                        "--port", str(self.extproc_port),
+                                        "--admin-port", str(self.admin_port)], self.log_dir, self.env)
+        self.gateway.wait_ready(lambda: http_get(self.admin_url + "/healthz")[0] == 200
+                                and port_open(self.extproc_port))
+
+    def start_envoy(self, **options: Any) -> None:
+        bootstrap = self.log_dir / "envoy.yaml"
+        bootstrap.write_text(render(BootstrapOptions(
+            listen_port=self.envoy_port, listen_address="127.0.0.1", extproc_port=self.extproc_port,
+            admin_port=self.envoy_admin_port, **options)))
+        self.envoy = Proc("envoy", [str(VENV_BIN / "envoy"), "-c", str(bootstrap), "--concurrency", "1",
+                                    "--disable-hot-restart", "-l", "warning"], self.log_dir)
+        self.envoy.wait_ready(lambda: http_get(
+            f"http://127.0.0.1:{self.envoy_admin_port}/ready")[0] == 200 and port_open(self.envoy_port))
+
+    def metrics(self) -> str:
+        return http_get(self.admin_url + "/metrics")[1].decode()
+
+    def running(self, model: str, pod: str) -> float:
+        """extproc_pod_running_requests for one pod, parsed from /metrics."""
+        from prometheus_client.parser import text_string_to_metric_families
+        for family in text_string_to_metric_families(self.metrics()):
+            if family.name == "extproc_pod_running_requests":
+                for s in family.samples:
+                    if s.labels == {"model": model, "pod": pod}:
+                        return s.value
+        return 0.0
+
+    def stop(self) -> None:
+        for proc in (self.envoy, self.gateway):
+            if proc is not None:
+                proc.stop()
