@@ -13,7 +13,6 @@ from extproc.pool import Pod, Pool
 from extproc.routing import PodView, Profile, RoutingSettings, build
 from extproc.state.inflight import InFlight
 
-
 disable_created_metrics()  # *_created series double the scrape for no routing value
 
 
