@@ -1,0 +1,289 @@
+"""The engine model: vLLM-style continuous batching, paged KV cache and recompute preemption.
+
+Pure and clock-injected: nothing here reads a clock or sleeps. A driver owns time:
+
+    engine.add(SimRequest("r1", prompt_tokens=512, max_tokens=128), now)
+    while engine.has_work():
+        res = engine.step(now)          # plans and applies one forward pass starting at `now`
+        now = res.end                   # its tokens become visible at res.end
+        deliver(res.emitted, res.finished)
+
+`step` must not be called again before the previous result's `end` (the GPU is busy). The live server
+sleeps until `end` on a scaled wall clock; a discrete-event simulation jumps to it. Requests added while
+a step runs join the next step, as in vLLM.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from extproc.sim.perf import PerfModel, blocks_for
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    max_num_seqs: int = 256  # vLLM default
+    # Token budget per step (chunked prefill). vLLM V1's default for online serving on big GPUs is 2048-8192.
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None  # defaults to the model's context length (capped by KV capacity)
+    # Fault injection: a fraction of KV blocks held by a phantom tenant. Usage reads >= this, and the
+    # blocks are really unavailable, so the engine queues and preempts as it would under real pressure.
+    kv_pressure: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    request_id: str
+    prompt_tokens: int
+    max_tokens: int
+
+
+@dataclass(slots=True)
+class SeqState:
+    """A request inside the engine; returned to the driver when it finishes (for latency metrics)."""
+    request: SimRequest
+    arrival: float
+    num_computed: int = 0  # tokens whose KV is in cache (prompt + output), reset on preemption
+    num_output: int = 0
+    num_blocks: int = 0
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    preemptions: int = 0
+    prompt_counted: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def total_tokens(self) -> int:
+        return self.request.prompt_tokens + self.num_output
+
+
+@dataclass(slots=True)
+class StepResult:
+    start: float
+    duration: float
+    emitted: list[str] = field(default_factory=list)  # request ids that got one new token at `end`
+    finished: list[SeqState] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    num_tokens: int = 0  # query tokens in the batch
+    num_seqs: int = 0
+    prefill_tokens: int = 0
+
+    @property
+    def end(self) -> float:
+        return self.start + self.duration
+
+
+class CapacityError(ValueError):
+    """The request can never fit (longer than max_model_len or than the whole KV cache)."""
+
+
+class Engine:
+    def __init__(self, perf: PerfModel, config: EngineConfig = EngineConfig()) -> None:
+        self.perf = perf
+        self.config = config
+        self.total_blocks = perf.kv_blocks(config.block_size, config.gpu_memory_utilization)
+        if self.total_blocks <= 0:
+            raise ValueError(f"{perf.model.name} does not fit on {perf.tensor_parallel}x {perf.gpu.name}")
+        self.phantom_blocks = 0
+        self.set_kv_pressure(config.kv_pressure)
+        self.used_blocks = 0
+        self.running: list[SeqState] = []
+        self.waiting: deque[SeqState] = deque()
+        self._by_id: dict[str, SeqState] = {}
+        # Multiplies step time; the shell raises it during a slow-start fault.
+        self.slowdown = 1.0
+        # Counters (monotonic, vLLM semantics).
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.preemptions_total = 0
+        self.requests_finished_total = 0
+        self.busy_seconds_total = 0.0
+        self.steps_total = 0
+        self._busy_until = float("-inf")
+        self._recent_steps: deque[tuple[float, float]] = deque()
+
+    # --- configuration -----------------------------------------------------------------------------
+    @property
+    def max_model_len(self) -> int:
+        limit = self.config.max_model_len or self.perf.model.max_model_len
+        usable = (self.total_blocks - self.phantom_blocks) * self.config.block_size
+        return max(1, min(limit, usable))
+
+    def set_kv_pressure(self, fraction: float) -> None:
+        self.phantom_blocks = min(self.total_blocks - 1, int(self.total_blocks * max(0.0, fraction)))
+
+    # --- requests ----------------------------------------------------------------------------------
+    def add(self, request: SimRequest, now: float) -> None:
+        if request.request_id in self._by_id:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        if request.prompt_tokens < 1 or request.max_tokens < 1:
+            raise CapacityError("prompt and max_tokens must be at least 1 token")
+        if request.prompt_tokens + request.max_tokens > self.max_model_len:
+            raise CapacityError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{request.prompt_tokens + request.max_tokens} tokens ({request.prompt_tokens} in the messages, "
+                f"{request.max_tokens} in the completion).")
+        seq = SeqState(request, now)
+        self._by_id[request.request_id] = seq
+        self.waiting.append(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request (client went away). Returns whether it was still in the engine."""
+        seq = self._by_id.pop(request_id, None)
+        if seq is None:
+            return False
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        else:
+            self.running.remove(seq)
+        self._free(seq)
+        return True
+
+    def get(self, request_id: str) -> SeqState | None:
+        return self._by_id.get(request_id)
+
+    # --- observable state (vLLM semantics) ---------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        # Preempted requests go back to waiting, as in vLLM's num_requests_waiting.
+        return len(self.waiting)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction 0..1 of KV blocks in use (vllm:kv_cache_usage_perc is a fraction despite its name)."""
+        return (self.used_blocks + self.phantom_blocks) / self.total_blocks
+
+    def busy_until(self) -> float:
+        return self._busy_until
+
+    def utilization(self, now: float, window: float = 1.0) -> float:
+        """Busy fraction of [now - window, now]: the "GPU utilization" a DCGM exporter would report."""
+        lo = now - window
+        recent = self._recent_steps
+        while recent and recent[0][1] <= lo:
+            recent.popleft()
+        busy = 0.0
+        for start, end in recent:
+            busy += max(0.0, min(end, now) - max(start, lo))
+        return min(1.0, busy / window) if window > 0 else 0.0
+
+    # --- the step ----------------------------------------------------------------------------------
+    def step(self, now: float) -> StepResult | None:
+        """Schedule and apply one forward pass starting at `now`; None when there is nothing to run."""
+        if not self.has_work():
+            return None
+        start = max(now, self._busy_until)
+        res = StepResult(start, 0.0)
+        scheduled = self._schedule(res)
+        if not scheduled:
+            return None
+        num_tokens = kv_read = 0
+        attn_pairs = 0.0
+        prefill = 0
+        for seq, n in scheduled:
+            before = seq.num_computed
+            num_tokens += n
+            kv_read += before + n
+            attn_pairs += n * before + n * (n + 1) / 2
+            if not (n == 1 and before >= seq.request.prompt_tokens):
+                prefill += n
+            seq.num_computed = before + n
+        duration = self.perf.step_time(num_tokens, len(scheduled), kv_read, attn_pairs) * self.slowdown
+        res.duration = duration
+        res.num_tokens, res.num_seqs, res.prefill_tokens = num_tokens, len(scheduled), prefill
+        end = start + duration
+        for seq, _ in scheduled:
+            if seq.num_computed < seq.total_tokens:
+                continue  # mid-prefill chunk: no token yet
+            if not seq.prompt_counted:
+                seq.prompt_counted = True
+                self.prompt_tokens_total += seq.request.prompt_tokens
+            seq.num_output += 1
+            self.generation_tokens_total += 1
+            res.emitted.append(seq.request_id)
+            if seq.first_token_time is None:
+                seq.first_token_time = end
+            if seq.num_output >= seq.request.max_tokens:
+                seq.finish_time = end
+                res.finished.append(seq)
+        for seq in res.finished:
+            self.running.remove(seq)
+            del self._by_id[seq.request_id]
+            self._free(seq)
+        self.requests_finished_total += len(res.finished)
+        self.busy_seconds_total += duration
+        self.steps_total += 1
+        self._busy_until = end
+        self._recent_steps.append((start, end))
+        return res
+
+    def _schedule(self, res: StepResult) -> list[tuple[SeqState, int]]:
+        """vLLM V1 order: running sequences first (decode or next prefill chunk), then admit waiting ones.
+
+        When a running sequence cannot get a block, the newest running sequence is preempted (its blocks
+        freed, its progress dropped for recompute) and goes to the front of the waiting queue.
+        """
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[tuple[SeqState, int]] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.total_tokens - seq.num_computed, budget)
+            while not self._allocate(seq, seq.num_computed + n):
+                victim = self.running.pop()
+                self._preempt(victim, res)
+                if victim is seq:
+                    break
+            else:
+                scheduled.append((seq, n))
+                budget -= n
+                i += 1
+                continue
+            break  # the sequence itself was preempted: nothing after it in `running` remains
+        if res.preempted:
+            return scheduled  # as vLLM: no admissions in a step that had to preempt
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            n = min(seq.total_tokens - seq.num_computed, budget)
+            if not self._allocate(seq, seq.num_computed + n):
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            scheduled.append((seq, n))
+            budget -= n
+        return scheduled
+
+    def _allocate(self, seq: SeqState, tokens: int) -> bool:
+        need = blocks_for(tokens, self.config.block_size) - seq.num_blocks
+        if need <= 0:
+            return True
+        if self.used_blocks + self.phantom_blocks + need > self.total_blocks:
+            return False
+        seq.num_blocks += need
+        self.used_blocks += need
+        return True
+
+    def _free(self, seq: SeqState) -> None:
+        self.used_blocks -= seq.num_blocks
+        seq.num_blocks = 0
+
+    def _preempt(self, seq: SeqState, res: StepResult) -> None:
+        self._free(seq)
+        seq.num_computed = 0
+        seq.preemptions += 1
+        self.preemptions_total += 1
+        self.waiting.appendleft(seq)
+        res.preempted.append(seq.request_id)

@@ -1,0 +1,329 @@
+"""The imperative shell: an aiohttp server that speaks OpenAI and drives one `Engine` on a scaled clock.
+
+One engine-loop task per replica steps the model, sleeps until the step's end on the wall clock, then
+hands the emitted tokens to the waiting responders (one future per stream, woken once per step), so the
+cost is one timer per step, not one per token per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from extproc.sim.engine import CapacityError, Engine, SeqState, SimRequest, StepResult
+from extproc.sim.faults import RequestFaults, decide, in_slow_start
+from extproc.sim.metrics import EngineMetrics
+from extproc.sim.protocol import (DONE, ChunkFormatter, RequestError, error_body, full_response, parse_request,
+                                  sample_output_len)
+from extproc.sim.replica import ReplicaSpec
+
+log = logging.getLogger(__name__)
+
+# Timer lateness (wall seconds) that the loop absorbs by starting the next step at the previous step's
+# model end time, so jitter does not accumulate into drift. Larger lateness is time really lost.
+LATE_TOLERANCE_S = 0.02
+MAX_TIMELINES = 100_000
+
+
+class _Stream:
+    """Where the engine loop leaves tokens for one responder."""
+    __slots__ = ("tokens", "done", "seq", "waiter", "stamps")
+
+    def __init__(self, record: bool) -> None:
+        self.tokens = 0
+        self.done = False
+        self.seq: SeqState | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.stamps: list[float] | None = [] if record else None
+
+    def notify(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def wait(self) -> None:
+        self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
+
+
+class ReplicaServer:
+    def __init__(self, spec: ReplicaSpec) -> None:
+        self.spec = spec
+        self.engine: Engine = spec.build_engine()
+        self.rng = random.Random(spec.seed)
+        self.metrics = EngineMetrics(spec.engine, spec.model_name, self.engine, self.sim_now)
+        self.port = spec.port
+        self.lag_seconds = 0.0  # model time lost to an overloaded event loop (should stay ~0)
+        self.timelines: dict[str, list[float]] = {}
+        self._streams: dict[str, _Stream] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._t0 = 0.0
+        self._wall_t0 = 0.0
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._runner: web.AppRunner | None = None
+        self._reset_server: asyncio.AbstractServer | None = None
+
+    # --- clock ---------------------------------------------------------------------------------------
+    def sim_now(self) -> float:
+        if self._loop is None:
+            return 0.0
+        return (self._loop.time() - self._t0) * self.spec.time_scale
+
+    def _since_start(self) -> float:
+        return self._loop.time() - self._t0 if self._loop else 0.0
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._t0 = self._loop.time()
+        self._wall_t0 = time.time()
+        self._wake = asyncio.Event()
+        mode = self.spec.faults.refuse_connections
+        if mode == "reset":
+            self._reset_server = await asyncio.start_server(self._reset_connection, self.spec.host, self.spec.port)
+            self.port = self._reset_server.sockets[0].getsockname()[1]
+        elif mode is None:
+            self._runner = web.AppRunner(self._app(), handler_cancellation=True, access_log=None)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, self.spec.host, self.spec.port, backlog=2048, reuse_address=True)
+            await site.start()
+            server = site._server  # the bound port, for port 0
+            if server is not None and server.sockets:  # type: ignore[union-attr]
+                self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        # mode == "refuse": nothing listens, so connections are refused by the kernel.
+        self._task = asyncio.create_task(self._engine_loop(), name=f"engine-{self.spec.name}")
+        log.info("engine-sim %s: %s on %s, %s (%s), port %d, %d KV blocks, time scale %g%s",
+                 self.spec.name, self.spec.model_name, self.engine.perf.gpu.name, self.spec.engine,
+                 f"TP={self.engine.perf.tensor_parallel}", self.port, self.engine.total_blocks,
+                 self.spec.time_scale, f", refusing connections ({mode})" if mode else "")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._reset_server is not None:
+            self._reset_server.close()
+            await self._reset_server.wait_closed()
+
+    async def _reset_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.transport.abort()  # fault: accept, then drop the connection at once
+
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completion)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/sim/info", self._info)
+        app.router.add_get("/sim/timeline", self._timeline)
+        return app
+
+    # --- the engine loop -----------------------------------------------------------------------------
+    async def _engine_loop(self) -> None:
+        assert self._loop is not None and self._wake is not None
+        loop, engine, scale = self._loop, self.engine, self.spec.time_scale
+        tolerance = LATE_TOLERANCE_S * scale
+        faults = self.spec.faults
+        prev_end: float | None = None
+        while True:
+            if not engine.has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                prev_end = None
+                continue
+            now = self.sim_now()
+            start = now
+            if prev_end is not None:
+                if now - prev_end <= tolerance:
+                    start = prev_end
+                else:
+                    self.lag_seconds += (now - prev_end) / scale
+            engine.slowdown = faults.slow_start_factor if in_slow_start(faults, self._since_start()) else 1.0
+            res = engine.step(start)
+            if res is None:  # nothing schedulable; wait for an arrival or an abort to change that
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), 0.05)
+                except TimeoutError:
+                    pass
+                prev_end = None
+                continue
+            delay = self._t0 + res.end / scale - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self._deliver(res)
+            prev_end = res.end
+
+    def _deliver(self, res: StepResult) -> None:
+        streams = self._streams
+        stamp = self.engine.busy_seconds_total  # model time: the sum of step durations so far
+        for rid in res.emitted:
+            s = streams.get(rid)
+            if s is not None:
+                s.tokens += 1
+                if s.stamps is not None:
+                    s.stamps.append(stamp)
+                s.notify()
+        for seq in res.finished:
+            self.metrics.observe_finished(seq)
+            s = streams.get(seq.request_id)
+            if s is not None:
+                s.done, s.seq = True, seq
+                s.notify()
+
+    # --- handlers ------------------------------------------------------------------------------------
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def _completion(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            body = await request.json(loads=json.loads)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "request body is not valid JSON")
+        try:
+            parsed = parse_request(body, chat)
+        except RequestError as e:
+            return _error(e.status, e.message, e.type, e.param, e.code)
+        if parsed.model not in (self.spec.model_name, self.spec.model):
+            return _error(404, f"The model `{parsed.model}` does not exist.", "NotFoundError", "model", 404)
+        limit = self.engine.max_model_len - parsed.prompt_tokens
+        max_tokens = parsed.max_tokens
+        if max_tokens is None:
+            max_tokens = sample_output_len(self.rng, self.spec.output_len_median, max(1, limit))
+        fault = decide(self.spec.faults, self.rng, max_tokens)
+        if fault.error_status is not None:
+            kind = "ServiceUnavailableError" if fault.error_status == 503 else "InternalServerError"
+            return _error(fault.error_status, "simulated engine failure (fault injection)", kind, None,
+                          fault.error_status)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        try:
+            self.engine.add(SimRequest(rid, parsed.prompt_tokens, max_tokens), self.sim_now())
+        except CapacityError as e:
+            return _error(400, str(e), param="max_tokens")
+        stream = _Stream(self.spec.record_timeline)
+        self._streams[rid] = stream
+        assert self._wake is not None
+        self._wake.set()
+        finish_reason = "length" if parsed.max_tokens is not None else "stop"
+        created = int(self._wall_t0 + self._since_start())
+        try:
+            if parsed.stream:
+                return await self._stream(request, stream, fault, rid, parsed.chat, created, parsed.prompt_tokens,
+                                          max_tokens, finish_reason, parsed.include_usage)
+            while not stream.done:
+                if fault.abort_after is not None and stream.tokens >= fault.abort_after:
+                    return _drop(request)
+                await stream.wait()
+            if fault.stall_after is not None:
+                await asyncio.sleep(self.spec.faults.stall_seconds)
+            return web.json_response(full_response(chat, rid, self.spec.model_name, created, parsed.prompt_tokens,
+                                                   max_tokens, finish_reason))
+        finally:
+            self._streams.pop(rid, None)
+            if not stream.done:
+                self.engine.abort(rid)
+            if stream.stamps is not None and stream.done and len(self.timelines) < MAX_TIMELINES:
+                self.timelines[rid] = stream.stamps
+
+    async def _stream(self, request: web.Request, stream: _Stream, fault: RequestFaults, rid: str, chat: bool,
+                      created: int, prompt_tokens: int, max_tokens: int, finish_reason: str,
+                      include_usage: bool) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        fmt = ChunkFormatter(chat, rid, self.spec.model_name, created)
+        written = 0
+        stalled = False
+        last = max_tokens - 1
+        while True:
+            if stream.tokens == written and not stream.done:
+                await stream.wait()
+            target = stream.tokens
+            if fault.abort_after is not None:
+                target = min(target, fault.abort_after)
+            if fault.stall_after is not None and not stalled:
+                target = min(target, fault.stall_after)
+            if target > written:
+                parts = [fmt.role()] if chat and written == 0 else []
+                for i in range(written, target):
+                    parts.append(fmt.last_token(i, finish_reason) if i == last else fmt.token(i))
+                written = target
+                await resp.write("".join(parts).encode())
+            if fault.abort_after is not None and written >= fault.abort_after:
+                return _drop(request, resp)
+            if fault.stall_after is not None and not stalled and written >= fault.stall_after:
+                stalled = True
+                await asyncio.sleep(self.spec.faults.stall_seconds)
+                continue
+            if stream.done and written >= stream.tokens:
+                break
+        tail = fmt.usage(prompt_tokens, written) if include_usage else ""
+        await resp.write((tail + DONE).encode())
+        await resp.write_eof()
+        return resp
+
+    async def _models(self, request: web.Request) -> web.Response:
+        card = {"id": self.spec.model_name, "object": "model", "created": int(self._wall_t0), "owned_by": "vllm",
+                "root": self.spec.model, "parent": None, "max_model_len": self.engine.max_model_len,
+                "permission": []}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        if in_slow_start(self.spec.faults, self._since_start()):
+            return web.Response(status=503, text="starting")
+        return web.Response(status=200)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def _info(self, request: web.Request) -> web.Response:
+        perf = self.engine.perf
+        return web.json_response({
+            "name": self.spec.name, "model": self.spec.model_name, "engine": self.spec.engine,
+            "gpu": {"name": perf.gpu.name, "memory_gb": perf.gpu.memory_gb, "bandwidth_gbps": perf.gpu.bandwidth_gbps,
+                    "tflops": perf.gpu.tflops, "price_per_hour": perf.gpu.price_per_hour},
+            "tensor_parallel": perf.tensor_parallel, "time_scale": self.spec.time_scale,
+            "kv_blocks": self.engine.total_blocks, "block_size": self.engine.config.block_size,
+            "max_model_len": self.engine.max_model_len, "max_num_seqs": self.engine.config.max_num_seqs,
+            "decode_step_s_batch1": perf.decode_step_time(1, 512), "lag_seconds": self.lag_seconds,
+            "sim_now": self.sim_now(), "steps": self.engine.steps_total,
+        })
+
+    async def _timeline(self, request: web.Request) -> web.Response:
+        """Per-request model timestamps of each token (sum of step durations), for the benchmark."""
+        if not self.spec.record_timeline:
+            return _error(404, "start the simulator with --record-timeline", "NotFoundError")
+        return web.json_response({"time_scale": self.spec.time_scale, "lag_seconds": self.lag_seconds,
+                                  "timelines": self.timelines})
+
+
+def _error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+           code: Any = None) -> web.Response:
+    return web.json_response(error_body(message, type_, param, code), status=status)
+
+
+def _drop(request: web.Request, resp: web.StreamResponse | None = None) -> web.StreamResponse:
+    """Fault: close the connection mid-response, without the terminating chunk or [DONE]."""
+    if request.transport is not None:
+        request.transport.abort()
+    return resp if resp is not None else web.Response(status=500)
