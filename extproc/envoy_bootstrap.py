@@ -18,6 +18,9 @@ from extproc.config import DEFAULT_DESTINATION_HEADER
 # max_body_bytes (config.DEFAULT_MAX_BODY_BYTES) so the gateway, not Envoy, answers oversize bodies.
 BUFFER_LIMIT_BYTES = 16 * 1024 * 1024
 TYPE = "type.googleapis.com/"
+# Envoy response flags of an upstream that failed us: no healthy host, connect failure, overflow,
+# connection termination, reset, timeout, protocol error, retry limit.
+UPSTREAM_FAILURE_FLAGS = ("UH", "UF", "UO", "UC", "UR", "UT", "UPE", "URX")
 
 
 @dataclass(slots=True, frozen=True)
@@ -50,18 +53,27 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
             "response_trailer_mode": "SKIP",
         },
     }
+    # Envoy's own answers to upstream failures (connect refused, reset, timeout) in the OpenAI shape
+    # too. The flag filter leaves the gateway's ImmediateResponses, already OpenAI JSON, untouched.
+    upstream_failure = {"filter": {"response_flag_filter": {"flags": list(UPSTREAM_FAILURE_FLAGS)}},
+                        "body_format_override": {"content_type": "application/json", "json_format": {
+                            "error": {"message": "%LOCAL_REPLY_BODY%", "type": "upstream_error",
+                                      "code": "%RESPONSE_CODE_DETAILS%"}}}}
     hcm = {
         "@type": TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "gateway",
         "codec_type": "AUTO",
         "stream_idle_timeout": "600s",
+        "local_reply_config": {"mappers": [upstream_failure]},
         "route_config": {"name": "gateway", "virtual_hosts": [{
             "name": "models", "domains": ["*"],
             "routes": [
                 {"match": {"prefix": "/", "headers": [
                     {"name": o.destination_header, "present_match": True}]},
                  "route": {"cluster": "model_pods", "timeout": "0s", "idle_timeout": "600s"}},
-                {"match": {"prefix": "/"}, "direct_response": no_route},
+                {"match": {"prefix": "/"}, "direct_response": no_route,
+                 "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"},
+                                              "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]},
             ]}]},
         "http_filters": [
             {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},

@@ -111,6 +111,20 @@ async def test_in_flight_count_returns_to_zero_after_client_aborts(stack: Stack)
     assert 'code="aborted"' in stack.metrics()
 
 
+async def test_in_flight_count_returns_to_zero_after_upstream_resets(stack: Stack):
+    async with aiohttp.ClientSession() as session:
+        async with session.post(stack.url + "/v1/chat/completions",
+                                json={**CHAT, "stream": True, "max_tokens": 50},
+                                headers={"x-reset-after": "3"}) as resp:
+            # Envoy answers 502 if the reset beats the response headers downstream; else the body breaks.
+            if resp.status == 502:
+                assert (await resp.json())["error"]["type"] == "upstream_error"
+            else:
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await resp.read()
+    wait_until(lambda: stack.running(MODEL, "a100-0") == 0, what="in-flight back to 0")
+
+
 async def test_in_flight_is_counted_while_streaming(stack: Stack):
     async with aiohttp.ClientSession() as session:
         resp = await session.post(stack.url + "/v1/chat/completions",

@@ -113,6 +113,7 @@ async def test_unreachable_pod_gives_503_and_balances_counts(tmp_path: Path):
                     "model": "m", "messages": [{"role": "user", "content": "x"}]}) as resp:
                 assert resp.status == 503
                 assert resp.headers["target-pod"] == "dead"
+                assert (await resp.json())["error"]["type"] == "upstream_error"
         wait_until(lambda: 'code="503",model="m",pod="dead"' in s.metrics(), what="503 counted")
         assert s.running("m", "dead") == 0
     finally:

@@ -30,7 +30,11 @@ def make_app(name: str) -> web.Application:
         resp = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream"})
         await resp.prepare(request)
         delay = float(request.headers.get("x-token-delay", "0"))
-        for _ in range(tokens):
+        reset_after = int(request.headers.get("x-reset-after", "-1"))  # simulate an engine crash
+        for i in range(tokens):
+            if i == reset_after:
+                request.transport.abort()
+                return resp
             chunk = {"id": "cmpl-1", "object": "chat.completion.chunk", "created": 0,
                      "model": body["model"],
                      "choices": [{"index": 0, "delta": {"content": f"{name} "}, "finish_reason": None}]}
