@@ -16,7 +16,9 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--fleet", help="YAML fleet file: several replicas in one process (see extproc/sim/fleet.py)")
+    parser.add_argument(
+        "--fleet", help="YAML fleet file: several replicas in one process (see extproc/sim/fleet.py)"
+    )
     parser.add_argument("--gpu", default="A100-80GB", help=f"GPU preset: {', '.join(GPUS)}")
     parser.add_argument("--model", default="llama2-7b", help=f"model preset: {', '.join(MODELS)}")
     parser.add_argument("--served-model-name", help="model name clients use (default: --model)")
@@ -24,57 +26,125 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     parser.add_argument("--name", default=None, help="replica name (logs, /sim/info)")
     parser.add_argument("--engine", choices=("vllm", "sglang"), default="vllm", help="metric names to export")
-    parser.add_argument("--time-scale", type=float, default=None,
-                        help="simulated seconds per wall second (10: a 1 s generation takes 0.1 s)")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        help="simulated seconds per wall second (10: a 1 s generation takes 0.1 s)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="seeds sampled output lengths and faults")
-    parser.add_argument("--tensor-parallel", type=int, default=None, help="TP degree (default: model preset's)")
+    parser.add_argument(
+        "--tensor-parallel", type=int, default=None, help="TP degree (default: model preset's)"
+    )
     parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
     parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--output-len-median", type=int, default=200,
-                        help="median of sampled output lengths when a request sets no max_tokens")
-    parser.add_argument("--gpu-override", action="append", metavar="KEY=VALUE",
-                        help="override a GPU figure, e.g. bandwidth_gbps=1500 (repeatable)")
-    parser.add_argument("--model-override", action="append", metavar="KEY=VALUE", help="override a model figure")
-    parser.add_argument("--perf-override", action="append", metavar="KEY=VALUE",
-                        help="override a roofline parameter, e.g. mem_efficiency=0.7")
-    parser.add_argument("--record-timeline", action="store_true",
-                        help="keep per-token model timestamps at /sim/timeline (benchmark use)")
+    parser.add_argument(
+        "--output-len-median",
+        type=int,
+        default=200,
+        help="median of sampled output lengths when a request sets no max_tokens",
+    )
+    parser.add_argument(
+        "--gpu-override",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a GPU figure, e.g. bandwidth_gbps=1500 (repeatable)",
+    )
+    parser.add_argument(
+        "--model-override", action="append", metavar="KEY=VALUE", help="override a model figure"
+    )
+    parser.add_argument(
+        "--perf-override",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a roofline parameter, e.g. mem_efficiency=0.7",
+    )
+    parser.add_argument(
+        "--record-timeline",
+        action="store_true",
+        help="keep per-token model timestamps at /sim/timeline (benchmark use)",
+    )
     faults = parser.add_argument_group("fault injection (wall-clock seconds)")
     faults.add_argument("--error-rate", type=float, default=0.0, help="fraction of requests failed at once")
     faults.add_argument("--error-status", type=int, choices=(500, 503), default=500)
-    faults.add_argument("--abort-after-tokens", type=int, default=None, help="close the connection after N tokens")
-    faults.add_argument("--abort-prob", type=float, default=0.0,
-                        help="probability a request is cut mid-stream at a random token")
-    faults.add_argument("--stall-after-tokens", type=int, default=None, help="pause the stream after N tokens ...")
+    faults.add_argument(
+        "--abort-after-tokens", type=int, default=None, help="close the connection after N tokens"
+    )
+    faults.add_argument(
+        "--abort-prob",
+        type=float,
+        default=0.0,
+        help="probability a request is cut mid-stream at a random token",
+    )
+    faults.add_argument(
+        "--stall-after-tokens", type=int, default=None, help="pause the stream after N tokens ..."
+    )
     faults.add_argument("--stall-seconds", type=float, default=0.0, help="... for this many seconds")
-    faults.add_argument("--slow-start-seconds", type=float, default=0.0,
-                        help="after start, /health returns 503 and steps run --slow-start-factor times slower")
+    faults.add_argument(
+        "--slow-start-seconds",
+        type=float,
+        default=0.0,
+        help="after start, /health returns 503 and steps run --slow-start-factor times slower",
+    )
     faults.add_argument("--slow-start-factor", type=float, default=5.0)
-    faults.add_argument("--refuse-connections", choices=("refuse", "reset"), default=None,
-                        help="refuse: nothing listens; reset: accept and close at once")
-    faults.add_argument("--kv-pressure", type=float, default=0.0,
-                        help="hold this fraction of KV blocks (usage reads >= it; capacity really shrinks)")
+    faults.add_argument(
+        "--refuse-connections",
+        choices=("refuse", "reset"),
+        default=None,
+        help="refuse: nothing listens; reset: accept and close at once",
+    )
+    faults.add_argument(
+        "--kv-pressure",
+        type=float,
+        default=0.0,
+        help="hold this fraction of KV blocks (usage reads >= it; capacity really shrinks)",
+    )
 
 
 def spec_from_args(args: argparse.Namespace) -> ReplicaSpec:
-    engine_overrides = {k: v for k, v in (
-        ("max_num_seqs", args.max_num_seqs), ("max_num_batched_tokens", args.max_num_batched_tokens),
-        ("gpu_memory_utilization", args.gpu_memory_utilization), ("max_model_len", args.max_model_len),
-    ) if v is not None}
+    engine_overrides = {
+        k: v
+        for k, v in (
+            ("max_num_seqs", args.max_num_seqs),
+            ("max_num_batched_tokens", args.max_num_batched_tokens),
+            ("gpu_memory_utilization", args.gpu_memory_utilization),
+            ("max_model_len", args.max_model_len),
+        )
+        if v is not None
+    }
     faults = FaultConfig(
-        error_rate=args.error_rate, error_status=args.error_status, abort_after_tokens=args.abort_after_tokens,
-        abort_prob=args.abort_prob, stall_after_tokens=args.stall_after_tokens, stall_seconds=args.stall_seconds,
-        slow_start_seconds=args.slow_start_seconds, slow_start_factor=args.slow_start_factor,
-        refuse_connections=args.refuse_connections, kv_pressure=args.kv_pressure)
+        error_rate=args.error_rate,
+        error_status=args.error_status,
+        abort_after_tokens=args.abort_after_tokens,
+        abort_prob=args.abort_prob,
+        stall_after_tokens=args.stall_after_tokens,
+        stall_seconds=args.stall_seconds,
+        slow_start_seconds=args.slow_start_seconds,
+        slow_start_factor=args.slow_start_factor,
+        refuse_connections=args.refuse_connections,
+        kv_pressure=args.kv_pressure,
+    )
     return ReplicaSpec(
-        name=args.name or f"{args.gpu}-{args.port}", gpu=args.gpu, model=args.model, port=args.port,
-        host=args.host or "127.0.0.1", served_model_name=args.served_model_name, engine=args.engine,
-        tensor_parallel=args.tensor_parallel, time_scale=args.time_scale or 1.0, seed=args.seed or 0,
-        output_len_median=args.output_len_median, record_timeline=args.record_timeline,
-        gpu_overrides=parse_overrides(args.gpu_override), model_overrides=parse_overrides(args.model_override),
-        perf_overrides=parse_overrides(args.perf_override), engine_overrides=engine_overrides, faults=faults)
+        name=args.name or f"{args.gpu}-{args.port}",
+        gpu=args.gpu,
+        model=args.model,
+        port=args.port,
+        host=args.host or "127.0.0.1",
+        served_model_name=args.served_model_name,
+        engine=args.engine,
+        tensor_parallel=args.tensor_parallel,
+        time_scale=args.time_scale or 1.0,
+        seed=args.seed or 0,
+        output_len_median=args.output_len_median,
+        record_timeline=args.record_timeline,
+        gpu_overrides=parse_overrides(args.gpu_override),
+        model_overrides=parse_overrides(args.model_override),
+        perf_overrides=parse_overrides(args.perf_override),
+        engine_overrides=engine_overrides,
+        faults=faults,
+    )
 
 
 def specs_from_args(args: argparse.Namespace) -> list[ReplicaSpec]:
@@ -108,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         import uvloop  # type: ignore[import-not-found]
+
         uvloop.install()
     except ImportError:
         pass

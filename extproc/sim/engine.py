@@ -15,6 +15,7 @@ a step runs join the next step, as in vLLM.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -44,6 +45,7 @@ class SimRequest:
 @dataclass(slots=True)
 class SeqState:
     """A request inside the engine; returned to the driver when it finishes (for latency metrics)."""
+
     request: SimRequest
     arrival: float
     num_computed: int = 0  # tokens whose KV is in cache (prompt + output), reset on preemption
@@ -116,7 +118,8 @@ class Engine:
         return max(1, min(limit, usable))
 
     def set_kv_pressure(self, fraction: float) -> None:
-        self.phantom_blocks = min(self.total_blocks - 1, int(self.total_blocks * max(0.0, fraction)))
+        # ceil: the reported usage must read >= the requested pressure.
+        self.phantom_blocks = min(self.total_blocks - 1, math.ceil(self.total_blocks * max(0.0, fraction)))
 
     # --- requests ----------------------------------------------------------------------------------
     def add(self, request: SimRequest, now: float) -> None:
@@ -127,8 +130,10 @@ class Engine:
         if request.prompt_tokens + request.max_tokens > self.max_model_len:
             raise CapacityError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{request.prompt_tokens + request.max_tokens} tokens ({request.prompt_tokens} in the messages, "
-                f"{request.max_tokens} in the completion).")
+                f"{request.prompt_tokens + request.max_tokens} tokens "
+                f"({request.prompt_tokens} in the messages, "
+                f"{request.max_tokens} in the completion)."
+            )
         seq = SeqState(request, now)
         self._by_id[request.request_id] = seq
         self.waiting.append(seq)

@@ -39,13 +39,16 @@ class FaultConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
-            raise KeyError(f"unknown fault fields: {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+            raise KeyError(
+                f"unknown fault fields: {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}"
+            )
         return cls(**data)
 
 
 @dataclass(frozen=True, slots=True)
 class RequestFaults:
     """What happens to one request, decided once on arrival (seeded, so runs repeat)."""
+
     error_status: int | None = None
     abort_after: int | None = None  # tokens written before the connection is closed
     stall_after: int | None = None

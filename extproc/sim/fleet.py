@@ -42,7 +42,9 @@ _FIELDS = {f.name for f in dataclasses.fields(ReplicaSpec)}
 def replica_from_dict(data: dict[str, Any]) -> ReplicaSpec:
     unknown = set(data) - _FIELDS
     if unknown:
-        raise KeyError(f"unknown replica fields: {', '.join(sorted(unknown))}; known: {', '.join(sorted(_FIELDS))}")
+        raise KeyError(
+            f"unknown replica fields: {', '.join(sorted(unknown))}; known: {', '.join(sorted(_FIELDS))}"
+        )
     values = dict(data)
     values["faults"] = FaultConfig.from_dict(values.get("faults"))
     for key in ("gpu_overrides", "model_overrides", "perf_overrides", "engine_overrides"):
@@ -79,8 +81,9 @@ def load_fleet(path: str | Path) -> list[ReplicaSpec]:
     return parse_fleet(yaml.safe_load(Path(path).read_text()))
 
 
-async def serve(specs: list[ReplicaSpec], ready: asyncio.Event | None = None,
-                stop: asyncio.Event | None = None) -> None:
+async def serve(
+    specs: list[ReplicaSpec], ready: asyncio.Event | None = None, stop: asyncio.Event | None = None
+) -> None:
     """Run every replica in this event loop until SIGINT/SIGTERM (or `stop` is set)."""
     from extproc.sim.server import ReplicaServer
 

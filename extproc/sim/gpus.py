@@ -34,56 +34,66 @@ class GpuSpec:
         return self.tflops * 1e12
 
 
-GPUS: dict[str, GpuSpec] = {g.name: g for g in (
-    # NVIDIA Tesla V100 SXM2 datasheet: 32 GB HBM2, 900 GB/s, 125 TFLOPS tensor (fp16).
-    # Price: AWS p3.2xlarge (1x V100 16GB) on-demand us-east-1, $3.06/h.
-    GpuSpec("V100", 32, 900, 125, 3.06),
-    # NVIDIA T4 datasheet: 16 GB GDDR6, 320 GB/s, 65 TFLOPS mixed fp16.
-    # Price: AWS g4dn.xlarge on-demand, $0.526/h.
-    GpuSpec("T4", 16, 320, 65, 0.526),
-    # NVIDIA A10 datasheet: 24 GB GDDR6, 600 GB/s, 125 TFLOPS bf16 (250 with sparsity).
-    # Price: Lambda Cloud 1x A10 on-demand, $0.75/h.
-    GpuSpec("A10", 24, 600, 125, 0.75),
-    # NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, 121 TFLOPS bf16 (242 with sparsity).
-    # Price: GCP g2-standard-4 (1x L4) on-demand us-central1, ~$0.71/h.
-    GpuSpec("L4", 24, 300, 121, 0.71),
-    # NVIDIA L20 product brief: 48 GB GDDR6, 864 GB/s, 119.5 TFLOPS bf16 (239 with sparsity).
-    # Price: no broad public list price (China-market part); $0.90/h is an estimate between L4 and A40.
-    GpuSpec("L20", 48, 864, 119.5, 0.90),
-    # NVIDIA A40 datasheet: 48 GB GDDR6, 696 GB/s, 149.7 TFLOPS bf16 (299.4 with sparsity).
-    # Price: RunPod secure-cloud A40 list, ~$0.44/h (2024).
-    GpuSpec("A40", 48, 696, 149.7, 0.44),
-    # NVIDIA A100 datasheet (SXM4 40GB): 40 GB HBM2, 1,555 GB/s, 312 TFLOPS bf16 dense.
-    # Price: Lambda Cloud 1x A100 40GB SXM4 on-demand, $1.29/h.
-    GpuSpec("A100-40GB", 40, 1555, 312, 1.29),
-    # NVIDIA A100 datasheet (SXM4 80GB): 80 GB HBM2e, 2,039 GB/s, 312 TFLOPS bf16 dense.
-    # Price: Lambda Cloud 1x A100 80GB SXM4 on-demand, $1.79/h.
-    GpuSpec("A100-80GB", 80, 2039, 312, 1.79),
-    # NVIDIA H100 datasheet (SXM5): 80 GB HBM3, 3.35 TB/s, 989 TFLOPS bf16 dense (1,979 with sparsity).
-    # Price: Lambda Cloud 1x H100 SXM on-demand, $2.99/h.
-    GpuSpec("H100", 80, 3350, 989, 2.99),
-    # NVIDIA H100 datasheet (PCIe): 80 GB HBM2e, 2.0 TB/s, 756 TFLOPS bf16 dense.
-    # Price: Lambda Cloud 1x H100 PCIe on-demand, $2.49/h.
-    GpuSpec("H100-PCIE", 80, 2000, 756, 2.49),
-    # NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, 989 TFLOPS bf16 dense.
-    # Price: ~$3.99/h, indicative neocloud on-demand (2025).
-    GpuSpec("H200", 141, 4800, 989, 3.99),
-    # NVIDIA HGX B100 spec: 192 GB HBM3e, 8 TB/s, 3.5 PFLOPS fp16 with sparsity -> 1,750 dense.
-    # Price: no public on-demand list; $5.00/h estimate.
-    GpuSpec("B100", 192, 8000, 1750, 5.00),
-    # NVIDIA DGX B200 spec: 1,440 GB across 8 GPUs -> 180 GB each, 8 TB/s, 2.25 PFLOPS bf16 dense per GPU.
-    # Price: Lambda Cloud 1x B200 on-demand, $4.99/h (2025).
-    GpuSpec("B200", 180, 8000, 2250, 4.99),
-    # NVIDIA RTX 4090 spec: 24 GB GDDR6X, 1,008 GB/s, 165 TFLOPS fp16 tensor (fp16 accumulate) dense.
-    # Price: RunPod community cloud, ~$0.34/h. Present so calibration.md's 4090 line can be checked.
-    GpuSpec("RTX4090", 24, 1008, 165, 0.34),
-)}
+GPUS: dict[str, GpuSpec] = {
+    g.name: g
+    for g in (
+        # NVIDIA Tesla V100 SXM2 datasheet: 32 GB HBM2, 900 GB/s, 125 TFLOPS tensor (fp16).
+        # Price: AWS p3.2xlarge (1x V100 16GB) on-demand us-east-1, $3.06/h.
+        GpuSpec("V100", 32, 900, 125, 3.06),
+        # NVIDIA T4 datasheet: 16 GB GDDR6, 320 GB/s, 65 TFLOPS mixed fp16.
+        # Price: AWS g4dn.xlarge on-demand, $0.526/h.
+        GpuSpec("T4", 16, 320, 65, 0.526),
+        # NVIDIA A10 datasheet: 24 GB GDDR6, 600 GB/s, 125 TFLOPS bf16 (250 with sparsity).
+        # Price: Lambda Cloud 1x A10 on-demand, $0.75/h.
+        GpuSpec("A10", 24, 600, 125, 0.75),
+        # NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, 121 TFLOPS bf16 (242 with sparsity).
+        # Price: GCP g2-standard-4 (1x L4) on-demand us-central1, ~$0.71/h.
+        GpuSpec("L4", 24, 300, 121, 0.71),
+        # NVIDIA L20 product brief: 48 GB GDDR6, 864 GB/s, 119.5 TFLOPS bf16 (239 with sparsity).
+        # Price: no broad public list price (China-market part); $0.90/h is an estimate between L4 and A40.
+        GpuSpec("L20", 48, 864, 119.5, 0.90),
+        # NVIDIA A40 datasheet: 48 GB GDDR6, 696 GB/s, 149.7 TFLOPS bf16 (299.4 with sparsity).
+        # Price: RunPod secure-cloud A40 list, ~$0.44/h (2024).
+        GpuSpec("A40", 48, 696, 149.7, 0.44),
+        # NVIDIA A100 datasheet (SXM4 40GB): 40 GB HBM2, 1,555 GB/s, 312 TFLOPS bf16 dense.
+        # Price: Lambda Cloud 1x A100 40GB SXM4 on-demand, $1.29/h.
+        GpuSpec("A100-40GB", 40, 1555, 312, 1.29),
+        # NVIDIA A100 datasheet (SXM4 80GB): 80 GB HBM2e, 2,039 GB/s, 312 TFLOPS bf16 dense.
+        # Price: Lambda Cloud 1x A100 80GB SXM4 on-demand, $1.79/h.
+        GpuSpec("A100-80GB", 80, 2039, 312, 1.79),
+        # NVIDIA H100 datasheet (SXM5): 80 GB HBM3, 3.35 TB/s, 989 TFLOPS bf16 dense (1,979 with sparsity).
+        # Price: Lambda Cloud 1x H100 SXM on-demand, $2.99/h.
+        GpuSpec("H100", 80, 3350, 989, 2.99),
+        # NVIDIA H100 datasheet (PCIe): 80 GB HBM2e, 2.0 TB/s, 756 TFLOPS bf16 dense.
+        # Price: Lambda Cloud 1x H100 PCIe on-demand, $2.49/h.
+        GpuSpec("H100-PCIE", 80, 2000, 756, 2.49),
+        # NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, 989 TFLOPS bf16 dense.
+        # Price: ~$3.99/h, indicative neocloud on-demand (2025).
+        GpuSpec("H200", 141, 4800, 989, 3.99),
+        # NVIDIA HGX B100 spec: 192 GB HBM3e, 8 TB/s, 3.5 PFLOPS fp16 with sparsity -> 1,750 dense.
+        # Price: no public on-demand list; $5.00/h estimate.
+        GpuSpec("B100", 192, 8000, 1750, 5.00),
+        # NVIDIA DGX B200 spec: 1,440 GB across 8 GPUs -> 180 GB each, 8 TB/s, 2.25 PFLOPS bf16 dense per GPU.
+        # Price: Lambda Cloud 1x B200 on-demand, $4.99/h (2025).
+        GpuSpec("B200", 180, 8000, 2250, 4.99),
+        # NVIDIA RTX 4090 spec: 24 GB GDDR6X, 1,008 GB/s, 165 TFLOPS fp16 tensor (fp16 accumulate) dense.
+        # Price: RunPod community cloud, ~$0.34/h. Present so calibration.md's 4090 line can be checked.
+        GpuSpec("RTX4090", 24, 1008, 165, 0.34),
+    )
+}
 
 # Names people type; "A100" means the 80 GB SXM part, as in most serving write-ups.
 ALIASES: dict[str, str] = {
-    "A100": "A100-80GB", "A100-80G": "A100-80GB", "A100-40G": "A100-40GB",
-    "H100-SXM": "H100", "H100-80GB": "H100", "H200-SXM": "H200", "V100-32GB": "V100",
-    "4090": "RTX4090", "RTX-4090": "RTX4090", "A10G": "A10",
+    "A100": "A100-80GB",
+    "A100-80G": "A100-80GB",
+    "A100-40G": "A100-40GB",
+    "H100-SXM": "H100",
+    "H100-80GB": "H100",
+    "H200-SXM": "H200",
+    "V100-32GB": "V100",
+    "4090": "RTX4090",
+    "RTX-4090": "RTX4090",
+    "A10G": "A10",
 }
 
 

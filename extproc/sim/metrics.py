@@ -16,12 +16,74 @@ from prometheus_client.registry import Collector
 from extproc.sim.engine import Engine, SeqState
 
 # vLLM's bucket edges (vllm/engine/metrics.py), so dashboards built for vLLM read the same quantiles.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-               480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+TPOT_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,19 +101,30 @@ class MetricNames:
 
 
 VLLM = MetricNames(
-    running="vllm:num_requests_running", waiting="vllm:num_requests_waiting",
+    running="vllm:num_requests_running",
+    waiting="vllm:num_requests_waiting",
     kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    prompt_tokens="vllm:prompt_tokens", generation_tokens="vllm:generation_tokens",
-    preemptions="vllm:num_preemptions", requests_finished="vllm:request_success",
-    ttft="vllm:time_to_first_token_seconds", tpot="vllm:time_per_output_token_seconds",
-    e2e="vllm:e2e_request_latency_seconds")
+    prompt_tokens="vllm:prompt_tokens",
+    generation_tokens="vllm:generation_tokens",
+    preemptions="vllm:num_preemptions",
+    requests_finished="vllm:request_success",
+    ttft="vllm:time_to_first_token_seconds",
+    tpot="vllm:time_per_output_token_seconds",
+    e2e="vllm:e2e_request_latency_seconds",
+)
 
 SGLANG = MetricNames(
-    running="sglang:num_running_reqs", waiting="sglang:num_queue_reqs", kv_usage=("sglang:token_usage",),
-    prompt_tokens="sglang:prompt_tokens", generation_tokens="sglang:generation_tokens",
-    preemptions="sglang:num_retracted_reqs", requests_finished="sglang:num_requests",
-    ttft="sglang:time_to_first_token_seconds", tpot="sglang:inter_token_latency_seconds",
-    e2e="sglang:e2e_request_latency_seconds")
+    running="sglang:num_running_reqs",
+    waiting="sglang:num_queue_reqs",
+    kv_usage=("sglang:token_usage",),
+    prompt_tokens="sglang:prompt_tokens",
+    generation_tokens="sglang:generation_tokens",
+    preemptions="sglang:num_retracted_reqs",
+    requests_finished="sglang:num_requests",
+    ttft="sglang:time_to_first_token_seconds",
+    tpot="sglang:inter_token_latency_seconds",
+    e2e="sglang:e2e_request_latency_seconds",
+)
 
 ENGINE_NAMES = {"vllm": VLLM, "sglang": SGLANG}
 
@@ -78,15 +151,21 @@ class _EngineCollector(Collector):
         for name in n.kv_usage:
             yield gauge(name, "KV-cache usage. 1 means 100 percent usage.", e.kv_cache_usage)
         yield counter(n.prompt_tokens, "Number of prefill tokens processed.", e.prompt_tokens_total)
-        yield counter(n.generation_tokens, "Number of generation tokens processed.", e.generation_tokens_total)
+        yield counter(
+            n.generation_tokens, "Number of generation tokens processed.", e.generation_tokens_total
+        )
         yield counter(n.preemptions, "Cumulative number of preemptions from the engine.", e.preemptions_total)
-        yield counter(n.requests_finished, "Count of successfully processed requests.", e.requests_finished_total)
+        yield counter(
+            n.requests_finished, "Count of successfully processed requests.", e.requests_finished_total
+        )
         now = self._now()
         util = e.utilization(now)
         # The busy fraction, under the simulator's own name and DCGM's (percent), which GPU dashboards use.
         yield gauge("sim:gpu_utilization", "Busy fraction of the simulated GPU over the last second.", util)
         yield gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", round(util * 100.0, 3))
-        yield counter("sim:gpu_busy_seconds", "Simulated seconds the GPU spent running steps.", e.busy_seconds_total)
+        yield counter(
+            "sim:gpu_busy_seconds", "Simulated seconds the GPU spent running steps.", e.busy_seconds_total
+        )
 
 
 class EngineMetrics:
@@ -95,12 +174,15 @@ class EngineMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_EngineCollector(names, model, engine, now))
         kw = dict(labelnames=["model_name"], registry=self.registry)
-        self._ttft = Histogram(names.ttft, "Histogram of time to first token in seconds.",
-                               buckets=TTFT_BUCKETS, **kw).labels(model)
-        self._tpot = Histogram(names.tpot, "Histogram of time per output token in seconds.",
-                               buckets=TPOT_BUCKETS, **kw).labels(model)
-        self._e2e = Histogram(names.e2e, "Histogram of end to end request latency in seconds.",
-                              buckets=E2E_BUCKETS, **kw).labels(model)
+        self._ttft = Histogram(
+            names.ttft, "Histogram of time to first token in seconds.", buckets=TTFT_BUCKETS, **kw
+        ).labels(model)
+        self._tpot = Histogram(
+            names.tpot, "Histogram of time per output token in seconds.", buckets=TPOT_BUCKETS, **kw
+        ).labels(model)
+        self._e2e = Histogram(
+            names.e2e, "Histogram of end to end request latency in seconds.", buckets=E2E_BUCKETS, **kw
+        ).labels(model)
 
     def observe_finished(self, seq: SeqState) -> None:
         """Latencies in simulated seconds: what the simulated GPU would report, whatever the time scale."""

@@ -40,28 +40,40 @@ class ModelSpec:
         return 4.0 * self.layers * self.heads * self.head_dim
 
 
-MODELS: dict[str, ModelSpec] = {m.name: m for m in (
-    # meta-llama/Llama-2-7b-hf config.json: 32 layers, hidden 4096, 32 heads, no GQA, 4096 ctx; 6.74B params.
-    ModelSpec("llama2-7b", 6.74, 32, 4096, 32, 32, 128, 4096),
-    # deepseek-ai/deepseek-coder-6.7b-instruct config.json: Llama architecture, 32 layers, hidden 4096,
-    # 32 heads (no GQA), 16384 ctx; 6.74B params.
-    ModelSpec("deepseek-coder-7b", 6.74, 32, 4096, 32, 32, 128, 16384),
-    # meta-llama/Meta-Llama-3-8B config.json: 32 layers, hidden 4096, 32 heads, 8 KV heads, 8192 ctx; 8.03B.
-    ModelSpec("llama3-8b", 8.03, 32, 4096, 32, 8, 128, 8192),
-    # mistralai/Mistral-7B-Instruct-v0.3 config.json: 32 layers, hidden 4096, 32 heads, 8 KV heads; 7.25B.
-    ModelSpec("mistral-7b", 7.25, 32, 4096, 32, 8, 128, 32768),
-    # meta-llama/Meta-Llama-3-70B config.json: 80 layers, hidden 8192, 64 heads, 8 KV heads; 70.6B params.
-    # 141 GB of bf16 weights: served with TP=4 on 80 GB parts by default.
-    ModelSpec("llama3-70b", 70.6, 80, 8192, 64, 8, 128, 8192, tensor_parallel=4),
-)}
+MODELS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        # meta-llama/Llama-2-7b-hf config.json: 32 layers, hidden 4096, 32 heads, no GQA, 4096 ctx; 6.74B.
+        ModelSpec("llama2-7b", 6.74, 32, 4096, 32, 32, 128, 4096),
+        # deepseek-ai/deepseek-coder-6.7b-instruct config.json: Llama architecture, 32 layers, hidden 4096,
+        # 32 heads (no GQA), 16384 ctx; 6.74B params.
+        ModelSpec("deepseek-coder-7b", 6.74, 32, 4096, 32, 32, 128, 16384),
+        # meta-llama/Meta-Llama-3-8B config.json: 32 layers, hidden 4096, 32 heads, 8 KV heads, 8192 ctx;
+        # 8.03B.
+        ModelSpec("llama3-8b", 8.03, 32, 4096, 32, 8, 128, 8192),
+        # mistralai/Mistral-7B-Instruct-v0.3 config.json: 32 layers, hidden 4096, 32 heads, 8 KV heads; 7.25B.
+        ModelSpec("mistral-7b", 7.25, 32, 4096, 32, 8, 128, 32768),
+        # meta-llama/Meta-Llama-3-70B config.json: 80 layers, hidden 8192, 64 heads, 8 KV heads; 70.6B params.
+        # 141 GB of bf16 weights: served with TP=4 on 80 GB parts by default.
+        ModelSpec("llama3-70b", 70.6, 80, 8192, 64, 8, 128, 8192, tensor_parallel=4),
+    )
+}
 
 ALIASES: dict[str, str] = {
-    "llama-2-7b": "llama2-7b", "meta-llama/llama-2-7b-hf": "llama2-7b", "meta-llama/llama-2-7b-chat-hf": "llama2-7b",
-    "deepseek-coder-6.7b": "deepseek-coder-7b", "deepseek-ai/deepseek-coder-6.7b-instruct": "deepseek-coder-7b",
-    "llama3.1-8b": "llama3-8b", "llama-3-8b": "llama3-8b", "meta-llama/meta-llama-3-8b-instruct": "llama3-8b",
+    "llama-2-7b": "llama2-7b",
+    "meta-llama/llama-2-7b-hf": "llama2-7b",
+    "meta-llama/llama-2-7b-chat-hf": "llama2-7b",
+    "deepseek-coder-6.7b": "deepseek-coder-7b",
+    "deepseek-ai/deepseek-coder-6.7b-instruct": "deepseek-coder-7b",
+    "llama3.1-8b": "llama3-8b",
+    "llama-3-8b": "llama3-8b",
+    "meta-llama/meta-llama-3-8b-instruct": "llama3-8b",
     "meta-llama/llama-3.1-8b-instruct": "llama3-8b",
-    "llama3.1-70b": "llama3-70b", "llama-3-70b": "llama3-70b", "meta-llama/llama-3.1-70b-instruct": "llama3-70b",
-    "mistral-7b-instruct-v0.3": "mistral-7b", "mistralai/mistral-7b-instruct-v0.3": "mistral-7b",
+    "llama3.1-70b": "llama3-70b",
+    "llama-3-70b": "llama3-70b",
+    "meta-llama/llama-3.1-70b-instruct": "llama3-70b",
+    "mistral-7b-instruct-v0.3": "mistral-7b",
+    "mistralai/mistral-7b-instruct-v0.3": "mistral-7b",
 }
 
 

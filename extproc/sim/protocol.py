@@ -12,20 +12,34 @@ CHARS_PER_TOKEN = 4.0  # the usual English estimate for BPE tokenizers (OpenAI's
 CHAT_TOKENS_PER_MESSAGE = 4  # role markers and separators a chat template adds per message
 
 # Tokens the simulator "generates": short words so streamed text looks like text and costs little to encode.
-WORDS = tuple(f" {w}" for w in (
-    "the of and to in is that for it as was with be by on not he this are or his from at which but have an "
-    "they you were her she there one all we can their has been if more when will would who so no").split())
+WORDS = tuple(
+    f" {w}"
+    for w in (
+        "the of and to in is that for it as was with be by on not he this are or his from at which but "
+        "have an they you were her she there one all we can their has been if more when will would who so no"
+    ).split()
+)
 
 
 class RequestError(ValueError):
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 type_: str = "invalid_request_error", code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message, self.param, self.status, self.type, self.code = message, param, status, type_, code
 
 
-def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
-               code: str | int | None = None) -> dict[str, Any]:
+def error_body(
+    message: str,
+    type_: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | int | None = None,
+) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
@@ -78,10 +92,13 @@ def parse_request(body: Any, chat: bool) -> ParsedRequest:
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             prompt_tokens = len(prompt)  # token ids: exact
         else:
-            raise RequestError("'prompt' must be a string, a list of token ids, or a one-element list", "prompt")
+            raise RequestError(
+                "'prompt' must be a string, a list of token ids, or a one-element list", "prompt"
+            )
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
-                                   or max_tokens < 1):
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+    ):
         raise RequestError("max_tokens must be a positive integer", "max_tokens")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
@@ -125,16 +142,27 @@ class ChunkFormatter:
             self._tail = ', "logprobs": null, "finish_reason": null}]}\n\n'
 
     def role(self) -> str:
-        return self._event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": None, "finish_reason": None}]})
+        return self._event(
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            }
+        )
 
     def token(self, i: int) -> str:
         return "data: " + self._head + json.dumps(token_text(i)) + self._tail
 
     def last_token(self, i: int, finish_reason: str) -> str:
         text = token_text(i)
-        choice: dict[str, Any] = ({"index": 0, "delta": {"content": text}} if self.chat
-                                  else {"index": 0, "text": text})
+        choice: dict[str, Any] = (
+            {"index": 0, "delta": {"content": text}} if self.chat else {"index": 0, "text": text}
+        )
         choice.update(logprobs=None, finish_reason=finish_reason)
         return self._event({"choices": [choice]})
 
@@ -149,19 +177,39 @@ DONE = "data: [DONE]\n\n"
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
-def full_response(chat: bool, request_id: str, model: str, created: int, prompt_tokens: int,
-                  completion_tokens: int, finish_reason: str) -> dict[str, Any]:
+def full_response(
+    chat: bool,
+    request_id: str,
+    model: str,
+    created: int,
+    prompt_tokens: int,
+    completion_tokens: int,
+    finish_reason: str,
+) -> dict[str, Any]:
     text = "".join(token_text(i) for i in range(completion_tokens))
     if chat:
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "logprobs": None, "finish_reason": finish_reason}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         obj = "text_completion"
-    return {"id": request_id, "object": obj, "created": created, "model": model, "choices": [choice],
-            "usage": usage(prompt_tokens, completion_tokens)}
+    return {
+        "id": request_id,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage(prompt_tokens, completion_tokens),
+    }

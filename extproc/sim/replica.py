@@ -56,4 +56,6 @@ class ReplicaSpec:
 
 def build_engine(gpu: str, model: str, tensor_parallel: int | None = None, **engine: Any) -> Engine:
     """Shortcut for simulations and tests: an engine for a GPU/model preset pair."""
-    return ReplicaSpec(gpu=gpu, model=model, tensor_parallel=tensor_parallel, engine_overrides=engine).build_engine()
+    return ReplicaSpec(
+        gpu=gpu, model=model, tensor_parallel=tensor_parallel, engine_overrides=engine
+    ).build_engine()

@@ -20,8 +20,15 @@ from aiohttp import web
 from extproc.sim.engine import CapacityError, Engine, SeqState, SimRequest, StepResult
 from extproc.sim.faults import RequestFaults, decide, in_slow_start
 from extproc.sim.metrics import EngineMetrics
-from extproc.sim.protocol import (DONE, ChunkFormatter, RequestError, error_body, full_response, parse_request,
-                                  sample_output_len)
+from extproc.sim.protocol import (
+    DONE,
+    ChunkFormatter,
+    RequestError,
+    error_body,
+    full_response,
+    parse_request,
+    sample_output_len,
+)
 from extproc.sim.replica import ReplicaSpec
 
 log = logging.getLogger(__name__)
@@ -34,6 +41,7 @@ MAX_TIMELINES = 100_000
 
 class _Stream:
     """Where the engine loop leaves tokens for one responder."""
+
     __slots__ = ("tokens", "done", "seq", "waiter", "stamps")
 
     def __init__(self, record: bool) -> None:
@@ -91,7 +99,9 @@ class ReplicaServer:
         self._wake = asyncio.Event()
         mode = self.spec.faults.refuse_connections
         if mode == "reset":
-            self._reset_server = await asyncio.start_server(self._reset_connection, self.spec.host, self.spec.port)
+            self._reset_server = await asyncio.start_server(
+                self._reset_connection, self.spec.host, self.spec.port
+            )
             self.port = self._reset_server.sockets[0].getsockname()[1]
         elif mode is None:
             self._runner = web.AppRunner(self._app(), handler_cancellation=True, access_log=None)
@@ -103,10 +113,18 @@ class ReplicaServer:
                 self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         # mode == "refuse": nothing listens, so connections are refused by the kernel.
         self._task = asyncio.create_task(self._engine_loop(), name=f"engine-{self.spec.name}")
-        log.info("engine-sim %s: %s on %s, %s (%s), port %d, %d KV blocks, time scale %g%s",
-                 self.spec.name, self.spec.model_name, self.engine.perf.gpu.name, self.spec.engine,
-                 f"TP={self.engine.perf.tensor_parallel}", self.port, self.engine.total_blocks,
-                 self.spec.time_scale, f", refusing connections ({mode})" if mode else "")
+        log.info(
+            "engine-sim %s: %s on %s, %s (%s), port %d, %d KV blocks, time scale %g%s",
+            self.spec.name,
+            self.spec.model_name,
+            self.engine.perf.gpu.name,
+            self.spec.engine,
+            f"TP={self.engine.perf.tensor_parallel}",
+            self.port,
+            self.engine.total_blocks,
+            self.spec.time_scale,
+            f", refusing connections ({mode})" if mode else "",
+        )
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -213,8 +231,13 @@ class ReplicaServer:
         fault = decide(self.spec.faults, self.rng, max_tokens)
         if fault.error_status is not None:
             kind = "ServiceUnavailableError" if fault.error_status == 503 else "InternalServerError"
-            return _error(fault.error_status, "simulated engine failure (fault injection)", kind, None,
-                          fault.error_status)
+            return _error(
+                fault.error_status,
+                "simulated engine failure (fault injection)",
+                kind,
+                None,
+                fault.error_status,
+            )
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         try:
             self.engine.add(SimRequest(rid, parsed.prompt_tokens, max_tokens), self.sim_now())
@@ -228,16 +251,29 @@ class ReplicaServer:
         created = int(self._wall_t0 + self._since_start())
         try:
             if parsed.stream:
-                return await self._stream(request, stream, fault, rid, parsed.chat, created, parsed.prompt_tokens,
-                                          max_tokens, finish_reason, parsed.include_usage)
+                return await self._stream(
+                    request,
+                    stream,
+                    fault,
+                    rid,
+                    parsed.chat,
+                    created,
+                    parsed.prompt_tokens,
+                    max_tokens,
+                    finish_reason,
+                    parsed.include_usage,
+                )
             while not stream.done:
                 if fault.abort_after is not None and stream.tokens >= fault.abort_after:
                     return _drop(request)
                 await stream.wait()
             if fault.stall_after is not None:
                 await asyncio.sleep(self.spec.faults.stall_seconds)
-            return web.json_response(full_response(chat, rid, self.spec.model_name, created, parsed.prompt_tokens,
-                                                   max_tokens, finish_reason))
+            return web.json_response(
+                full_response(
+                    chat, rid, self.spec.model_name, created, parsed.prompt_tokens, max_tokens, finish_reason
+                )
+            )
         finally:
             self._streams.pop(rid, None)
             if not stream.done:
@@ -245,9 +281,19 @@ class ReplicaServer:
             if stream.stamps is not None and stream.done and len(self.timelines) < MAX_TIMELINES:
                 self.timelines[rid] = stream.stamps
 
-    async def _stream(self, request: web.Request, stream: _Stream, fault: RequestFaults, rid: str, chat: bool,
-                      created: int, prompt_tokens: int, max_tokens: int, finish_reason: str,
-                      include_usage: bool) -> web.StreamResponse:
+    async def _stream(
+        self,
+        request: web.Request,
+        stream: _Stream,
+        fault: RequestFaults,
+        rid: str,
+        chat: bool,
+        created: int,
+        prompt_tokens: int,
+        max_tokens: int,
+        finish_reason: str,
+        include_usage: bool,
+    ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         fmt = ChunkFormatter(chat, rid, self.spec.model_name, created)
@@ -282,9 +328,16 @@ class ReplicaServer:
         return resp
 
     async def _models(self, request: web.Request) -> web.Response:
-        card = {"id": self.spec.model_name, "object": "model", "created": int(self._wall_t0), "owned_by": "vllm",
-                "root": self.spec.model, "parent": None, "max_model_len": self.engine.max_model_len,
-                "permission": []}
+        card = {
+            "id": self.spec.model_name,
+            "object": "model",
+            "created": int(self._wall_t0),
+            "owned_by": "vllm",
+            "root": self.spec.model,
+            "parent": None,
+            "max_model_len": self.engine.max_model_len,
+            "permission": [],
+        }
         return web.json_response({"object": "list", "data": [card]})
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -293,32 +346,53 @@ class ReplicaServer:
         return web.Response(status=200)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(),
-                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        return web.Response(
+            body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+        )
 
     async def _info(self, request: web.Request) -> web.Response:
         perf = self.engine.perf
-        return web.json_response({
-            "name": self.spec.name, "model": self.spec.model_name, "engine": self.spec.engine,
-            "gpu": {"name": perf.gpu.name, "memory_gb": perf.gpu.memory_gb, "bandwidth_gbps": perf.gpu.bandwidth_gbps,
-                    "tflops": perf.gpu.tflops, "price_per_hour": perf.gpu.price_per_hour},
-            "tensor_parallel": perf.tensor_parallel, "time_scale": self.spec.time_scale,
-            "kv_blocks": self.engine.total_blocks, "block_size": self.engine.config.block_size,
-            "max_model_len": self.engine.max_model_len, "max_num_seqs": self.engine.config.max_num_seqs,
-            "decode_step_s_batch1": perf.decode_step_time(1, 512), "lag_seconds": self.lag_seconds,
-            "sim_now": self.sim_now(), "steps": self.engine.steps_total,
-        })
+        return web.json_response(
+            {
+                "name": self.spec.name,
+                "model": self.spec.model_name,
+                "engine": self.spec.engine,
+                "gpu": {
+                    "name": perf.gpu.name,
+                    "memory_gb": perf.gpu.memory_gb,
+                    "bandwidth_gbps": perf.gpu.bandwidth_gbps,
+                    "tflops": perf.gpu.tflops,
+                    "price_per_hour": perf.gpu.price_per_hour,
+                },
+                "tensor_parallel": perf.tensor_parallel,
+                "time_scale": self.spec.time_scale,
+                "kv_blocks": self.engine.total_blocks,
+                "block_size": self.engine.config.block_size,
+                "max_model_len": self.engine.max_model_len,
+                "max_num_seqs": self.engine.config.max_num_seqs,
+                "decode_step_s_batch1": perf.decode_step_time(1, 512),
+                "lag_seconds": self.lag_seconds,
+                "sim_now": self.sim_now(),
+                "steps": self.engine.steps_total,
+            }
+        )
 
     async def _timeline(self, request: web.Request) -> web.Response:
         """Per-request model timestamps of each token (sum of step durations), for the benchmark."""
         if not self.spec.record_timeline:
             return _error(404, "start the simulator with --record-timeline", "NotFoundError")
-        return web.json_response({"time_scale": self.spec.time_scale, "lag_seconds": self.lag_seconds,
-                                  "timelines": self.timelines})
+        return web.json_response(
+            {"time_scale": self.spec.time_scale, "lag_seconds": self.lag_seconds, "timelines": self.timelines}
+        )
 
 
-def _error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-           code: Any = None) -> web.Response:
+def _error(
+    status: int,
+    message: str,
+    type_: str = "invalid_request_error",
+    param: str | None = None,
+    code: Any = None,
+) -> web.Response:
     return web.json_response(error_body(message, type_, param, code), status=status)
 
 

@@ -41,13 +41,22 @@ class LoadResult:
     @property
     def mean_decode_rate(self) -> float:
         """Per-request decode tokens/s after the first token: (n - 1) / (finish - first token)."""
-        rates = [(s.num_output - 1) / (s.finish_time - s.first_token_time)  # type: ignore[operator]
-                 for s in self.finished if s.num_output > 1]
+        rates = [
+            (s.num_output - 1) / (s.finish_time - s.first_token_time)  # type: ignore[operator]
+            for s in self.finished
+            if s.num_output > 1
+        ]
         return statistics.fmean(rates) if rates else 0.0
 
 
-def run_closed_loop(engine: Engine, concurrency: int, prompt_tokens: int, output_tokens: int,
-                    num_requests: int, start: float = 0.0) -> LoadResult:
+def run_closed_loop(
+    engine: Engine,
+    concurrency: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    num_requests: int,
+    start: float = 0.0,
+) -> LoadResult:
     """`concurrency` clients, each sending its next request the moment the previous one finishes."""
     now = start
     sent = 0
@@ -74,8 +83,9 @@ def run_closed_loop(engine: Engine, concurrency: int, prompt_tokens: int, output
     return out
 
 
-def run_open_loop(engine: Engine, rate: float, prompt_tokens: int, output_tokens: int,
-                  num_requests: int, seed: int = 0) -> LoadResult:
+def run_open_loop(
+    engine: Engine, rate: float, prompt_tokens: int, output_tokens: int, num_requests: int, seed: int = 0
+) -> LoadResult:
     """Poisson arrivals at `rate` req/s, as AIBrix's benchmark lines (request_rate, samples)."""
     rng = random.Random(seed)
     arrivals: list[float] = []

@@ -1,0 +1,172 @@
+"""`python -m extproc.sim.validate`: simulated figures next to published ones, in virtual time.
+
+Every row runs the engine model as a discrete-event simulation (no sleeping, deterministic) with the
+workload of the published measurement, and prints published vs simulated and the relative error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from extproc.sim.replica import build_engine
+from extproc.sim.virtual import LoadResult, run_closed_loop, run_open_loop
+
+AIBRIX_DIR = Path("/work/shared/data/aibrix")
+
+SRC_MUSGRAVE = "johnmusgrave.com/p/vllm-throughput-latency-sweep-on (vLLM, A100 40GB, Llama-3.1-8B)"
+SRC_LAMBDA = "LambdaLabsML/vllm-benchmark benchmark_v0.md (vLLM 0.6, H100 SXM vs A100 SXM 80GB)"
+SRC_4090 = "mushfiqrahman.dev/?p=1668 (vLLM, RTX 4090, Mistral-7B-Instruct-v0.3)"
+SRC_AIBRIX = "AIBrix simulator benchmark lines, llama2-7b (shared/data/aibrix/*.jsonl)"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    source: str
+    setup: str
+    metric: str
+    published: float
+    simulated: float
+
+    @property
+    def error(self) -> float:
+        return (self.simulated - self.published) / self.published
+
+
+def closed(gpu: str, model: str, c: int, inp: int, out: int, n: int | None = None) -> LoadResult:
+    return run_closed_loop(build_engine(gpu, model), c, inp, out, n or max(4 * c, 16))
+
+
+def musgrave_rows() -> list[Row]:
+    one = closed("A100-40GB", "llama3-8b", 1, 1024, 128, 8)
+    eight = closed("A100-40GB", "llama3-8b", 8, 1024, 128, 64)
+    setup = "A100-40GB llama3-8b, 1024 in / 128 out"
+    return [
+        Row(SRC_MUSGRAVE, setup + ", C=1", "decode tok/s per request", 75.0, one.mean_decode_rate),
+        Row(
+            SRC_MUSGRAVE, setup, "throughput C=8 / C=1", 6.6, eight.output_throughput / one.output_throughput
+        ),
+    ]
+
+
+def lambda_rows() -> list[Row]:
+    rows = []
+    for c in (1, 64):
+        h = closed("H100", "llama3-8b", c, 1024, 128, 8 * c)
+        a = closed("A100-80GB", "llama3-8b", c, 1024, 128, 8 * c)
+        rows.append(
+            Row(
+                SRC_LAMBDA,
+                f"llama3-8b 1024/128, C={c}",
+                "H100 / A100-80GB throughput",
+                2.0,
+                h.output_throughput / a.output_throughput,
+            )
+        )
+    return rows
+
+
+def rtx4090_rows() -> list[Row]:
+    published = {4: (210, 0.063), 8: (377, 0.079), 16: (644, 0.155), 32: (975, 0.362), 48: (1190, 0.667)}
+    rows = []
+    for c, (tput, ttft) in published.items():
+        r = closed("RTX4090", "mistral-7b", c, 256, 128, 8 * c)
+        rows.append(Row(SRC_4090, f"mistral-7b 256/128, C={c}", "output tok/s", tput, r.output_throughput))
+    for c in (4, 48):
+        r = closed("RTX4090", "mistral-7b", c, 256, 128, 8 * c)
+        rows.append(Row(SRC_4090, f"mistral-7b 256/128, C={c}", "mean TTFT s", published[c][1], r.mean_ttft))
+    return rows
+
+
+def _aibrix(gpu_file: str) -> dict[tuple[int, int, float, str], float]:
+    path = AIBRIX_DIR / f"simulator-llama2-7b-{gpu_file}.jsonl"
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            out[(r["input_tokens"], r["output_tokens"], r["request_rate"], r["metric"])] = r["mean"]
+    return out
+
+
+def aibrix_rows() -> list[Row]:
+    rows: list[Row] = []
+    for gpu, tag in (("A100-80GB", "a100"), ("A40", "a40")):
+        try:
+            ref = _aibrix(tag)
+        except OSError:
+            continue
+        for inp, out, rate, metric in (
+            (128, 128, 1.0, "E2E"),
+            (128, 512, 64.0, "TT"),
+            (1024, 128, 64.0, "TT"),
+        ):
+            r = run_open_loop(build_engine(gpu, "llama2-7b"), rate, inp, out, 100, seed=0)
+            sim = r.mean_e2e if metric == "E2E" else r.output_throughput
+            label = "mean E2E s" if metric == "E2E" else "output tok/s"
+            rows.append(
+                Row(
+                    SRC_AIBRIX,
+                    f"{gpu} {inp}/{out}, {rate:g} req/s x100",
+                    label,
+                    ref[(inp, out, rate, metric)],
+                    sim,
+                )
+            )
+    return rows
+
+
+SUITES: dict[str, Callable[[], list[Row]]] = {
+    "musgrave": musgrave_rows,
+    "lambda": lambda_rows,
+    "rtx4090": rtx4090_rows,
+    "aibrix": aibrix_rows,
+}
+
+
+def single_stream_table(gpus: list[str], model: str) -> list[tuple[str, float, float]]:
+    """Per-GPU single-request decode tok/s and saturated throughput (C=256, 512/256) for a model."""
+    out = []
+    for gpu in gpus:
+        try:
+            one = closed(gpu, model, 1, 512, 256, 4)
+            sat = closed(gpu, model, 256, 512, 256, 768)
+        except ValueError:
+            continue  # the model does not fit on this GPU
+        out.append((gpu, one.mean_decode_rate, sat.output_throughput))
+    return out
+
+
+def render(rows: list[Row]) -> str:
+    lines = ["| source | setup | metric | published | simulated | error |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r.source} | {r.setup} | {r.metric} | {r.published:g} | {r.simulated:.3g} | "
+            f"{r.error * 100:+.0f} % |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--suite", action="append", choices=sorted(SUITES), help="default: all")
+    parser.add_argument("--presets", action="store_true", help="also print per-GPU decode/saturation figures")
+    args = parser.parse_args(argv)
+    rows: list[Row] = []
+    for name in args.suite or SUITES:
+        rows.extend(SUITES[name]())
+    print(render(rows))
+    if args.presets:
+        from extproc.sim.gpus import GPUS
+
+        print("\n| GPU | llama3-8b single-request decode tok/s | saturated output tok/s (C=256, 512/256) |")
+        print("|---|---|---|")
+        for gpu, single, sat in single_stream_table(list(GPUS), "llama3-8b"):
+            print(f"| {gpu} | {single:.1f} | {sat:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
