@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test unit integration demo bench-sim envoy-config clean
+.PHONY: setup redis test unit integration demo bench bench-sim envoy-config clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,9 @@ integration: setup redis
 
 demo: setup
 	$(PY) -m extproc.demo
+
+bench: setup
+	$(PY) -m extproc.bench
 
 bench-sim: setup
 	$(PY) -m extproc.sim.bench
