@@ -48,12 +48,26 @@ async def test_config_change_is_reloaded_and_invalid_one_rejected(fresh_stack: S
     async def model_ids() -> set[str]:
         return {m.id for m in (await client.models.list()).data}
 
+    reloaded = asyncio.Event()
+
+    async def load() -> list[int]:  # requests for `m` keep flowing until the reload has been seen
+        codes = []
+        async with aiohttp.ClientSession() as session:
+            while not reloaded.is_set():
+                async with session.post(fresh_stack.url + "/v1/chat/completions", json={
+                        "model": "m", "messages": [{"role": "user", "content": "x"}]}) as resp:
+                    codes.append(resp.status)
+        return codes
+
+    traffic = asyncio.gather(*(load() for _ in range(4)))
     fresh_stack.write_config({"models": {**pods_config(("a", upstreams["a"]))["models"],
                                          **pods_config(("b", upstreams["b"]), model="m2")["models"]}})
     deadline = asyncio.get_running_loop().time() + 10
     while await model_ids() != {"m", "m2"}:
         assert asyncio.get_running_loop().time() < deadline, "reload not seen"
         await asyncio.sleep(0.05)
+    reloaded.set()
+    assert {code for codes in await traffic for code in codes} == {200}
     before = upstream_stats(upstreams["b"])["requests"]
     await client.chat.completions.create(model="m2", messages=[{"role": "user", "content": "x"}])
     assert upstream_stats(upstreams["b"])["requests"] == before + 1
