@@ -23,7 +23,7 @@ import yaml
 
 from extproc.config import parse
 from extproc.envoy_bootstrap import BootstrapOptions, bootstrap
-from extproc.localstack import VENV_BIN, LocalStack, Proc, free_port, http_get, port_open
+from extproc.localstack import LocalStack, Proc, free_port, http_get, port_open, start_envoy
 
 MODEL = "llama2-7b"
 
@@ -49,9 +49,11 @@ def bench_state_machine(chunks: int, n: int = 20000) -> dict[str, float]:
             ProcessingRequest(request_body=HttpBody(end_of_stream=True, body=json.dumps({
                 "model": MODEL, "stream": True, "max_tokens": chunks,
                 "messages": [{"role": "user", "content": "x" * 2000}]}).encode())),
-            ProcessingRequest(response_headers=headers({":status": "200", "content-type": "text/event-stream"}))]
+            ProcessingRequest(response_headers=headers({":status": "200",
+                                                        "content-type": "text/event-stream"}))]
     wire = [m.SerializeToString() for m in wire]
-    chunk = ProcessingRequest(response_body=HttpBody(body=b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'))
+    sse = b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'
+    chunk = ProcessingRequest(response_body=HttpBody(body=sse))
     last = ProcessingRequest(response_body=HttpBody(body=b"data: [DONE]\n\n", end_of_stream=True))
     chunk_wire, last_wire = chunk.SerializeToString(), last.SerializeToString()
 
@@ -121,9 +123,7 @@ def end_to_end(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
                                        admin_port=plain_admin))
     hcm = plain["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     hcm["http_filters"] = hcm["http_filters"][1:]
-    (log_dir / "plain.yaml").write_text(yaml.safe_dump(plain))
-    envoy_plain = Proc("envoy-plain", [str(VENV_BIN / "envoy"), "-c", str(log_dir / "plain.yaml"),
-                                       "--concurrency", "1", "--disable-hot-restart", "-l", "warning"], log_dir)
+    envoy_plain = start_envoy("envoy-plain", yaml.safe_dump(plain), log_dir)
     envoy_plain.wait_ready(lambda: port_open(plain_port))
 
     targets = {

@@ -86,9 +86,9 @@ def main(argv: list[str] | None = None) -> int:
             if line.startswith("extproc_requests_total"):
                 print("  " + line)
         if args.keep:
+            body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
             print(f"\ntry:\n  curl {stack.url}/v1/chat/completions -H 'Content-Type: application/json' "
-                  f"-d '{{\"model\": \"{MODEL}\", \"messages\": [{{\"role\": \"user\", \"content\": \"hi\"}}]}}'"
-                  "\nCtrl-C to stop.")
+                  f"-d '{body}'\nCtrl-C to stop.")
             try:
                 while True:
                     time.sleep(3600)

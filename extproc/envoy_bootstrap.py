@@ -13,11 +13,15 @@ from typing import Any
 import yaml
 
 from extproc.config import DEFAULT_DESTINATION_HEADER
+from extproc.server.responses import ANSWERED_KEY, GATEWAY_METADATA_NAMESPACE, LB_METADATA_NAMESPACE
 
 # Long prompts are buffered whole for routing: keep Envoy's buffer well above the gateway's
 # max_body_bytes (config.DEFAULT_MAX_BODY_BYTES) so the gateway, not Envoy, answers oversize bodies.
 BUFFER_LIMIT_BYTES = 16 * 1024 * 1024
 TYPE = "type.googleapis.com/"
+ACCESS_LOG_FORMAT = ('[%START_TIME%] "%REQ(:METHOD)% %REQ(:PATH)%" %RESPONSE_CODE% %RESPONSE_FLAGS% '
+                     '%BYTES_RECEIVED% %BYTES_SENT% %DURATION%ms upstream=%UPSTREAM_HOST% '
+                     'request-id=%REQ(X-REQUEST-ID)% lb=%DYNAMIC_METADATA(envoy.lb)%\n')
 # Envoy response flags of an upstream that failed us: no healthy host, connect failure, overflow,
 # connection termination, reset, timeout, protocol error, retry limit.
 UPSTREAM_FAILURE_FLAGS = ("UH", "UF", "UO", "UC", "UR", "UT", "UPE", "URX")
@@ -44,6 +48,9 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         "grpc_service": {"envoy_grpc": {"cluster_name": "extproc"}, "timeout": "30s"},
         "failure_mode_allow": False,
         "message_timeout": f"{o.message_timeout_seconds}s",
+        # Envoy drops metadata from the processor in namespaces not listed here.
+        "metadata_options": {"receiving_namespaces": {"untyped": [LB_METADATA_NAMESPACE,
+                                                                  GATEWAY_METADATA_NAMESPACE]}},
         "processing_mode": {
             "request_header_mode": "SEND",
             "request_body_mode": "BUFFERED",
@@ -59,12 +66,26 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                         "body_format_override": {"content_type": "application/json", "json_format": {
                             "error": {"message": "%LOCAL_REPLY_BODY%", "type": "upstream_error",
                                       "code": "%RESPONSE_CODE_DETAILS%"}}}}
+    # Envoy's own 413 (body above its buffer) in the OpenAI shape; the gateway's 413s carry the
+    # `answered` marker in their metadata and pass untouched.
+    too_large = {"filter": {"and_filter": {"filters": [
+                     {"status_code_filter": {"comparison": {"op": "EQ", "value": {
+                         "default_value": 413, "runtime_key": "extproc.too_large"}}}},
+                     {"metadata_filter": {"match_if_key_not_found": True, "matcher": {
+                         "filter": GATEWAY_METADATA_NAMESPACE, "path": [{"key": ANSWERED_KEY}],
+                         "value": {"present_match": False}}}}]}},
+                 "body_format_override": {"content_type": "application/json", "json_format": {
+                     "error": {"message": f"request body exceeds {BUFFER_LIMIT_BYTES} bytes",
+                               "type": "invalid_request_error", "code": "request_too_large"}}}}
     hcm = {
         "@type": TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "gateway",
         "codec_type": "AUTO",
         "stream_idle_timeout": "600s",
-        "local_reply_config": {"mappers": [upstream_failure]},
+        "local_reply_config": {"mappers": [upstream_failure, too_large]},
+        "access_log": [{"name": "envoy.access_loggers.stdout", "typed_config": {
+            "@type": TYPE + "envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
+            "log_format": {"text_format_source": {"inline_string": ACCESS_LOG_FORMAT}}}}],
         "route_config": {"name": "gateway", "virtual_hosts": [{
             "name": "models", "domains": ["*"],
             "routes": [

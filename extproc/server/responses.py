@@ -18,12 +18,19 @@ from google.protobuf.struct_pb2 import Struct
 
 OVERWRITE = HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 LB_METADATA_NAMESPACE = "envoy.lb"  # the endpoint-picker protocol's metadata namespace
+GATEWAY_METADATA_NAMESPACE = "extproc"
+ANSWERED_KEY = "answered"
 
 # Stateless replies are built once: they are sent for every streamed response chunk.
 CONTINUE_RESPONSE_BODY = ProcessingResponse(response_body=BodyResponse())
 CONTINUE_REQUEST_BODY = ProcessingResponse(request_body=BodyResponse())
 CONTINUE_REQUEST_HEADERS = ProcessingResponse(request_headers=HeadersResponse())
 CONTINUE_RESPONSE_HEADERS = ProcessingResponse(response_headers=HeadersResponse())
+
+
+# Marks the gateway's own answers, so Envoy's local-reply mapper leaves them alone.
+_ANSWERED_BY_GATEWAY = Struct()
+_ANSWERED_BY_GATEWAY.fields[GATEWAY_METADATA_NAMESPACE].struct_value.fields[ANSWERED_KEY].bool_value = True
 
 
 def _set(headers: Iterable[tuple[str, str]]) -> list[HeaderValueOption]:
@@ -58,6 +65,8 @@ def response_headers(headers: Iterable[tuple[str, str]]) -> ProcessingResponse:
 
 def immediate(status: int, body: bytes, headers: Iterable[tuple[str, str]] = (),
               content_type: str = "application/json") -> ProcessingResponse:
-    return ProcessingResponse(immediate_response=ImmediateResponse(
-        status=HttpStatus(code=status), body=body,
-        headers=HeaderMutation(set_headers=_set([("content-type", content_type), *headers]))))
+    return ProcessingResponse(
+        immediate_response=ImmediateResponse(
+            status=HttpStatus(code=status), body=body,
+            headers=HeaderMutation(set_headers=_set([("content-type", content_type), *headers]))),
+        dynamic_metadata=_ANSWERED_BY_GATEWAY)

@@ -145,3 +145,19 @@ def test_gateway_refuses_a_taken_port(tmp_path: Path):
         assert clash.returncode != 0
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("megabytes,status,limit", [(5, 200, None), (12, 413, 8 << 20), (20, 413, 16 << 20)])
+async def test_long_prompts_route_and_oversize_bodies_get_openai_413(fresh_stack: Stack, megabytes, status,
+                                                                     limit):
+    prompt = "a" * (megabytes << 20)  # 12 MiB: over the gateway's limit; 20 MiB: over Envoy's buffer
+    async with aiohttp.ClientSession() as session:
+        async with session.post(fresh_stack.url + "/v1/chat/completions", json={
+                "model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": prompt}]}) as resp:
+            assert resp.status == status
+            if status == 413:
+                error = (await resp.json())["error"]
+                assert error["code"] == "request_too_large"
+                assert str(limit) in error["message"]  # who answered: the gateway, or Envoy's mapper
+            else:
+                assert resp.headers["target-pod"] == "a"
