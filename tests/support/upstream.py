@@ -48,7 +48,7 @@ def make_app(name: str) -> web.Application:
     async def stats(_: web.Request) -> web.Response:
         return web.json_response({"name": name, "requests": len(seen), "headers": seen[-1:]})
 
-    app = web.Application()
+    app = web.Application(client_max_size=64 << 20)  # long prompts are part of what we test
     app.router.add_post("/v1/chat/completions", generate)
     app.router.add_post("/v1/completions", generate)
     app.router.add_get("/stats", stats)
