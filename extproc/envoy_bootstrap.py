@@ -126,6 +126,11 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                     "name": "extproc",
                     "type": "STATIC",
                     "connect_timeout": "1s",
+                    # A draining gateway replica reports NOT_SERVING; with several replicas behind
+                    # this cluster, Envoy stops opening streams to it before it stops accepting.
+                    "health_checks": [{"timeout": "1s", "interval": "2s", "unhealthy_threshold": 1,
+                                       "healthy_threshold": 1, "grpc_health_check": {
+                                           "service_name": "envoy.service.ext_proc.v3.ExternalProcessor"}}],
                     "typed_extension_protocol_options": {
                         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                             "@type": TYPE + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
