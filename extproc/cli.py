@@ -50,13 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     envoy.add_argument("--destination-header", default="x-gateway-destination-endpoint")
     envoy.set_defaults(func=_envoy_config)
 
+    from extproc.sim.cli import add_arguments
+
     sim = sub.add_parser("engine-sim", help="run a simulated vLLM/SGLang engine (or a fleet of them)")
-    try:
-        from extproc.sim.cli import add_arguments
-    except ImportError:  # the simulator is optional at import time; its absence is reported on use
-        add_arguments = None
-    if add_arguments is not None:
-        add_arguments(sim)
+    add_arguments(sim)
     sim.set_defaults(func=_engine_sim)
     return parser
 
