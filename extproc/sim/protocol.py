@@ -124,8 +124,12 @@ def token_text(i: int) -> str:
     return WORDS[i % len(WORDS)]
 
 
+# JSON-encoded token texts, rendered once: a token chunk is then a bytes join.
+_WORD_JSON = tuple(json.dumps(w).encode() for w in WORDS)
+
+
 class ChunkFormatter:
-    """Pre-renders the constant part of a stream's SSE chunks; one chunk per token is a string join."""
+    """Pre-renders the constant part of a stream's SSE events (bytes), so one event per token is cheap."""
 
     __slots__ = ("chat", "_head", "_tail", "_base")
 
@@ -133,32 +137,24 @@ class ChunkFormatter:
         self.chat = chat
         obj = "chat.completion.chunk" if chat else "text_completion"
         self._base = {"id": request_id, "object": obj, "created": created, "model": model}
-        head = json.dumps(self._base)[:-1]
+        head = "data: " + json.dumps(self._base)[:-1]
         if chat:
-            self._head = head + ', "choices": [{"index": 0, "delta": {"content": '
-            self._tail = '}, "logprobs": null, "finish_reason": null}]}\n\n'
+            self._head = (head + ', "choices": [{"index": 0, "delta": {"content": ').encode()
+            self._tail = b'}, "logprobs": null, "finish_reason": null}]}\n\n'
         else:
-            self._head = head + ', "choices": [{"index": 0, "text": '
-            self._tail = ', "logprobs": null, "finish_reason": null}]}\n\n'
+            self._head = (head + ', "choices": [{"index": 0, "text": ').encode()
+            self._tail = b', "logprobs": null, "finish_reason": null}]}\n\n'
 
-    def role(self) -> str:
+    def role(self) -> bytes:
+        delta = {"role": "assistant", "content": ""}
         return self._event(
-            {
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ]
-            }
+            {"choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
         )
 
-    def token(self, i: int) -> str:
-        return "data: " + self._head + json.dumps(token_text(i)) + self._tail
+    def token(self, i: int) -> bytes:
+        return self._head + _WORD_JSON[i % len(_WORD_JSON)] + self._tail
 
-    def last_token(self, i: int, finish_reason: str) -> str:
+    def last_token(self, i: int, finish_reason: str) -> bytes:
         text = token_text(i)
         choice: dict[str, Any] = (
             {"index": 0, "delta": {"content": text}} if self.chat else {"index": 0, "text": text}
@@ -166,14 +162,26 @@ class ChunkFormatter:
         choice.update(logprobs=None, finish_reason=finish_reason)
         return self._event({"choices": [choice]})
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> str:
+    def tokens(self, start: int, stop: int, last: int, finish_reason: str) -> bytes:
+        """Events for tokens [start, stop); the role event first for chat; finish_reason on token `last`."""
+        parts = [self.role()] if self.chat and start == 0 and stop > 0 else []
+        for i in range(start, stop):
+            parts.append(self.last_token(i, finish_reason) if i == last else self.token(i))
+        return b"".join(parts)
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
         return self._event({"choices": [], "usage": usage(prompt_tokens, completion_tokens)})
 
-    def _event(self, fields: dict[str, Any]) -> str:
-        return "data: " + json.dumps({**self._base, **fields}) + "\n\n"
+    def _event(self, fields: dict[str, Any]) -> bytes:
+        return ("data: " + json.dumps({**self._base, **fields}) + "\n\n").encode()
 
 
-DONE = "data: [DONE]\n\n"
+def http_chunk(data: bytes) -> bytes:
+    """HTTP/1.1 chunked transfer framing of one chunk."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+DONE = b"data: [DONE]\n\n"
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
