@@ -70,6 +70,7 @@ class StepResult:
     start: float
     duration: float
     emitted: list[str] = field(default_factory=list)  # request ids that got one new token at `end`
+    first_tokens: list[SeqState] = field(default_factory=list)  # requests whose first token this was
     finished: list[SeqState] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     num_tokens: int = 0  # query tokens in the batch
@@ -221,6 +222,7 @@ class Engine:
             res.emitted.append(seq.request_id)
             if seq.first_token_time is None:
                 seq.first_token_time = end
+                res.first_tokens.append(seq)
             if seq.num_output >= seq.request.max_tokens:
                 seq.finish_time = end
                 res.finished.append(seq)

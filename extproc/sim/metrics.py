@@ -184,11 +184,14 @@ class EngineMetrics:
             names.e2e, "Histogram of end to end request latency in seconds.", buckets=E2E_BUCKETS, **kw
         ).labels(model)
 
+    def observe_first_token(self, seq: SeqState) -> None:
+        """Latencies are simulated seconds: what the simulated GPU would report, whatever the time scale."""
+        if seq.first_token_time is not None:
+            self._ttft.observe(max(0.0, seq.first_token_time - seq.arrival))
+
     def observe_finished(self, seq: SeqState) -> None:
-        """Latencies in simulated seconds: what the simulated GPU would report, whatever the time scale."""
         if seq.first_token_time is None or seq.finish_time is None:
             return
-        self._ttft.observe(max(0.0, seq.first_token_time - seq.arrival))
         self._e2e.observe(max(0.0, seq.finish_time - seq.arrival))
         if seq.num_output > 1:
             # One observation per request (its mean inter-token time), not per token: keeps the hot path lean.

@@ -161,6 +161,7 @@ class ReplicaServer:
                 self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         # mode == "refuse": nothing listens, so connections are refused by the kernel.
         self._task = asyncio.create_task(self._engine_loop(), name=f"engine-{self.spec.name}")
+        self._task.add_done_callback(self._loop_ended)
         log.info(
             "engine-sim %s: %s on %s, %s (%s), port %d, %d KV blocks, time scale %g%s",
             self.spec.name,
@@ -186,6 +187,11 @@ class ReplicaServer:
         if self._reset_server is not None:
             self._reset_server.close()
             await self._reset_server.wait_closed()
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        # A dead engine loop would hang every stream: make it loud.
+        if not task.cancelled() and task.exception() is not None:
+            log.error("engine-sim %s: engine loop died", self.spec.name, exc_info=task.exception())
 
     async def _reset_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.transport.abort()  # fault: accept, then drop the connection at once
@@ -250,6 +256,8 @@ class ReplicaServer:
                     s.sink.emit(s.tokens)  # written now; the handler only wakes at the end
                 else:
                     s.notify()
+        for seq in res.first_tokens:
+            self.metrics.observe_first_token(seq)
         for seq in res.finished:
             self.metrics.observe_finished(seq)
             s = streams.get(seq.request_id)
