@@ -17,10 +17,20 @@ from extproc.sim.virtual import LoadResult, run_closed_loop, run_open_loop
 
 AIBRIX_DIR = Path("/work/shared/data/aibrix")
 
-SRC_MUSGRAVE = "johnmusgrave.com/p/vllm-throughput-latency-sweep-on (vLLM, A100 40GB, Llama-3.1-8B)"
-SRC_LAMBDA = "LambdaLabsML/vllm-benchmark benchmark_v0.md (vLLM 0.6, H100 SXM vs A100 SXM 80GB)"
-SRC_4090 = "mushfiqrahman.dev/?p=1668 (vLLM, RTX 4090, Mistral-7B-Instruct-v0.3)"
-SRC_AIBRIX = "AIBrix simulator benchmark lines, llama2-7b (shared/data/aibrix/*.jsonl)"
+SRC_MUSGRAVE = "[1]"
+SRC_LAMBDA = "[2]"
+SRC_4090 = "[3]"
+SRC_AIBRIX = "[4]"
+SOURCES = {
+    "[1]": "johnmusgrave.com/p/vllm-throughput-latency-sweep-on: vLLM 0.23, A100 40GB, Llama-3.1-8B-Instruct "
+    "BF16, 1024 in / 128 out; C=1 decode ~75 tok/s; C=8 ~6.6x the C=1 throughput (measured)",
+    "[2]": "LambdaLabsML/vllm-benchmark, benchmark_v0.md: vLLM 0.6, H100 SXM ~2x A100 SXM 80GB throughput, "
+    "Llama/Mistral 7B-405B (measured)",
+    "[3]": "mushfiqrahman.dev/?p=1668: vLLM, RTX 4090 24GB, Mistral-7B-Instruct-v0.3, 256 in / 128 out, "
+    "max concurrency 4-48 (measured)",
+    "[4]": "AIBrix simulator benchmark lines, llama2-7b on A100 and A40 (shared/data/aibrix/*.jsonl): "
+    "another simulator's output, not a measurement; same workload replayed here (Poisson, 100 requests)",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,13 +149,19 @@ def single_stream_table(gpus: list[str], model: str) -> list[tuple[str, float, f
     return out
 
 
+def _num(v: float) -> str:
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.3g}"
+
+
 def render(rows: list[Row]) -> str:
-    lines = ["| source | setup | metric | published | simulated | error |", "|---|---|---|---|---|---|"]
+    lines = ["| ref | setup | metric | published | simulated | error |", "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
-            f"| {r.source} | {r.setup} | {r.metric} | {r.published:g} | {r.simulated:.3g} | "
+            f"| {r.source} | {r.setup} | {r.metric} | {_num(r.published)} | {_num(r.simulated)} | "
             f"{r.error * 100:+.0f} % |"
         )
+    lines.append("")
+    lines.extend(f"{key} {text}" for key, text in SOURCES.items() if any(r.source == key for r in rows))
     return "\n".join(lines)
 
 
