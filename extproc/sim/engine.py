@@ -170,7 +170,8 @@ class Engine:
     @property
     def kv_cache_usage(self) -> float:
         """Fraction 0..1 of KV blocks in use (vllm:kv_cache_usage_perc is a fraction despite its name)."""
-        return (self.used_blocks + self.phantom_blocks) / self.total_blocks
+        # min(): raising KV pressure at runtime can briefly overbook until preemption frees blocks.
+        return min(1.0, (self.used_blocks + self.phantom_blocks) / self.total_blocks)
 
     def busy_until(self) -> float:
         return self._busy_until

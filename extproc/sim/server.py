@@ -8,6 +8,7 @@ cost is one timer per step, not one per token per request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import random
@@ -18,7 +19,7 @@ from typing import Any
 from aiohttp import HttpVersion11, web
 
 from extproc.sim.engine import CapacityError, Engine, SeqState, SimRequest, StepResult
-from extproc.sim.faults import RequestFaults, decide, in_slow_start
+from extproc.sim.faults import FaultConfig, RequestFaults, decide, in_slow_start
 from extproc.sim.metrics import EngineMetrics
 from extproc.sim.protocol import (
     DONE,
@@ -128,7 +129,12 @@ class ReplicaServer:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
         self._reset_server: asyncio.AbstractServer | None = None
+        # Faults can be changed at runtime (POST /sim/faults); slow start counts from the last change.
+        self.faults = spec.faults
+        self._fault_t0 = 0.0
+        self._outage: asyncio.Task[None] | None = None
 
     # --- clock ---------------------------------------------------------------------------------------
     def sim_now(self) -> float:
@@ -139,26 +145,20 @@ class ReplicaServer:
     def _since_start(self) -> float:
         return self._loop.time() - self._t0 if self._loop else 0.0
 
+    def _slow(self) -> bool:
+        return self._loop is not None and in_slow_start(self.faults, self._loop.time() - self._fault_t0)
+
     # --- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._t0 = self._loop.time()
         self._wall_t0 = time.time()
         self._wake = asyncio.Event()
-        mode = self.spec.faults.refuse_connections
-        if mode == "reset":
-            self._reset_server = await asyncio.start_server(
-                self._reset_connection, self.spec.host, self.spec.port
-            )
-            self.port = self._reset_server.sockets[0].getsockname()[1]
-        elif mode is None:
-            self._runner = web.AppRunner(self._app(), handler_cancellation=True, access_log=None)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, self.spec.host, self.spec.port, backlog=2048, reuse_address=True)
-            await site.start()
-            server = site._server  # the bound port, for port 0
-            if server is not None and server.sockets:  # type: ignore[union-attr]
-                self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._fault_t0 = self._t0
+        mode = self.faults.refuse_connections
+        self._runner = web.AppRunner(self._app(), handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        await self._listen(mode)
         # mode == "refuse": nothing listens, so connections are refused by the kernel.
         self._task = asyncio.create_task(self._engine_loop(), name=f"engine-{self.spec.name}")
         self._task.add_done_callback(self._loop_ended)
@@ -176,17 +176,65 @@ class ReplicaServer:
         )
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        for task in (self._outage, self._task):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        await self._listen("refuse")
         if self._runner is not None:
             await self._runner.cleanup()
+
+    async def _listen(self, mode: str | None) -> None:
+        """Serve HTTP (None), accept-and-drop connections ("reset"), or have nothing listen ("refuse")."""
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
         if self._reset_server is not None:
             self._reset_server.close()
             await self._reset_server.wait_closed()
+            self._reset_server = None
+        host = self.spec.host
+        if mode == "reset":
+            self._reset_server = await asyncio.start_server(
+                self._reset_connection, host, self.port, reuse_address=True
+            )
+            self.port = self._reset_server.sockets[0].getsockname()[1]
+        elif mode is None:
+            assert self._runner is not None
+            self._site = web.TCPSite(self._runner, host, self.port, backlog=2048, reuse_address=True)
+            await self._site.start()
+            server = self._site._server  # the bound port, for port 0
+            if server is not None and server.sockets:  # type: ignore[union-attr]
+                self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def apply_faults(self, faults: FaultConfig, outage_seconds: float = 5.0, keep: Any = None) -> None:
+        """Change faults at runtime. A refuse/reset outage also drops open connections (as a crashed
+        engine would) except `keep`, and ends after `outage_seconds`: nothing could switch it off."""
+        assert self._loop is not None
+        self.faults = faults
+        self._fault_t0 = self._loop.time()
+        self.engine.set_kv_pressure(faults.kv_pressure)
+        if self._outage is not None:
+            self._outage.cancel()
+        if faults.refuse_connections:
+            self._outage = asyncio.create_task(
+                self._run_outage(faults.refuse_connections, outage_seconds, keep)
+            )
+
+    async def _run_outage(self, mode: str, seconds: float, keep: Any) -> None:
+        await self._listen(mode)
+        if self._runner is not None and self._runner.server is not None:
+            for handler in list(self._runner.server.connections):
+                transport = handler.transport
+                if transport is not None and transport is not keep:
+                    transport.abort()
+        await asyncio.sleep(seconds)
+        self.faults = dataclasses.replace(self.faults, refuse_connections=None)
+        await self._listen(None)
+        log.info("engine-sim %s: outage over, serving again", self.spec.name)
 
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
         # A dead engine loop would hang every stream: make it loud.
@@ -205,6 +253,8 @@ class ReplicaServer:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/sim/info", self._info)
         app.router.add_get("/sim/timeline", self._timeline)
+        app.router.add_get("/sim/faults", self._get_faults)
+        app.router.add_post("/sim/faults", self._set_faults)
         return app
 
     # --- the engine loop -----------------------------------------------------------------------------
@@ -212,7 +262,6 @@ class ReplicaServer:
         assert self._loop is not None and self._wake is not None
         loop, engine, scale = self._loop, self.engine, self.spec.time_scale
         tolerance = LATE_TOLERANCE_S * scale
-        faults = self.spec.faults
         prev_end: float | None = None
         while True:
             if not engine.has_work():
@@ -227,7 +276,7 @@ class ReplicaServer:
                     start = prev_end
                 else:
                     self.lag_seconds += (now - prev_end) / scale
-            engine.slowdown = faults.slow_start_factor if in_slow_start(faults, self._since_start()) else 1.0
+            engine.slowdown = self.faults.slow_start_factor if self._slow() else 1.0
             res = engine.step(start)
             if res is None:  # nothing schedulable; wait for an arrival or an abort to change that
                 self._wake.clear()
@@ -289,7 +338,7 @@ class ReplicaServer:
         max_tokens = parsed.max_tokens
         if max_tokens is None:
             max_tokens = sample_output_len(self.rng, self.spec.output_len_median, max(1, limit))
-        fault = decide(self.spec.faults, self.rng, max_tokens)
+        fault = decide(self.faults, self.rng, max_tokens)
         if fault.error_status is not None:
             kind = "ServiceUnavailableError" if fault.error_status == 503 else "InternalServerError"
             return _error(
@@ -329,7 +378,7 @@ class ReplicaServer:
                     return _drop(request)
                 await stream.wait()
             if fault.stall_after is not None:
-                await asyncio.sleep(self.spec.faults.stall_seconds)
+                await asyncio.sleep(self.faults.stall_seconds)
             return web.json_response(
                 full_response(
                     chat, rid, self.spec.model_name, created, parsed.prompt_tokens, max_tokens, finish_reason
@@ -398,7 +447,7 @@ class ReplicaServer:
                 return _drop(request, resp)
             if fault.stall_after is not None and not stalled and written >= fault.stall_after:
                 stalled = True
-                await asyncio.sleep(self.spec.faults.stall_seconds)
+                await asyncio.sleep(self.faults.stall_seconds)
                 continue
             if stream.done and written >= stream.tokens:
                 break
@@ -421,7 +470,7 @@ class ReplicaServer:
         return web.json_response({"object": "list", "data": [card]})
 
     async def _health(self, request: web.Request) -> web.Response:
-        if in_slow_start(self.spec.faults, self._since_start()):
+        if self._slow():
             return web.Response(status=503, text="starting")
         return web.Response(status=200)
 
@@ -456,6 +505,25 @@ class ReplicaServer:
                 "steps": self.engine.steps_total,
             }
         )
+
+    async def _get_faults(self, request: web.Request) -> web.Response:
+        return web.json_response(dataclasses.asdict(self.faults))
+
+    async def _set_faults(self, request: web.Request) -> web.Response:
+        """Replace the fault config at runtime: a JSON object of FaultConfig fields (absent = off), plus
+        `outage_seconds` (default 5) for refuse_connections. Slow start counts from this call."""
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise ValueError("body must be a JSON object")
+            outage = float(body.pop("outage_seconds", 5.0))
+            faults = FaultConfig.from_dict(body)
+        except (ValueError, KeyError, TypeError) as e:
+            return _error(400, str(e))
+        self.apply_faults(faults, outage, keep=request.transport)
+        resp = web.json_response(dataclasses.asdict(faults))
+        resp.force_close()  # this connection is not dropped by an outage; close it cleanly instead
+        return resp
 
     async def _timeline(self, request: web.Request) -> web.Response:
         """Per-request model timestamps of each token (sum of step durations), for the benchmark."""

@@ -189,3 +189,57 @@ def test_bad_fleet_file_fails_fast(log_dir: Path) -> None:
     path.write_text(yaml.safe_dump({"replicas": [{"name": "x", "gpu": "NoSuchGPU", "port": free_port()}]}))
     with pytest.raises(RuntimeError, match="NoSuchGPU"):
         start_sim(["--fleet", str(path)], log_dir)
+
+
+async def test_faults_change_at_runtime(log_dir: Path) -> None:
+    s = start_sim(BASE, log_dir)
+    try:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(
+                s.url + "/sim/faults", json={"error_rate": 1.0, "error_status": 503}
+            ) as resp:
+                assert resp.status == 200 and (await resp.json())["error_rate"] == 1.0
+            async with http.post(s.url + "/v1/completions", json=body) as resp:
+                assert resp.status == 503
+            async with http.post(s.url + "/sim/faults", json={"slow_start_seconds": 30}) as resp:
+                assert resp.status == 200
+            async with http.get(s.url + "/health") as resp:
+                assert resp.status == 503  # slow start counts from the change
+            async with http.post(s.url + "/sim/faults", json={"bogus": 1}) as resp:
+                assert resp.status == 400
+            async with http.post(s.url + "/sim/faults", json={}) as resp:
+                assert resp.status == 200
+            async with http.post(s.url + "/v1/completions", json=body) as resp:
+                assert resp.status == 200
+            async with http.post(
+                s.url + "/sim/faults", json={"refuse_connections": "refuse", "outage_seconds": 1.0}
+            ):
+                pass
+        s.wait_until(lambda: http_status(s.url + "/health", 0.5) is None, "outage begins")
+        s.wait_until(lambda: http_status(s.url + "/health", 0.5) == 200, "outage over")
+    finally:
+        s.stop()
+
+
+async def test_client_disconnect_aborts_the_request_in_the_engine(log_dir: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    s = start_sim(["--gpu", "V100", "--model", MODEL, "--time-scale", "1"], log_dir)  # slow: stays running
+
+    def running() -> float:
+        import urllib.request
+
+        with urllib.request.urlopen(s.url + "/metrics", timeout=2) as resp:
+            fams = {f.name: f for f in text_string_to_metric_families(resp.read().decode())}
+        return fams["vllm:num_requests_running"].samples[0].value
+
+    try:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 2000, "stream": True}
+        async with aiohttp.ClientSession() as http, http.post(s.url + "/v1/completions", json=body) as resp:
+            await resp.content.readline()  # the first token arrived: the request is running
+            assert running() == 1
+        # leaving the block closed the connection mid-stream
+        s.wait_until(lambda: running() == 0, "request aborted in the engine", deadline_s=10)
+    finally:
+        s.stop()
