@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 # Timer lateness (wall seconds) that the loop absorbs by starting the next step at the previous step's
 # model end time, so jitter does not accumulate into drift. Larger lateness is time really lost.
 LATE_TOLERANCE_S = 0.02
+MAX_STEPS_WITHOUT_YIELD = 16
 MAX_TIMELINES = 100_000
 MAX_UNREAD_BYTES = 4 * 1024 * 1024
 
@@ -263,6 +264,7 @@ class ReplicaServer:
         loop, engine, scale = self._loop, self.engine, self.spec.time_scale
         tolerance = LATE_TOLERANCE_S * scale
         prev_end: float | None = None
+        behind = 0
         while True:
             if not engine.has_work():
                 self._wake.clear()
@@ -289,6 +291,15 @@ class ReplicaServer:
             delay = self._t0 + res.end / scale - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
+                behind = 0
+            else:
+                # The step already ended on the wall clock (high time scale: steps shorter than a timer
+                # tick). Deliver at once and run the next step from its model start: no time is lost. Yield
+                # now and then so arrivals and responders get the loop.
+                behind += 1
+                if behind >= MAX_STEPS_WITHOUT_YIELD:
+                    behind = 0
+                    await asyncio.sleep(0)
             self._deliver(res)
             prev_end = res.end
 
