@@ -21,23 +21,17 @@ class Gateway:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.clock = clock
-        self.pool = Pool()
         self.inflight = InFlight(self.registry)
         self.requests_total = Counter("extproc_requests", "Requests handled, by outcome",
                                       ["model", "pod", "strategy", "code"], registry=self.registry)
         self.open_streams = 0
-        self.config = config
-        self._profiles: dict[str, Profile] = {}
         self.apply(config)
 
     def apply(self, config: Config) -> None:
         """Swap in a new config. In-flight tickets keep their own pod keys, so nothing is lost."""
-        pool = Pool(config.pods)
-        for model in config.models:
-            pool.declare(model)
-        self.pool = pool
+        self.pool = Pool(config.pods, config.models)
         self.config = config
-        self._profiles = {}
+        self._profiles: dict[str, Profile] = {}
 
     def profile(self, name: str) -> Profile:
         """The strategy's Profile, built once per config; raises UnknownStrategy."""

@@ -49,6 +49,3 @@ class InFlight:
 
     def total(self) -> int:
         return sum(self._counts.values())
-
-    def snapshot(self) -> dict[tuple[str, str], int]:
-        return dict(self._counts)
