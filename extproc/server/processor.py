@@ -112,8 +112,10 @@ class Stream:
         try:
             self._gw.profile(self._strategy)
         except UnknownStrategy:
+            # Metric labels only ever carry known names: client input must not grow the label set.
+            name, self._strategy = self._strategy, ""
             raise openai.bad_request(
-                f"unknown routing strategy {self._strategy!r}; valid: {', '.join(strategy_names())}",
+                f"unknown routing strategy {name!r}; valid: {', '.join(strategy_names())}",
                 param=STRATEGY_HEADER, code="unknown_routing_strategy") from None
         # A client must never choose the upstream: strip any destination header it sent.
         return responses.request_headers([config.destination_header])
@@ -127,11 +129,11 @@ class Stream:
             return responses.CONTINUE_REQUEST_BODY
         request = openai.parse_request(self._path, bytes(self._body), self._header_model)
         self._body = bytearray()
-        self._model = request.model
         gw = self._gw
         if not gw.pool.has_model(request.model):
             raise OpenAIError(404, f"the model {request.model!r} does not exist", param="model",
                               code="model_not_found")
+        self._model = request.model
         pod = gw.choose(request, gw.profile(self._strategy))
         if pod is None:
             raise OpenAIError(503, f"no ready pod for model {request.model!r}",
@@ -153,7 +155,9 @@ class Stream:
         return reply
 
     def _reply_headers(self) -> list[tuple[str, str]]:
-        headers = [("request-id", self._request_id), (STRATEGY_HEADER, self._strategy)]
+        headers = [("request-id", self._request_id)]
+        if self._strategy:
+            headers.append((STRATEGY_HEADER, self._strategy))
         if self._pod is not None:
             headers.append((TARGET_POD_HEADER, self._pod.name))
         return headers

@@ -170,3 +170,15 @@ async def test_processor_releases_on_cancellation(gw: Gateway):
     with pytest.raises(asyncio.CancelledError):
         await task
     assert gw.inflight.total() == 0 and gw.open_streams == 0
+
+
+def test_client_input_never_becomes_a_metric_label(gw: Gateway):
+    for i in range(3):
+        s = Stream(gw)
+        s.handle(req_headers(**{"routing-strategy": f"made-up-{i}"}))
+        s = Stream(gw)
+        s.handle(req_headers())
+        s.handle(req_body({**CHAT, "model": f"made-up-model-{i}"}))
+    (family,) = [m for m in gw.registry.collect() if m.name == "extproc_requests"]
+    labels = {(s.labels["model"], s.labels["strategy"]) for s in family.samples}
+    assert labels == {("", ""), ("", "least-request")}
