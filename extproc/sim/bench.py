@@ -81,7 +81,7 @@ async def _one(http: aiohttp.ClientSession, url: str, body: bytes, trace: Trace)
 MARKER = b"data: {"
 
 
-def _run_epoll_client(port: int, body: bytes, traces: list[Trace], deadline_s: float = 600.0) -> None:
+def _run_epoll_client(port: int, bodies: list[bytes], traces: list[Trace], deadline_s: float = 600.0) -> None:
     """A minimal blocking HTTP/1.1 client on epoll: one timestamp per poll wake-up, SSE events counted.
 
     Why not asyncio or aiohttp for the measurement: their per-read cost (tens of microseconds) makes a
@@ -92,14 +92,15 @@ def _run_epoll_client(port: int, body: bytes, traces: list[Trace], deadline_s: f
     import select
     import socket
 
-    head = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    ).encode()
-    request = head + body
+    def request(body: bytes) -> bytes:
+        return (
+            f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode() + body
+
     ep = select.epoll()
-    conns: dict[int, list] = {}  # fd -> [socket, trace, connected, carry]
-    for trace in traces:
+    conns: dict[int, list] = {}  # fd -> [socket, trace, request bytes (sent: b""), carry]
+    for trace, body in zip(traces, bodies):
         sock = socket.socket()
         sock.setblocking(False)
         try:
@@ -107,7 +108,7 @@ def _run_epoll_client(port: int, body: bytes, traces: list[Trace], deadline_s: f
         except BlockingIOError:
             pass
         ep.register(sock.fileno(), select.EPOLLOUT)
-        conns[sock.fileno()] = [sock, trace, False, b""]
+        conns[sock.fileno()] = [sock, trace, request(body), b""]
     end = time.monotonic() + deadline_s
     try:
         while conns and time.monotonic() < end:
@@ -116,10 +117,10 @@ def _run_epoll_client(port: int, body: bytes, traces: list[Trace], deadline_s: f
             for fd, ev in events:
                 conn = conns[fd]
                 sock, trace = conn[0], conn[1]
-                if not conn[2]:
-                    conn[2] = True
+                if conn[2]:
+                    data, conn[2] = conn[2], b""
                     try:
-                        sock.send(request)
+                        sock.sendall(data)
                     except OSError as e:
                         trace.error = repr(e)
                         _close(ep, conns, fd)
@@ -199,23 +200,29 @@ async def run(args: argparse.Namespace) -> int:
     )
     try:
         await _wait_healthy(url, proc)
-        body = json.dumps(
-            {
-                "model": args.model,
-                "prompt": "x" * (4 * args.prompt_tokens),
-                "max_tokens": args.max_tokens,
-                "stream": True,
-            }
-        ).encode()
+        # Distinct prompts (the index leads), so the prefix cache does not turn prefill into a no-op.
+        bodies = [
+            json.dumps(
+                {
+                    "model": args.model,
+                    "prompt": f"{i:08d} " + "x" * (4 * args.prompt_tokens - 9),
+                    "max_tokens": args.max_tokens,
+                    "stream": True,
+                }
+            ).encode()
+            for i in range(args.concurrency)
+        ]
         traces = [Trace() for _ in range(args.concurrency)]
         connector = aiohttp.TCPConnector(limit=0)
         timeout = aiohttp.ClientTimeout(total=None, sock_read=120)
         started = time.monotonic()
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
             if args.client == "raw":
-                _run_epoll_client(port, body, traces)
+                _run_epoll_client(port, bodies, traces)
             else:
-                await asyncio.gather(*(_one(http, url + "/v1/completions", body, t) for t in traces))
+                await asyncio.gather(
+                    *(_one(http, url + "/v1/completions", b, t) for b, t in zip(bodies, traces))
+                )
             wall = time.monotonic() - started
             async with http.get(url + "/sim/timeline") as resp:
                 timeline = await resp.json()
@@ -258,6 +265,7 @@ def report(args: argparse.Namespace, traces: list[Trace], timeline: dict, info: 
         f"  wall {wall:.1f} s, {tokens} tokens streamed ({tokens / wall:.0f} chunks/s), "
         f"failed requests {len(failed)}, server lag {info['lag_seconds']:.3f} s"
     )
+    print(f"  server delivery lateness (ms after the step's planned end): {info['delivery_lateness_ms']}")
     print(
         f"  CPU: server {info['server_cpu_s'] / wall * 100:.0f} % of a core, "
         f"client {info['client_cpu_s'] / wall * 100:.0f} %"

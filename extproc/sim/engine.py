@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from extproc.sim.perf import PerfModel, blocks_for
+from extproc.sim.prefix import PrefixCache
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,8 @@ class EngineConfig:
     # Fault injection: a fraction of KV blocks held by a phantom tenant. Usage reads >= this, and the
     # blocks are really unavailable, so the engine queues and preempts as it would under real pressure.
     kv_pressure: float = 0.0
+    # vLLM V1 default: full prompt blocks are shared by hash and kept (evictable) after use.
+    enable_prefix_caching: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,8 @@ class SimRequest:
     request_id: str
     prompt_tokens: int
     max_tokens: int
+    # Hash chain of the prompt's full KV blocks (prefix.block_hashes); empty: no prefix caching for it.
+    block_hashes: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -50,7 +55,8 @@ class SeqState:
     arrival: float
     num_computed: int = 0  # tokens whose KV is in cache (prompt + output), reset on preemption
     num_output: int = 0
-    num_blocks: int = 0
+    num_blocks: int = 0  # private blocks; shared prefix blocks are in `hashed`
+    hashed: list[int] = field(default_factory=list)  # prefix-cache blocks referenced, in prompt order
     first_token_time: float | None = None
     finish_time: float | None = None
     preemptions: int = 0
@@ -95,7 +101,8 @@ class Engine:
             raise ValueError(f"{perf.model.name} does not fit on {perf.tensor_parallel}x {perf.gpu.name}")
         self.phantom_blocks = 0
         self.set_kv_pressure(config.kv_pressure)
-        self.used_blocks = 0
+        self.used_blocks = 0  # private blocks; shared ones are counted by self.prefix
+        self.prefix = PrefixCache()
         self.running: list[SeqState] = []
         self.waiting: deque[SeqState] = deque()
         self._by_id: dict[str, SeqState] = {}
@@ -105,6 +112,8 @@ class Engine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.preemptions_total = 0
+        self.prefix_queries_total = 0  # prompt tokens looked up in the prefix cache (vLLM V1 counters)
+        self.prefix_hits_total = 0
         self.requests_finished_total = 0
         self.busy_seconds_total = 0.0
         self.steps_total = 0
@@ -171,7 +180,8 @@ class Engine:
     def kv_cache_usage(self) -> float:
         """Fraction 0..1 of KV blocks in use (vllm:kv_cache_usage_perc is a fraction despite its name)."""
         # min(): raising KV pressure at runtime can briefly overbook until preemption frees blocks.
-        return min(1.0, (self.used_blocks + self.phantom_blocks) / self.total_blocks)
+        busy = self.used_blocks + self.prefix.in_use + self.phantom_blocks
+        return min(1.0, busy / self.total_blocks)
 
     def busy_until(self) -> float:
         return self._busy_until
@@ -199,6 +209,7 @@ class Engine:
             return None
         num_tokens = kv_read = 0
         attn_pairs = 0.0
+        caching, bs = self.config.enable_prefix_caching, self.config.block_size
         prefill = 0
         for seq, n in scheduled:
             before = seq.num_computed
@@ -208,6 +219,8 @@ class Engine:
             if not (n == 1 and before >= seq.request.prompt_tokens):
                 prefill += n
             seq.num_computed = before + n
+            if caching and seq.request.block_hashes and len(seq.hashed) * bs < seq.request.prompt_tokens:
+                self._register_prefix(seq)
         duration = self.perf.step_time(num_tokens, len(scheduled), kv_read, attn_pairs) * self.slowdown
         res.duration = duration
         res.num_tokens, res.num_seqs, res.prefill_tokens = num_tokens, len(scheduled), prefill
@@ -265,9 +278,13 @@ class Engine:
             return scheduled  # as vLLM: no admissions in a step that had to preempt
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            hits = self._reuse_prefix(seq)
             n = min(seq.total_tokens - seq.num_computed, budget)
             if not self._allocate(seq, seq.num_computed + n):
+                self._free(seq)  # give the shared blocks back; it waits with nothing computed
+                seq.num_computed = 0
                 break
+            self._count_prefix(seq, hits)
             self.waiting.popleft()
             self.running.append(seq)
             scheduled.append((seq, n))
@@ -275,11 +292,15 @@ class Engine:
         return scheduled
 
     def _allocate(self, seq: SeqState, tokens: int) -> bool:
-        need = blocks_for(tokens, self.config.block_size) - seq.num_blocks
+        need = blocks_for(tokens, self.config.block_size) - seq.num_blocks - len(seq.hashed)
         if need <= 0:
             return True
-        if self.used_blocks + self.phantom_blocks + need > self.total_blocks:
-            return False
+        prefix = self.prefix
+        free = self.total_blocks - self.phantom_blocks - self.used_blocks - prefix.in_use - prefix.evictable
+        if free < need:  # cached-but-unused prefix blocks are the first to go
+            free += prefix.evict(min(need - free, prefix.evictable))
+            if free < need:
+                return False
         seq.num_blocks += need
         self.used_blocks += need
         return True
@@ -287,6 +308,41 @@ class Engine:
     def _free(self, seq: SeqState) -> None:
         self.used_blocks -= seq.num_blocks
         seq.num_blocks = 0
+        for h in seq.hashed:
+            self.prefix.release(h)  # stays resident (evictable) for the next request with this prefix
+        seq.hashed = []
+
+    def _reuse_prefix(self, seq: SeqState) -> int:
+        """On admission: share the resident leading blocks of the prompt and skip computing them."""
+        hashes = seq.request.block_hashes
+        if not hashes or not self.config.enable_prefix_caching or seq.num_computed:
+            return 0
+        bs = self.config.block_size
+        # At least one token is always computed: its logits produce the next token (as in vLLM).
+        k = self.prefix.match(hashes, min(len(hashes), (seq.total_tokens - 1) // bs))
+        for h in hashes[:k]:
+            self.prefix.acquire(h)
+        seq.hashed = list(hashes[:k])
+        seq.num_computed = k * bs
+        return k * bs
+
+    def _count_prefix(self, seq: SeqState, hit_tokens: int) -> None:
+        if seq.request.block_hashes and self.config.enable_prefix_caching:
+            self.prefix_queries_total += seq.request.prompt_tokens
+            self.prefix_hits_total += hit_tokens
+
+    def _register_prefix(self, seq: SeqState) -> None:
+        """Full prompt blocks just computed become shared, named by their hash."""
+        hashes = seq.request.block_hashes
+        full = min(len(hashes), min(seq.num_computed, seq.request.prompt_tokens) // self.config.block_size)
+        prefix = self.prefix
+        while len(seq.hashed) < full:
+            h = hashes[len(seq.hashed)]
+            seq.num_blocks -= 1  # the private block becomes (or joins) the shared one
+            self.used_blocks -= 1
+            if not prefix.acquire(h):
+                prefix.insert(h)
+            seq.hashed.append(h)
 
     def _preempt(self, seq: SeqState, res: StepResult) -> None:
         self._free(seq)

@@ -94,6 +94,8 @@ class MetricNames:
     prompt_tokens: str  # counter base name; exposition appends _total
     generation_tokens: str
     preemptions: str
+    prefix_queries: str
+    prefix_hits: str
     requests_finished: str
     ttft: str
     tpot: str
@@ -107,6 +109,8 @@ VLLM = MetricNames(
     prompt_tokens="vllm:prompt_tokens",
     generation_tokens="vllm:generation_tokens",
     preemptions="vllm:num_preemptions",
+    prefix_queries="vllm:prefix_cache_queries",
+    prefix_hits="vllm:prefix_cache_hits",
     requests_finished="vllm:request_success",
     ttft="vllm:time_to_first_token_seconds",
     tpot="vllm:time_per_output_token_seconds",
@@ -120,6 +124,8 @@ SGLANG = MetricNames(
     prompt_tokens="sglang:prompt_tokens",
     generation_tokens="sglang:generation_tokens",
     preemptions="sglang:num_retracted_reqs",
+    prefix_queries="sglang:prefix_cache_queries",
+    prefix_hits="sglang:prefix_cache_hits",
     requests_finished="sglang:num_requests",
     ttft="sglang:time_to_first_token_seconds",
     tpot="sglang:inter_token_latency_seconds",
@@ -155,6 +161,13 @@ class _EngineCollector(Collector):
             n.generation_tokens, "Number of generation tokens processed.", e.generation_tokens_total
         )
         yield counter(n.preemptions, "Cumulative number of preemptions from the engine.", e.preemptions_total)
+        yield counter(
+            n.prefix_queries, "Prompt tokens looked up in the prefix cache.", e.prefix_queries_total
+        )
+        yield counter(n.prefix_hits, "Prompt tokens found in the prefix cache.", e.prefix_hits_total)
+        if n is SGLANG:  # SGLang reports the ratio as a gauge
+            rate = e.prefix_hits_total / e.prefix_queries_total if e.prefix_queries_total else 0.0
+            yield gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", rate)
         yield counter(
             n.requests_finished, "Count of successfully processed requests.", e.requests_finished_total
         )

@@ -8,6 +8,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from extproc.sim.prefix import block_hashes, token_block_hashes
+
 CHARS_PER_TOKEN = 4.0  # the usual English estimate for BPE tokenizers (OpenAI's "~4 characters per token")
 CHAT_TOKENS_PER_MESSAGE = 4  # role markers and separators a chat template adds per message
 
@@ -51,6 +53,7 @@ class ParsedRequest:
     max_tokens: int | None  # None: the client set no limit (length is sampled, finish_reason "stop")
     stream: bool
     include_usage: bool
+    block_hashes: tuple[int, ...] = ()  # prompt's full KV blocks, for prefix caching
 
 
 def estimate_tokens(text: str) -> int:
@@ -67,7 +70,7 @@ def _content_text(content: Any) -> str:
     raise RequestError("message content must be a string or a list of content parts", "messages")
 
 
-def parse_request(body: Any, chat: bool) -> ParsedRequest:
+def parse_request(body: Any, chat: bool, block_size: int = 16) -> ParsedRequest:
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
     model = body.get("model")
@@ -78,19 +81,25 @@ def parse_request(body: Any, chat: bool) -> ParsedRequest:
         if not isinstance(messages, list) or not messages:
             raise RequestError("'messages' must be a non-empty list", "messages")
         tokens = 0
+        rendered = []  # what a chat template would produce, near enough: role markers and contents
         for m in messages:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise RequestError("each message must be an object with a 'role'", "messages")
-            tokens += CHAT_TOKENS_PER_MESSAGE + estimate_tokens(_content_text(m.get("content")))
+            text = _content_text(m.get("content"))
+            tokens += CHAT_TOKENS_PER_MESSAGE + estimate_tokens(text)
+            rendered.append(f"<|{m['role']}|>\n{text}\n")
         prompt_tokens = tokens
+        hashes = block_hashes("".join(rendered), int(block_size * CHARS_PER_TOKEN))
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
         if isinstance(prompt, str):
             prompt_tokens = estimate_tokens(prompt)
+            hashes = block_hashes(prompt, int(block_size * CHARS_PER_TOKEN))
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             prompt_tokens = len(prompt)  # token ids: exact
+            hashes = token_block_hashes(prompt, block_size)
         else:
             raise RequestError(
                 "'prompt' must be a string, a list of token ids, or a one-element list", "prompt"
@@ -112,7 +121,7 @@ def parse_request(body: Any, chat: bool) -> ParsedRequest:
     n = body.get("n", 1)
     if n != 1:
         raise RequestError("the simulator supports n=1 only", "n")
-    return ParsedRequest(chat, model, prompt_tokens, max_tokens, stream, include_usage)
+    return ParsedRequest(chat, model, prompt_tokens, max_tokens, stream, include_usage, hashes)
 
 
 def sample_output_len(rng: random.Random, median: int, limit: int) -> int:

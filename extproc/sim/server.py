@@ -39,8 +39,35 @@ log = logging.getLogger(__name__)
 # model end time, so jitter does not accumulate into drift. Larger lateness is time really lost.
 LATE_TOLERANCE_S = 0.02
 MAX_STEPS_WITHOUT_YIELD = 16
+MAX_WAKE_BIAS_S = 0.003
+SPIN_MIN_STEP_S = 0.004  # below this a step is too short for sub-ms precision to matter: don't spin
 MAX_TIMELINES = 100_000
 MAX_UNREAD_BYTES = 4 * 1024 * 1024
+
+
+class _Lateness:
+    """Histogram of delivery lateness in 0.1 ms buckets (the server's own share of token timing error)."""
+
+    __slots__ = ("counts",)
+    BUCKET_S = 0.0001
+
+    def __init__(self) -> None:
+        self.counts = [0] * 1001  # last bucket: >= 100 ms
+
+    def add(self, seconds: float) -> None:
+        self.counts[min(1000, max(0, int(seconds / self.BUCKET_S)))] += 1
+
+    def summary(self) -> dict[str, float]:
+        total = sum(self.counts)
+        out: dict[str, float] = {"n": total}
+        for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+            seen, target = 0, q * total
+            for i, c in enumerate(self.counts):
+                seen += c
+                if total and seen >= target:
+                    out[name] = round(i * self.BUCKET_S * 1e3, 1)
+                    break
+        return out
 
 
 class _DirectSink:
@@ -122,6 +149,8 @@ class ReplicaServer:
         self.metrics = EngineMetrics(spec.engine, spec.model_name, self.engine, self.sim_now)
         self.port = spec.port
         self.lag_seconds = 0.0  # model time lost to an overloaded event loop (should stay ~0)
+        self.lateness = _Lateness()  # wall time between a step's planned end and its tokens' delivery
+        self._wake_bias = 0.001  # how early to set the timer (learned)
         self.timelines: dict[str, list[float]] = {}
         self._streams: dict[str, _Stream] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -288,9 +317,23 @@ class ReplicaServer:
                     pass
                 prev_end = None
                 continue
-            delay = self._t0 + res.end / scale - loop.time()
+            target = self._t0 + res.end / scale
+            delay = target - loop.time() - self._wake_bias
             if delay > 0:
                 await asyncio.sleep(delay)
+                # asyncio timers fire late (epoll rounds up to whole ms, plus wake-up latency): learn by
+                # how much, aim that much early, and finish the wait by yielding rather than by a timer.
+                late = loop.time() - (target - self._wake_bias)
+                self._wake_bias = min(
+                    MAX_WAKE_BIAS_S, max(0.0, self._wake_bias + 0.1 * (late - self._wake_bias))
+                )
+                if res.duration / scale >= SPIN_MIN_STEP_S:
+                    while loop.time() < target:
+                        await asyncio.sleep(0)
+                behind = 0
+            elif target > loop.time() and res.duration / scale >= SPIN_MIN_STEP_S:
+                while loop.time() < target:
+                    await asyncio.sleep(0)
                 behind = 0
             else:
                 # The step already ended on the wall clock (high time scale: steps shorter than a timer
@@ -300,6 +343,7 @@ class ReplicaServer:
                 if behind >= MAX_STEPS_WITHOUT_YIELD:
                     behind = 0
                     await asyncio.sleep(0)
+            self.lateness.add(loop.time() - (self._t0 + res.end / scale))
             self._deliver(res)
             prev_end = res.end
 
@@ -340,7 +384,7 @@ class ReplicaServer:
         except (json.JSONDecodeError, UnicodeDecodeError):
             return _error(400, "request body is not valid JSON")
         try:
-            parsed = parse_request(body, chat)
+            parsed = parse_request(body, chat, self.engine.config.block_size)
         except RequestError as e:
             return _error(e.status, e.message, e.type, e.param, e.code)
         if parsed.model not in (self.spec.model_name, self.spec.model):
@@ -361,7 +405,8 @@ class ReplicaServer:
             )
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         try:
-            self.engine.add(SimRequest(rid, parsed.prompt_tokens, max_tokens), self.sim_now())
+            request_ = SimRequest(rid, parsed.prompt_tokens, max_tokens, parsed.block_hashes)
+            self.engine.add(request_, self.sim_now())
         except CapacityError as e:
             return _error(400, str(e), param="max_tokens")
         stream = _Stream(self.spec.record_timeline)
@@ -512,6 +557,7 @@ class ReplicaServer:
                 "max_num_seqs": self.engine.config.max_num_seqs,
                 "decode_step_s_batch1": perf.decode_step_time(1, 512),
                 "lag_seconds": self.lag_seconds,
+                "delivery_lateness_ms": self.lateness.summary(),
                 "sim_now": self.sim_now(),
                 "steps": self.engine.steps_total,
             }

@@ -193,3 +193,20 @@ async def test_concurrent_streams_share_batches(sim: SimProcess) -> None:
         return n
 
     assert await asyncio.gather(*(one() for _ in range(50))) == [20] * 50
+
+
+async def test_prefix_cache_hits_show_in_metrics_and_ttft(sim: SimProcess) -> None:
+    c = client(sim)
+    system = "You are a careful assistant. Follow the policy below exactly. " * 60  # ~900 tokens
+    hits = "vllm:prefix_cache_hits"
+    before = sample(await scrape(sim), hits, hits + "_total")
+    for question in ("first question?", "second question?"):
+        await c.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+            max_tokens=1,
+        )
+    after = await scrape(sim)
+    assert sample(after, hits, hits + "_total") - before >= 800  # the second request reused the system prompt
+    queries = "vllm:prefix_cache_queries"
+    assert sample(after, queries, queries + "_total") >= sample(after, hits, hits + "_total")
