@@ -4,6 +4,7 @@ Modules, functional core first:
   gpus.py      GpuSpec presets from spec sheets (memory, bandwidth, dense bf16 TFLOPs, $/h) + overrides
   models.py    ModelSpec presets (layers, heads, KV heads, ...) -> weight bytes, KV bytes per token
   perf.py      PerfModel: roofline step time, KV capacity; PerfParams: efficiency factors
+  prefix.py    PrefixCache: automatic prefix caching (hash-chained full blocks, LRU-evictable)
   engine.py    Engine: continuous batching, chunked prefill, paged KV, recompute preemption (pure)
   driver.py    EngineDriver.advance_to(t): the virtual-time interface for fleet simulations
   virtual.py   closed-/open-loop load drivers in virtual time (validation, experiments)

@@ -41,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="automatic prefix caching (default on, as in vLLM V1)",
+    )
+    parser.add_argument(
         "--output-len-median",
         type=int,
         default=200,
@@ -111,6 +117,7 @@ def spec_from_args(args: argparse.Namespace) -> ReplicaSpec:
             ("max_num_batched_tokens", args.max_num_batched_tokens),
             ("gpu_memory_utilization", args.gpu_memory_utilization),
             ("max_model_len", args.max_model_len),
+            ("enable_prefix_caching", args.enable_prefix_caching),
         )
         if v is not None
     }

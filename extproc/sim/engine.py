@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from extproc.sim.perf import PerfModel, blocks_for
 from extproc.sim.prefix import PrefixCache
 
+RECENT_WINDOW_S = 10.0  # how much step history utilization() and generation_throughput() can see
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -118,7 +120,7 @@ class Engine:
         self.busy_seconds_total = 0.0
         self.steps_total = 0
         self._busy_until = float("-inf")
-        self._recent_steps: deque[tuple[float, float]] = deque()
+        self._recent_steps: deque[tuple[float, float, int]] = deque()  # (start, end, tokens emitted)
 
     # --- configuration -----------------------------------------------------------------------------
     @property
@@ -187,15 +189,20 @@ class Engine:
         return self._busy_until
 
     def utilization(self, now: float, window: float = 1.0) -> float:
-        """Busy fraction of [now - window, now]: the "GPU utilization" a DCGM exporter would report."""
+        """Busy fraction of [now - window, now]: the "GPU utilization" a DCGM exporter would report.
+
+        `window` is at most RECENT_WINDOW_S (older steps are forgotten)."""
         lo = now - window
-        recent = self._recent_steps
-        while recent and recent[0][1] <= lo:
-            recent.popleft()
         busy = 0.0
-        for start, end in recent:
+        for start, end, _ in self._recent_steps:
             busy += max(0.0, min(end, now) - max(start, lo))
         return min(1.0, busy / window) if window > 0 else 0.0
+
+    def generation_throughput(self, now: float, window: float = 1.0) -> float:
+        """Output tokens per second over the last `window` (SGLang's gen_throughput)."""
+        lo = now - window
+        tokens = sum(n for _, end, n in self._recent_steps if lo < end <= now)
+        return tokens / window if window > 0 else 0.0
 
     # --- the step ----------------------------------------------------------------------------------
     def step(self, now: float) -> StepResult | None:
@@ -248,7 +255,10 @@ class Engine:
         self.busy_seconds_total += duration
         self.steps_total += 1
         self._busy_until = end
-        self._recent_steps.append((start, end))
+        recent = self._recent_steps
+        recent.append((start, end, len(res.emitted)))
+        while recent[0][1] < end - RECENT_WINDOW_S:  # bounded memory in long virtual-time runs
+            recent.popleft()
         return res
 
     def _schedule(self, res: StepResult) -> list[tuple[SeqState, int]]:

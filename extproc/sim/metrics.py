@@ -168,6 +168,11 @@ class _EngineCollector(Collector):
         if n is SGLANG:  # SGLang reports the ratio as a gauge
             rate = e.prefix_hits_total / e.prefix_queries_total if e.prefix_queries_total else 0.0
             yield gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", rate)
+            yield gauge(
+                "sglang:gen_throughput",
+                "The generation throughput (token/s).",
+                e.generation_throughput(self._now()),
+            )
         yield counter(
             n.requests_finished, "Count of successfully processed requests.", e.requests_finished_total
         )

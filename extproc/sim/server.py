@@ -517,7 +517,7 @@ class ReplicaServer:
             "id": self.spec.model_name,
             "object": "model",
             "created": int(self._wall_t0),
-            "owned_by": "vllm",
+            "owned_by": self.spec.engine,
             "root": self.spec.model,
             "parent": None,
             "max_model_len": self.engine.max_model_len,

@@ -174,6 +174,8 @@ async def test_metrics_sglang_names(sglang_sim: SimProcess) -> None:
         "sglang:num_queue_reqs",
         "sglang:token_usage",
         "sglang:time_to_first_token_seconds",
+        "sglang:gen_throughput",
+        "sglang:cache_hit_rate",
     ):
         assert fam in m, fam
     assert not any(name.startswith("vllm:") for name in m)

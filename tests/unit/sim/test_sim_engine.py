@@ -201,3 +201,14 @@ def test_virtual_runs_are_deterministic() -> None:
     a = run_closed_loop(build_engine("A100-40GB", "llama3-8b"), 8, 1024, 128, 32)
     b = run_closed_loop(build_engine("A100-40GB", "llama3-8b"), 8, 1024, 128, 32)
     assert a.duration == b.duration and a.output_tokens == b.output_tokens == 32 * 128
+
+
+def test_step_history_is_bounded_and_gives_throughput() -> None:
+    engine = toy_engine(max_model_len=30000)
+    engine.add(SimRequest("a", 16, 20000), 0.0)
+    now = 0.0
+    for _ in range(8000):  # ~2 ms steps: 16 s of model time
+        now = engine.step(now).end
+    assert len(engine._recent_steps) < 6000  # only RECENT_WINDOW_S of history is kept
+    step = engine._recent_steps[-1][1] - engine._recent_steps[-1][0]
+    assert engine.generation_throughput(now, 1.0) == pytest.approx(1.0 / step, rel=0.01)

@@ -115,6 +115,7 @@ def test_cli_flags_become_a_spec() -> None:
             "2",
             "--stall-seconds",
             "1",
+            "--no-enable-prefix-caching",
             "--slow-start-seconds",
             "4",
             "--refuse-connections",
@@ -131,7 +132,8 @@ def test_cli_flags_become_a_spec() -> None:
         50,
         "sglang",
     )
-    assert spec.gpu_overrides == {"bandwidth_gbps": "900"} and spec.engine_overrides == {"max_num_seqs": 32}
+    assert spec.gpu_overrides == {"bandwidth_gbps": "900"}
+    assert spec.engine_overrides == {"max_num_seqs": 32, "enable_prefix_caching": False}
     f = spec.faults
     assert (f.error_rate, f.error_status, f.abort_after_tokens, f.stall_after_tokens) == (0.5, 503, 3, 2)
     assert (f.slow_start_seconds, f.refuse_connections, f.kv_pressure) == (4, "reset", 0.8)
