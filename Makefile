@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup redis test unit integration demo bench bench-sim envoy-config clean
+.PHONY: setup redis test unit integration demo bench bench-sim validate-sim sim-fleet envoy-config clean
 
 setup: $(STAMP)
 
@@ -40,6 +40,12 @@ bench: setup
 
 bench-sim: setup
 	$(PY) -m extproc.sim.bench
+
+validate-sim: setup
+	$(PY) -m extproc.sim.validate --presets
+
+sim-fleet: setup
+	$(VENV)/bin/extproc engine-sim --fleet extproc/sim/fleets/mixed.yaml
 
 envoy-config: setup
 	$(VENV)/bin/extproc envoy-config > envoy/envoy.yaml

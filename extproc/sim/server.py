@@ -275,7 +275,7 @@ class ReplicaServer:
         writer.transport.abort()  # fault: accept, then drop the connection at once
 
     def _app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_openai_http_errors])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_get("/v1/models", self._models)
@@ -599,6 +599,18 @@ def _error(
     code: Any = None,
 ) -> web.Response:
     return web.json_response(error_body(message, type_, param, code), status=status)
+
+
+@web.middleware
+async def _openai_http_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """aiohttp's own 404/405/413 answers, in the OpenAI error shape clients parse."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error(exc.status, f"{request.method} {request.path}: {exc.reason}",
+                      "NotFoundError" if exc.status == 404 else "invalid_request_error")
 
 
 def _drop(request: web.Request, resp: web.StreamResponse | None = None) -> web.StreamResponse:

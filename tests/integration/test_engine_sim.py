@@ -135,6 +135,10 @@ async def test_bad_requests_get_openai_errors(sim: SimProcess) -> None:
                 assert resp.status == 400
                 error = (await resp.json())["error"]
                 assert set(error) == {"message", "type", "param", "code"} and error["message"]
+        for method, path, status in (("GET", "/v1/nowhere", 404), ("GET", "/v1/completions", 405)):
+            async with http.request(method, sim.url + path) as resp:
+                assert resp.status == status
+                assert set((await resp.json())["error"]) == {"message", "type", "param", "code"}
 
 
 async def test_metrics_parse_with_vllm_names(sim: SimProcess) -> None:
