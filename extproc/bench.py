@@ -19,11 +19,18 @@ import time
 from pathlib import Path
 
 import aiohttp
-import yaml
 
 from extproc.config import parse
-from extproc.envoy_bootstrap import BootstrapOptions, bootstrap
-from extproc.localstack import LocalStack, Proc, free_port, http_get, port_open, start_envoy
+from extproc.envoy_bootstrap import BootstrapOptions
+from extproc.localstack import (
+    LocalStack,
+    Proc,
+    bootstrap_without_ext_proc,
+    free_port,
+    http_get,
+    port_open,
+    start_envoy,
+)
 
 MODEL = "llama2-7b"
 
@@ -119,11 +126,8 @@ def end_to_end(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
 
     # The same Envoy without the ext_proc filter: the client sets the destination header itself.
     plain_port, plain_admin = free_port(), free_port()
-    plain = bootstrap(BootstrapOptions(listen_port=plain_port, listen_address="127.0.0.1",
-                                       admin_port=plain_admin))
-    hcm = plain["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    hcm["http_filters"] = hcm["http_filters"][1:]
-    envoy_plain = start_envoy("envoy-plain", yaml.safe_dump(plain), log_dir)
+    envoy_plain = start_envoy("envoy-plain", bootstrap_without_ext_proc(BootstrapOptions(
+        listen_port=plain_port, listen_address="127.0.0.1", admin_port=plain_admin)), log_dir)
     envoy_plain.wait_ready(lambda: port_open(plain_port))
 
     targets = {

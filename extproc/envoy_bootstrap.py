@@ -40,9 +40,7 @@ class BootstrapOptions:
 
 
 def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
-    no_route = {"status": 503, "body": {"inline_string": (
-        '{"error":{"message":"no destination was chosen for this request","type":"server_error",'
-        '"param":null,"code":"no_destination"}}')}}
+    no_route = {"status": 503, "body": {"inline_string": "no destination was chosen for this request"}}
     ext_proc = {
         "@type": TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
         "grpc_service": {"envoy_grpc": {"cluster_name": "extproc"}, "timeout": "30s"},
@@ -60,29 +58,28 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
             "response_trailer_mode": "SKIP",
         },
     }
-    # Envoy's own answers to upstream failures (connect refused, reset, timeout) in the OpenAI shape
-    # too. The flag filter leaves the gateway's ImmediateResponses, already OpenAI JSON, untouched.
-    upstream_failure = {"filter": {"response_flag_filter": {"flags": list(UPSTREAM_FAILURE_FLAGS)}},
-                        "body_format_override": {"content_type": "application/json", "json_format": {
-                            "error": {"message": "%LOCAL_REPLY_BODY%", "type": "upstream_error",
-                                      "code": "%RESPONSE_CODE_DETAILS%"}}}}
-    # Envoy's own 413 (body above its buffer) in the OpenAI shape; the gateway's 413s carry the
-    # `answered` marker in their metadata and pass untouched.
-    too_large = {"filter": {"and_filter": {"filters": [
-                     {"status_code_filter": {"comparison": {"op": "EQ", "value": {
-                         "default_value": 413, "runtime_key": "extproc.too_large"}}}},
-                     {"metadata_filter": {"match_if_key_not_found": True, "matcher": {
-                         "filter": GATEWAY_METADATA_NAMESPACE, "path": [{"key": ANSWERED_KEY}],
-                         "value": {"present_match": False}}}}]}},
-                 "body_format_override": {"content_type": "application/json", "json_format": {
-                     "error": {"message": f"request body exceeds {BUFFER_LIMIT_BYTES} bytes",
-                               "type": "invalid_request_error", "code": "request_too_large"}}}}
+    # Envoy's own replies in the OpenAI shape too: upstream failures (connect refused, reset, timeout),
+    # bodies over its buffer, and the rest (the gateway unreachable, no destination). The gateway's own
+    # ImmediateResponses carry the `answered` marker in their metadata and pass untouched.
+    not_answered = {"metadata_filter": {"match_if_key_not_found": True, "matcher": {
+        "filter": GATEWAY_METADATA_NAMESPACE, "path": [{"key": ANSWERED_KEY}],
+        "value": {"present_match": False}}}}
+    too_large = {"status_code_filter": {"comparison": {"op": "EQ", "value": {
+        "default_value": 413, "runtime_key": "extproc.too_large"}}}}
+    mappers = [
+        _openai_reply({"response_flag_filter": {"flags": list(UPSTREAM_FAILURE_FLAGS)}},
+                      "upstream_error", "%RESPONSE_CODE_DETAILS%", "%LOCAL_REPLY_BODY%"),
+        _openai_reply({"and_filter": {"filters": [too_large, not_answered]}}, "invalid_request_error",
+                      "request_too_large", f"request body exceeds {BUFFER_LIMIT_BYTES} bytes"),
+        _openai_reply(not_answered, "gateway_error", "%RESPONSE_CODE_DETAILS%",
+                      "the gateway could not process this request: %LOCAL_REPLY_BODY%"),
+    ]
     hcm = {
         "@type": TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "gateway",
         "codec_type": "AUTO",
         "stream_idle_timeout": "600s",
-        "local_reply_config": {"mappers": [upstream_failure, too_large]},
+        "local_reply_config": {"mappers": mappers},
         "access_log": [{"name": "envoy.access_loggers.stdout", "typed_config": {
             "@type": TYPE + "envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
             "log_format": {"text_format_source": {"inline_string": ACCESS_LOG_FORMAT}}}}],
@@ -92,9 +89,7 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                 {"match": {"prefix": "/", "headers": [
                     {"name": o.destination_header, "present_match": True}]},
                  "route": {"cluster": "model_pods", "timeout": "0s", "idle_timeout": "600s"}},
-                {"match": {"prefix": "/"}, "direct_response": no_route,
-                 "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"},
-                                              "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]},
+                {"match": {"prefix": "/"}, "direct_response": no_route},
             ]}]},
         "http_filters": [
             {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
@@ -143,6 +138,12 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
             ],
         },
     }
+
+
+def _openai_reply(match: dict[str, Any], type_: str, code: str, message: str) -> dict[str, Any]:
+    """A local-reply mapper that rewrites matching Envoy replies as an OpenAI error body."""
+    return {"filter": match, "body_format_override": {"content_type": "application/json", "json_format": {
+        "error": {"message": message, "type": type_, "code": code}}}}
 
 
 def render(options: BootstrapOptions | None = None) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from extproc.envoy_bootstrap import BootstrapOptions, render
+from extproc.envoy_bootstrap import BootstrapOptions, bootstrap, render
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -102,6 +102,14 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
             return resp.status, resp.read()
     except urllib.error.HTTPError as err:
         return err.code, err.read()
+
+
+def bootstrap_without_ext_proc(options: BootstrapOptions) -> str:
+    """The same Envoy minus the gateway: a baseline for benchmarks, and a probe for the route guard."""
+    config = bootstrap(options)
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "envoy.filters.http.ext_proc"]
+    return yaml.safe_dump(config, sort_keys=False)
 
 
 def start_envoy(name: str, bootstrap: str, log_dir: Path) -> Proc:

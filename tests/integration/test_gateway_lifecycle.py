@@ -14,8 +14,8 @@ import openai
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from extproc.envoy_bootstrap import render
-from extproc.localstack import VENV_BIN, free_port, wait_until
+from extproc.envoy_bootstrap import BootstrapOptions, render
+from extproc.localstack import VENV_BIN, bootstrap_without_ext_proc, free_port, start_envoy, wait_until
 from tests.support.stack import Stack, http_get, upstream_stats
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,7 +106,6 @@ def test_envoy_config_is_valid_and_checked_in():
 
 
 def test_custom_destination_header_validates(tmp_path: Path):
-    from extproc.envoy_bootstrap import BootstrapOptions
     path = tmp_path / "envoy.yaml"
     path.write_text(render(BootstrapOptions(destination_header="target-pod", admin_port=free_port())))
     check = subprocess.run([str(VENV_BIN / "envoy"), "--mode", "validate", "-c", str(path)],
@@ -161,3 +160,24 @@ async def test_long_prompts_route_and_oversize_bodies_get_openai_413(fresh_stack
                 assert str(limit) in error["message"]  # who answered: the gateway, or Envoy's mapper
             else:
                 assert resp.headers["target-pod"] == "a"
+
+
+async def test_envoy_own_failures_are_openai_json(tmp_path: Path):
+    """Gateway unreachable: fail closed with a JSON 500. No destination header: the route guard's 503."""
+    listen, probe = free_port(), free_port()
+    closed = start_envoy("envoy-closed", render(BootstrapOptions(
+        listen_port=listen, listen_address="127.0.0.1", extproc_port=free_port(), admin_port=free_port())),
+        tmp_path)
+    guard = start_envoy("envoy-guard", bootstrap_without_ext_proc(BootstrapOptions(
+        listen_port=probe, listen_address="127.0.0.1", admin_port=free_port())), tmp_path)
+    try:
+        async with aiohttp.ClientSession() as session:
+            for port, status, type_ in ((listen, 500, "gateway_error"), (probe, 503, "gateway_error")):
+                async with session.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={
+                        "model": "m", "messages": [{"role": "user", "content": "x"}]}) as resp:
+                    assert resp.status == status
+                    assert resp.headers["content-type"] == "application/json"
+                    assert (await resp.json())["error"]["type"] == type_
+    finally:
+        closed.stop()
+        guard.stop()
