@@ -181,3 +181,24 @@ async def test_envoy_own_failures_are_openai_json(tmp_path: Path):
     finally:
         closed.stop()
         guard.stop()
+
+
+async def test_drain_timeout_cuts_streams_and_still_balances_counts(tmp_path: Path, upstreams):
+    s = Stack(config_path=tmp_path / "gateway.yaml", log_dir=tmp_path,
+              env={"EXTPROC_DRAIN_TIMEOUT_SECONDS": "0.5"})
+    s.write_config(pods_config(("a", upstreams["a"])))
+    s.start_gateway()
+    s.start_envoy()
+    try:
+        async with aiohttp.ClientSession() as session:
+            resp = await session.post(s.url + "/v1/chat/completions", json={
+                "model": "m", "stream": True, "max_tokens": 10_000,
+                "messages": [{"role": "user", "content": "x"}]}, headers={"x-token-delay": "0.05"})
+            await resp.content.readline()
+            assert s.running("m", "a") == 1
+            s.gateway.popen.send_signal(signal.SIGTERM)
+            assert s.gateway.popen.wait(20) == 0
+            resp.close()
+        assert "stopped; 0 requests still counted in flight" in s.gateway.log()
+    finally:
+        s.stop()
