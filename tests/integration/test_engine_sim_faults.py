@@ -89,7 +89,8 @@ async def test_stall_mid_stream(log_dir: Path) -> None:
 
 
 async def test_slow_start_health_not_ready_then_ready(log_dir: Path) -> None:
-    s = start_sim([*BASE, "--slow-start-seconds", "2.0"], log_dir, wait="listening")
+    # Long enough that the first probe lands inside it even on a loaded machine.
+    s = start_sim([*BASE, "--slow-start-seconds", "4.0"], log_dir, wait="listening")
     try:
         first = http_status(s.url + "/health")
         s.wait_until(lambda: http_status(s.url + "/health") == 200, "ready after slow start")
