@@ -22,6 +22,8 @@ from typing import Any
 
 import aiohttp
 
+from extproc.localstack import free_port
+
 DEADLINE_S = 30.0
 
 
@@ -31,13 +33,16 @@ class Trace:
     times: list[float] = field(default_factory=list)
     error: str | None = None
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    def feed(self, data: bytes, now: float) -> bytes:
+        """Timestamp every SSE event in `data` (read at `now`); returns the tail that may hold half a
+        marker, to prepend to the next read."""
+        n = data.count(MARKER)
+        if n:
+            self.times.extend([now] * n)
+            if not self.request_id:
+                i = data.index(b'"id": "') + 7
+                self.request_id = data[i : data.index(b'"', i)].decode()
+        return data[-(len(MARKER) - 1) :]
 
 
 async def _wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
@@ -66,14 +71,7 @@ async def _one(http: aiohttp.ClientSession, url: str, body: bytes, trace: Trace)
             # Whole reads, not lines: one timestamp per read keeps the client's own cost per event low.
             async for data in resp.content.iter_any():
                 now = time.monotonic()
-                data = carry + data
-                n = data.count(MARKER)
-                if n:
-                    trace.times.extend([now] * n)
-                    if not trace.request_id:
-                        i = data.index(b'"id": "') + 7
-                        trace.request_id = data[i : data.index(b'"', i)].decode()
-                carry = data[-(len(MARKER) - 1) :]
+                carry = trace.feed(carry + data, now)
     except aiohttp.ClientError as e:
         trace.error = repr(e)
 
@@ -136,13 +134,7 @@ def _run_epoll_client(port: int, bodies: list[bytes], traces: list[Trace], deadl
                     _close(ep, conns, fd)
                     continue
                 data = conn[3] + data  # a marker may straddle two reads
-                n = data.count(MARKER)
-                if n:
-                    trace.times.extend([now] * n)
-                    if not trace.request_id:
-                        i = data.index(b'"id": "') + 7
-                        trace.request_id = data[i : data.index(b'"', i)].decode()
-                conn[3] = data[-(len(MARKER) - 1) :]
+                conn[3] = trace.feed(data, now)
                 if b"data: [DONE]" in data:
                     _close(ep, conns, fd)
     finally:
@@ -173,7 +165,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 async def run(args: argparse.Namespace) -> int:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tempfile.NamedTemporaryFile(prefix="engine-sim-bench-", suffix=".log", delete=False)
     cmd = [
