@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,11 @@ import yaml
 from extproc.pool.pod import Pod
 
 DEFAULT_DESTINATION_HEADER = "x-gateway-destination-endpoint"
+# Inference endpoints routed to a pod; anything else (engine admin endpoints included) gets a 404.
+DEFAULT_MODEL_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+HEADER_NAME = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]+")  # an RFC 9110 token, lower-cased
+RESERVED_HEADERS = frozenset({"host", "content-length", "content-type", "transfer-encoding", "connection",
+                              "keep-alive", "upgrade", "te", "trailer", "proxy-connection", "x-request-id"})
 # Envoy's per-connection buffer (envoy_bootstrap.BUFFER_LIMIT_BYTES) must stay above this, so that
 # oversized bodies reach the gateway and get an OpenAI-style 413 instead of Envoy's plain-text one.
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -47,6 +53,7 @@ class Config:
     models: tuple[str, ...] = ()
     default_strategy: str = "least-request"
     destination_header: str = DEFAULT_DESTINATION_HEADER
+    model_paths: frozenset[str] = frozenset(DEFAULT_MODEL_PATHS)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     drain_timeout_seconds: float = 30.0
     # NOT_SERVING is announced this long before new streams are refused, so that health checkers
@@ -80,20 +87,28 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
     pods = tuple(pod for name, spec in models.items() for pod in _pods(name, spec))
 
     header = str(gateway.get("destination_header", DEFAULT_DESTINATION_HEADER)).lower()
-    if not header or header.startswith(":"):
-        raise ConfigError(f"destination_header {header!r} must be a plain header name")
-    max_body = int(gateway.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES))
-    if max_body <= 0:
-        raise ConfigError("max_body_bytes must be positive")
+    if not HEADER_NAME.fullmatch(header) or header in RESERVED_HEADERS or header.startswith("x-envoy-"):
+        raise ConfigError(f"destination_header {header!r} must be a plain header name of its own")
+    paths = gateway.get("model_paths", list(DEFAULT_MODEL_PATHS))
+    if not isinstance(paths, list) or not all(isinstance(p, str) and p.startswith("/") for p in paths):
+        raise ConfigError("model_paths must be a list of absolute paths")
     strategy = str(routing.get("default_strategy", "least-request"))
     from extproc.routing import strategy_names  # late: routing imports nothing from config
     if strategy not in strategy_names():
         raise ConfigError(f"default_strategy {strategy!r} is not one of {', '.join(strategy_names())}")
     return Config(pods=pods, models=tuple(models), default_strategy=strategy,
-                  destination_header=header, max_body_bytes=max_body,
-                  drain_timeout_seconds=float(gateway.get("drain_timeout_seconds", 30.0)),
-                  drain_notice_seconds=float(gateway.get("drain_notice_seconds", 0.0)),
+                  destination_header=header, model_paths=frozenset(paths),
+                  max_body_bytes=int(_number(gateway, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)),
+                  drain_timeout_seconds=_number(gateway, "drain_timeout_seconds", 30.0, minimum=0),
+                  drain_notice_seconds=_number(gateway, "drain_notice_seconds", 0.0, minimum=0),
                   routing=routing)
+
+
+def _number(section: dict[str, Any], key: str, default: float, minimum: float = 1) -> float:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+        raise ConfigError(f"{key} must be a number >= {minimum}, not {value!r}")
+    return value
 
 
 def _section(raw: dict[str, Any], name: str) -> dict[str, Any]:
@@ -121,20 +136,23 @@ def _pods(model: str, spec: Any) -> list[Pod]:
         labels = entry.get("labels") or {}
         if not isinstance(labels, dict):
             raise ConfigError(f"{where}.labels must be a mapping")
+        ready = entry.get("ready", True)
+        if not isinstance(ready, bool):
+            raise ConfigError(f"{where}.ready must be true or false")
         pods.append(Pod(model=model, name=name, address=_address(str(entry["address"]), where),
                         deployment=str(entry.get("deployment", "")),
-                        labels={str(k): str(v) for k, v in labels.items()},
-                        ready=bool(entry.get("ready", True))))
+                        labels={str(k): str(v) for k, v in labels.items()}, ready=ready))
     return pods
 
 
 def _address(value: str, where: str) -> str:
     """ORIGINAL_DST needs a literal ip:port; a hostname here would never connect."""
-    host, sep, port = value.rpartition(":")
+    host, sep, port_text = value.rpartition(":")
     try:
         ip = ipaddress.ip_address(host.strip("[]"))
-        if not sep or not 0 < int(port) < 65536:
+        if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
             raise ValueError
     except ValueError:
         raise ConfigError(f"{where}.address {value!r} must be ip:port") from None
+    port = int(port_text)
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"

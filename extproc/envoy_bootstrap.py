@@ -37,6 +37,7 @@ class BootstrapOptions:
     destination_header: str = DEFAULT_DESTINATION_HEADER
     message_timeout_seconds: int = 300  # a long prompt's body is one message; don't cut it short
     upstream_connect_timeout_seconds: int = 5
+    max_connections: int = 10_000
 
 
 def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
@@ -55,7 +56,8 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
             "response_header_mode": "SEND",
             "response_body_mode": "STREAMED",
             "request_trailer_mode": "SKIP",
-            "response_trailer_mode": "SKIP",
+            # A response that ends in trailers has no end_of_stream body chunk: the trailers end it.
+            "response_trailer_mode": "SEND",
         },
     }
     # Envoy's own replies in the OpenAI shape too: upstream failures (connect refused, reset, timeout),
@@ -79,6 +81,11 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         "stat_prefix": "gateway",
         "codec_type": "AUTO",
         "stream_idle_timeout": "600s",
+        # The edge proxy: trust no client x-forwarded-for / x-envoy-* headers, and match routes on
+        # the normalised path the engines will see.
+        "use_remote_address": True,
+        "normalize_path": True,
+        "merge_slashes": True,
         "local_reply_config": {"mappers": mappers},
         "access_log": [{"name": "envoy.access_loggers.stdout", "typed_config": {
             "@type": TYPE + "envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
@@ -99,6 +106,13 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
     }
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": o.admin_port}}},
+        # Each connection may buffer a long prompt; cap connections so memory stays bounded.
+        "overload_manager": {"resource_monitors": [{
+            "name": "envoy.resource_monitors.global_downstream_max_connections",
+            "typed_config": {
+                "@type": TYPE + "envoy.extensions.resource_monitors.downstream_connections.v3"
+                                ".DownstreamConnectionsConfig",
+                "max_active_downstream_connections": o.max_connections}}]},
         "static_resources": {
             "listeners": [{
                 "name": "gateway",
@@ -129,7 +143,8 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                     "typed_extension_protocol_options": {
                         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                             "@type": TYPE + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                            "explicit_http_config": {"http2_protocol_options": {}},
+                            "explicit_http_config": {"http2_protocol_options": {
+                                "connection_keepalive": {"interval": "30s", "timeout": "10s"}}},
                         }},
                     "load_assignment": {"cluster_name": "extproc", "endpoints": [{"lb_endpoints": [{
                         "endpoint": {"address": {"socket_address": {

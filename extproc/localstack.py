@@ -164,15 +164,14 @@ class LocalStack:
     def metrics(self) -> str:
         return http_get(self.admin_url + "/metrics")[1].decode()
 
-    def running(self, model: str, pod: str) -> float:
-        """extproc_pod_running_requests for one pod, parsed from /metrics."""
+    def sample(self, name: str, **labels: str) -> float:
+        """Sum of the gateway's /metrics samples called `name` whose labels include `labels`."""
         from prometheus_client.parser import text_string_to_metric_families
-        for family in text_string_to_metric_families(self.metrics()):
-            if family.name == "extproc_pod_running_requests":
-                for s in family.samples:
-                    if s.labels == {"model": model, "pod": pod}:
-                        return s.value
-        return 0.0
+        return sum(s.value for family in text_string_to_metric_families(self.metrics())
+                   for s in family.samples if s.name == name and labels.items() <= s.labels.items())
+
+    def running(self, model: str, pod: str) -> float:
+        return self.sample("extproc_pod_running_requests", model=model, pod=pod)
 
     def stop(self) -> None:
         for proc in (self.envoy, self.gateway):

@@ -8,8 +8,8 @@ from typing import Any
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
+EMBEDDINGS_PATH = "/v1/embeddings"
 MODELS_PATH = "/v1/models"
-GENERATION_PATHS = frozenset({CHAT_PATH, COMPLETIONS_PATH})
 
 # A rough tokenizer estimate: routing needs prompt size, not exact token ids.
 CHARS_PER_TOKEN = 4
@@ -58,6 +58,8 @@ def parse_request(path: str, body: bytes, header_model: str | None = None) -> Re
         data = json.loads(body)
     except (UnicodeDecodeError, ValueError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:  # absurdly deep nesting: a client error, not a gateway crash
+        raise bad_request("request body is nested too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
         raise bad_request("request body must be a JSON object", code="invalid_json")
 

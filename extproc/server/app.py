@@ -47,10 +47,10 @@ class ConfigWatcher:
         self._seen = stamp
         try:
             new = config_mod.load(self._path)
+            self._gateway.apply(new)
         except config_mod.ConfigError as exc:
             log.error("config %s rejected, keeping the previous one: %s", self._path, exc)
             return False
-        self._gateway.apply(new)
         log.info("config %s reloaded: %d models, %d pods", self._path, len(new.models), len(new.pods))
         return True
 
@@ -74,8 +74,13 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
 
     # so_reuseport off: a second server on a taken port must fail, not silently share it.
     # The buffered request body arrives as one message: lift gRPC's 4 MiB default above Envoy's buffer.
+    # Keepalive pings find a vanished Envoy, so its streams end and their in-flight counts are released.
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
-                                      ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+                                      ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                                      ("grpc.keepalive_time_ms", 30_000),
+                                      ("grpc.keepalive_timeout_ms", 10_000),
+                                      ("grpc.http2.max_pings_without_data", 0),
+                                      ("grpc.keepalive_permit_without_calls", 1)])
     external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(Processor(gateway), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -95,12 +100,14 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
 
     await stop.wait()
     serving = False
-    log.info("draining: %d open streams, up to %.0fs", gateway.open_streams,
-             gateway.config.drain_timeout_seconds)
+    log.info("draining: NOT_SERVING for %gs before refusing new streams",
+             gateway.config.drain_notice_seconds)
     for service in ("", EXTPROC_SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     watcher.cancel()
     await asyncio.sleep(gateway.config.drain_notice_seconds)
+    log.info("refusing new streams; %d open, waiting up to %gs", gateway.open_streams,
+             gateway.config.drain_timeout_seconds)
     # stop() refuses new streams at once, waits for open ones up to the grace, then cancels them;
     # cancellation runs each Stream.close(), so in-flight counts still balance.
     await server.stop(gateway.config.drain_timeout_seconds)

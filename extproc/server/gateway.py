@@ -7,11 +7,14 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
 
-from extproc.config import Config
+from extproc.config import DEFAULT_DESTINATION_HEADER, Config, ConfigError
 from extproc.openai import Request
 from extproc.pool import Pod, Pool
 from extproc.routing import PodView, Profile, RoutingSettings, build
 from extproc.state.inflight import InFlight
+
+# Headers that steer Envoy's ORIGINAL_DST or AIBrix-style gateways: never accepted from clients.
+CLIENT_FORBIDDEN_HEADERS = frozenset({DEFAULT_DESTINATION_HEADER, "target-pod", "x-envoy-original-dst-host"})
 
 disable_created_metrics()  # *_created series double the scrape for no routing value
 
@@ -29,8 +32,16 @@ class Gateway:
 
     def apply(self, config: Config) -> None:
         """Swap in a new config. In-flight tickets keep their own pod keys, so nothing is lost."""
+        current = getattr(self, "config", None)
+        if current is not None and config.destination_header != current.destination_header:
+            # Envoy's bootstrap names the header ORIGINAL_DST follows; changing only ours would let
+            # clients set the one Envoy still follows.
+            raise ConfigError("destination_header cannot change without a restart "
+                              f"(Envoy follows {current.destination_header!r})")
         self.pool = Pool(config.pods, config.models)
+        self.inflight.retain(p.key for p in config.pods)
         self.config = config
+        self.client_forbidden_headers = sorted(CLIENT_FORBIDDEN_HEADERS | {config.destination_header})
         self._profiles: dict[str, Profile] = {}
 
     def profile(self, name: str) -> Profile:

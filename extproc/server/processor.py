@@ -35,14 +35,12 @@ def _headers(http_headers) -> dict[str, str]:
 
 
 class Stream:
-    __slots__ = ("_gw", "_body", "_path", "_method", "_strategy", "_request_id", "_header_model",
-                 "_model", "_pod", "_ticket", "_status", "_done")
+    __slots__ = ("_gw", "_path", "_strategy", "_request_id", "_header_model", "_model", "_pod",
+                 "_ticket", "_status", "_done")
 
     def __init__(self, gateway: Gateway) -> None:
         self._gw = gateway
-        self._body = bytearray()
         self._path = ""
-        self._method = ""
         self._strategy = ""
         self._request_id = ""
         self._header_model: str | None = None
@@ -93,42 +91,43 @@ class Stream:
 
     def _on_request_headers(self, http_headers) -> ProcessingResponse:
         headers = _headers(http_headers)
-        self._path = headers.get(":path", "").split("?", 1)[0]
-        self._method = headers.get(":method", "")
+        path = self._path = headers.get(":path", "").split("?", 1)[0]
+        method = headers.get(":method", "")
         self._request_id = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         self._header_model = headers.get(MODEL_HEADER)
-        config = self._gw.config
-        self._strategy = (headers.get(STRATEGY_HEADER) or config.default_strategy).strip().lower()
+        gw = self._gw
 
-        if self._path == openai.MODELS_PATH and self._method == "GET":
-            body = openai.models_body(self._gw.pool.models())
+        if path == openai.MODELS_PATH:
+            if method != "GET":
+                raise OpenAIError(405, f"{method} {path}: only GET is allowed", code="method_not_allowed")
             self._finish("200")
-            return responses.immediate(200, body, self._reply_headers())
-        if self._method != "POST":
-            raise OpenAIError(404, f"{self._method} {self._path} is not served by this gateway",
-                              code="unknown_route")
+            return responses.immediate(200, openai.models_body(gw.pool.models()), self._reply_headers())
+        if path not in gw.config.model_paths:
+            # Only inference endpoints reach the engines; their admin endpoints stay out of reach.
+            raise OpenAIError(404, f"{path} is not served by this gateway", code="unknown_route")
+        if method != "POST":
+            raise OpenAIError(405, f"{method} {path}: only POST is allowed", code="method_not_allowed")
         if http_headers.end_of_stream:
             raise openai.bad_request("request body is required", code="missing_body")
+        strategy = (headers.get(STRATEGY_HEADER) or gw.config.default_strategy).strip().lower()
         try:
-            self._gw.profile(self._strategy)
+            gw.profile(strategy)
         except UnknownStrategy:
-            # Metric labels only ever carry known names: client input must not grow the label set.
-            name, self._strategy = self._strategy, ""
             raise openai.bad_request(
-                f"unknown routing strategy {name!r}; valid: {', '.join(strategy_names())}",
+                f"unknown routing strategy {strategy!r}; valid: {', '.join(strategy_names())}",
                 param=STRATEGY_HEADER, code="unknown_routing_strategy") from None
+        # Only now: metric labels and reply headers must carry known names, never raw client input.
+        self._strategy = strategy
         # A client must never choose the upstream: strip any destination header it sent.
-        return responses.request_headers([config.destination_header])
+        return responses.request_headers(gw.client_forbidden_headers)
 
     def _on_request_body(self, http_body) -> ProcessingResponse:
+        # BUFFERED mode sends the whole body in one message; end_of_stream is false only when request
+        # trailers follow (HTTP/2), so this message is routed whatever that flag says.
         limit = self._gw.config.max_body_bytes
-        if len(self._body) + len(http_body.body) > limit:
+        if len(http_body.body) > limit:
             raise OpenAIError(413, f"request body exceeds {limit} bytes", code="request_too_large")
-        self._body += http_body.body
-        if not http_body.end_of_stream:
-            return responses.CONTINUE_REQUEST_BODY
-        request = openai.parse_request(self._path, bytes(self._body), self._header_model)
-        self._body = bytearray()
+        request = openai.parse_request(self._path, http_body.body, self._header_model)
         gw = self._gw
         if not gw.pool.has_model(request.model):
             raise OpenAIError(404, f"the model {request.model!r} does not exist", param="model",

@@ -39,9 +39,12 @@ def _set(headers: Iterable[tuple[str, str]]) -> list[HeaderValueOption]:
 
 
 def request_headers(remove: list[str]) -> ProcessingResponse:
-    """Continue with the headers, minus those a client must not set (the destination header)."""
-    return ProcessingResponse(request_headers=HeadersResponse(
-        response=CommonResponse(header_mutation=HeaderMutation(remove_headers=remove))))
+    """Continue with the headers, minus those a client must not set (destination headers).
+
+    clear_route_cache: a route Envoy may already have matched on the client's header is dropped too.
+    """
+    return ProcessingResponse(request_headers=HeadersResponse(response=CommonResponse(
+        header_mutation=HeaderMutation(remove_headers=remove), clear_route_cache=True)))
 
 
 def route(destination_header: str, address: str) -> ProcessingResponse:

@@ -98,20 +98,25 @@ async def test_client_sent_destination_header_is_ignored(stack: Stack, upstreams
 
 
 async def test_in_flight_count_returns_to_zero_after_client_aborts(stack: Stack):
-    async def abort_mid_stream() -> None:
-        async with aiohttp.ClientSession() as session:
+    aborted_before = stack.sample("extproc_requests_total", code="aborted")
+    async with aiohttp.ClientSession() as session:
+        async def start_stream() -> aiohttp.ClientResponse:
             resp = await session.post(stack.url + "/v1/chat/completions",
                                       json={**CHAT, "stream": True, "max_tokens": 10_000},
                                       headers={"x-token-delay": "0.05"})
             await resp.content.readline()  # the first token arrived: the request is in flight
-            resp.close()  # drop the connection mid-stream
+            return resp
 
-    await asyncio.gather(*(abort_mid_stream() for _ in range(5)))
+        streams = await asyncio.gather(*(start_stream() for _ in range(5)))
+        assert stack.running(MODEL, "a100-0") == 5
+        for resp in streams:
+            resp.close()  # drop the connection mid-stream
     wait_until(lambda: stack.running(MODEL, "a100-0") == 0, what="in-flight back to 0")
-    assert 'code="aborted"' in stack.metrics()
+    assert stack.sample("extproc_requests_total", code="aborted") == aborted_before + 5
 
 
 async def test_in_flight_count_returns_to_zero_after_upstream_resets(stack: Stack):
+    ended_before = stack.sample("extproc_requests_total", pod="a100-0")
     async with aiohttp.ClientSession() as session:
         async with session.post(stack.url + "/v1/chat/completions",
                                 json={**CHAT, "stream": True, "max_tokens": 50},
@@ -123,6 +128,7 @@ async def test_in_flight_count_returns_to_zero_after_upstream_resets(stack: Stac
                 with pytest.raises(aiohttp.ClientPayloadError):
                     await resp.read()
     wait_until(lambda: stack.running(MODEL, "a100-0") == 0, what="in-flight back to 0")
+    assert stack.sample("extproc_requests_total", pod="a100-0") == ended_before + 1
 
 
 async def test_in_flight_is_counted_while_streaming(stack: Stack):
@@ -134,3 +140,48 @@ async def test_in_flight_is_counted_while_streaming(stack: Stack):
         assert stack.running(MODEL, "a100-0") == 1
         resp.close()
     wait_until(lambda: stack.running(MODEL, "a100-0") == 0, what="in-flight back to 0")
+
+
+def h2_request(port: int, headers: list[tuple[str, str]], body: bytes,
+               trailers: list[tuple[str, str]]) -> tuple[dict[str, str], bytes]:
+    """One HTTP/2 (prior knowledge) request whose body is followed by trailers."""
+    import socket
+
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        conn.initiate_connection()
+        conn.send_headers(1, headers)
+        conn.send_data(1, body)
+        conn.send_headers(1, trailers, end_stream=True)
+        sock.sendall(conn.data_to_send())
+        got_headers: dict[str, str] = {}
+        data = b""
+        while True:
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed before the response ended"
+            for event in conn.receive_data(chunk):
+                if isinstance(event, h2.events.ResponseReceived):
+                    got_headers = {k.decode(): v.decode() for k, v in event.headers}
+                elif isinstance(event, h2.events.DataReceived):
+                    data += event.data
+                    conn.acknowledge_received_data(event.flow_controlled_length, 1)
+                elif isinstance(event, h2.events.StreamEnded):
+                    return got_headers, data
+            sock.sendall(conn.data_to_send())
+
+
+def test_http2_request_with_trailers_is_routed_by_the_gateway(stack: Stack, upstreams):
+    other = f"127.0.0.1:{upstreams['b']}"
+    before_b = upstream_stats(upstreams["b"])["requests"]
+    body = json.dumps(CHAT).encode()
+    headers, data = h2_request(stack.envoy_port, [
+        (":method", "POST"), (":path", "/v1/chat/completions"), (":scheme", "http"),
+        (":authority", "gateway"), ("content-type", "application/json"),
+        ("x-gateway-destination-endpoint", other)], body, [("x-checksum", "abc")])
+    assert headers[":status"] == "200", data
+    assert headers["target-pod"] == "a100-0" and headers["x-upstream"] == "a"
+    assert upstream_stats(upstreams["b"])["requests"] == before_b

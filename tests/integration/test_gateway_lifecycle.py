@@ -28,7 +28,7 @@ def pods_config(*pods: tuple[str, int], model: str = "m") -> dict:
 @pytest.fixture
 def fresh_stack(tmp_path: Path, upstreams: dict[str, int]) -> Iterator[Stack]:
     s = Stack(config_path=tmp_path / "gateway.yaml", log_dir=tmp_path,
-              env={"EXTPROC_DRAIN_TIMEOUT_SECONDS": "20", "EXTPROC_DRAIN_NOTICE_SECONDS": "3"})
+              env={"EXTPROC_DRAIN_TIMEOUT_SECONDS": "20", "EXTPROC_DRAIN_NOTICE_SECONDS": "1"})
     s.write_config(pods_config(("a", upstreams["a"])))
     s.start_gateway()
     s.start_envoy()
@@ -83,16 +83,18 @@ async def test_sigterm_drains_in_flight_streams_then_exits_zero(fresh_stack: Sta
     assert health_status(fresh_stack.extproc_port, "envoy.service.ext_proc.v3.ExternalProcessor") \
         == health_pb2.HealthCheckResponse.SERVING
     async with aiohttp.ClientSession() as session:
+        # 3 s of tokens: the stream outlives the 1 s notice, so it is still open when stop() begins.
         resp = await session.post(fresh_stack.url + "/v1/chat/completions", json={
-            "model": "m", "stream": True, "max_tokens": 30,
+            "model": "m", "stream": True, "max_tokens": 100,
             "messages": [{"role": "user", "content": "x"}]}, headers={"x-token-delay": "0.03"})
         await resp.content.readline()
         fresh_stack.gateway.popen.send_signal(signal.SIGTERM)
         wait_until(lambda: http_get(fresh_stack.admin_url + "/healthz")[0] == 503, what="draining")
         wait_until(lambda: health_status(fresh_stack.extproc_port, "")
                    == health_pb2.HealthCheckResponse.NOT_SERVING, what="gRPC health NOT_SERVING")
+        wait_until(lambda: "refusing new streams; 1 open" in fresh_stack.gateway.log(), what="stop() begins")
         rest = await resp.content.read()  # the in-flight stream still completes
-    assert rest.count(b"data: {") == 29 and rest.endswith(b"data: [DONE]\n\n")
+    assert rest.count(b"data: {") == 99 and rest.endswith(b"data: [DONE]\n\n")
     assert fresh_stack.gateway.popen.wait(20) == 0
 
 

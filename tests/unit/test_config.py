@@ -38,6 +38,14 @@ def test_ipv6_address_is_bracketed():
     ({**BASE, "routing": {"default_strategy": "nope"}}, {}),
     (BASE, {"EXTPROC_MAX_BODY_BYTES": "lots"}),
     ({**BASE, "gateway": {"destination_header": ":authority"}}, {}),
+    ({**BASE, "gateway": {"destination_header": "host"}}, {}),
+    ({**BASE, "gateway": {"destination_header": "x-envoy-original-dst-host"}}, {}),
+    ({**BASE, "gateway": {"destination_header": "bad header"}}, {}),
+    ({**BASE, "gateway": {"max_body_bytes": "lots"}}, {}),
+    ({**BASE, "gateway": {"drain_timeout_seconds": "abc"}}, {}),
+    ({**BASE, "gateway": {"model_paths": "/v1/chat/completions"}}, {}),
+    ({"models": {"m": {"pods": [{"name": "p", "address": "10.0.0.1: 80"}]}}}, {}),
+    ({"models": {"m": {"pods": [{"name": "p", "address": "10.0.0.1:80", "ready": "false"}]}}}, {}),
 ])
 def test_invalid_configs_are_rejected(raw, env):
     with pytest.raises(ConfigError):

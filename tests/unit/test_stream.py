@@ -9,7 +9,7 @@ import pytest
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, HttpHeaders, ProcessingRequest
 
-from extproc.config import parse
+from extproc.config import ConfigError, parse
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor, Stream
 
@@ -58,7 +58,8 @@ def test_routes_and_sets_destination_header_and_metadata(gw: Gateway):
     s = Stream(gw)
     r = s.handle(req_headers(**{"x-gateway-destination-endpoint": "127.0.0.1:1"}))
     removed = r.request_headers.response.header_mutation.remove_headers
-    assert list(removed) == ["x-gateway-destination-endpoint"]
+    assert {"x-gateway-destination-endpoint", "target-pod"} <= set(removed)
+    assert r.request_headers.response.clear_route_cache
     r = s.handle(req_body(CHAT))
     dest = header_map(r.request_body.response.header_mutation)["x-gateway-destination-endpoint"]
     assert dest in {"10.0.0.1:8000", "10.0.0.2:8000"}
@@ -107,13 +108,14 @@ def test_response_without_body_ends_at_headers(gw: Gateway):
     assert gw.inflight.total() == 0
 
 
-def test_chunked_request_body_is_accumulated(gw: Gateway):
+def test_body_followed_by_trailers_is_routed(gw: Gateway):
+    """HTTP/2 requests with trailers: BUFFERED mode sends the whole body with end_of_stream false."""
     s = Stream(gw)
     s.handle(req_headers())
-    raw = json.dumps(CHAT).encode()
-    assert not s.handle(req_body(raw[:10], eos=False)).HasField("immediate_response")
-    r = s.handle(req_body(raw[10:], eos=True))
-    assert r.request_body.response.header_mutation.set_headers
+    r = s.handle(req_body(CHAT, eos=False))
+    assert header_map(r.request_body.response.header_mutation)["x-gateway-destination-endpoint"]
+    assert gw.inflight.total() == 1
+    s.close()
 
 
 @pytest.mark.parametrize("msgs,status,code", [
@@ -123,7 +125,10 @@ def test_chunked_request_body_is_accumulated(gw: Gateway):
     ([req_headers(**{"routing-strategy": "nope"})], 400, "unknown_routing_strategy"),
     ([req_headers(eos=True)], 400, "missing_body"),
     ([req_headers(path="/admin", method="GET", eos=True)], 404, "unknown_route"),
-    ([req_headers(), req_body(b"x" * 600, eos=False), req_body(b"x" * 600)], 413, "request_too_large"),
+    ([req_headers(path="/reset_prefix_cache")], 404, "unknown_route"),
+    ([req_headers(method="PUT")], 405, "method_not_allowed"),
+    ([req_headers(path="/v1/models")], 405, "method_not_allowed"),
+    ([req_headers(), req_body(b"x" * 1001)], 413, "request_too_large"),
 ])
 def test_errors_are_immediate_openai_responses(gw: Gateway, msgs, status, code):
     s = Stream(gw)
@@ -132,6 +137,14 @@ def test_errors_are_immediate_openai_responses(gw: Gateway, msgs, status, code):
     assert error_of(r)[0] == status
     assert error_of(r)[1]["code"] == code
     assert s.done and gw.inflight.total() == 0
+
+
+def test_deeply_nested_json_is_a_400_not_a_crash():
+    gw = Gateway(parse({"models": CONFIG["models"]}, {}))
+    s = Stream(gw)
+    s.handle(req_headers())
+    r = s.handle(req_body(b"[" * 100_000 + b"]" * 100_000))
+    assert error_of(r)[0] == 400 and error_of(r)[1]["code"] == "invalid_json"
 
 
 def test_models_listing(gw: Gateway):
@@ -174,11 +187,36 @@ async def test_processor_releases_on_cancellation(gw: Gateway):
 
 def test_client_input_never_becomes_a_metric_label(gw: Gateway):
     for i in range(3):
-        s = Stream(gw)
-        s.handle(req_headers(**{"routing-strategy": f"made-up-{i}"}))
-        s = Stream(gw)
-        s.handle(req_headers())
-        s.handle(req_body({**CHAT, "model": f"made-up-model-{i}"}))
+        bad = {"routing-strategy": f"made-up-{i}"}
+        for msgs in ([req_headers(**bad)], [req_headers(path="/v1/models", method="GET", eos=True, **bad)],
+                     [req_headers(method="PUT", **bad)], [req_headers(eos=True, **bad)],
+                     [req_headers(), req_body({**CHAT, "model": f"made-up-model-{i}"})]):
+            s = Stream(gw)
+            for m in msgs:
+                r = s.handle(m)
+            assert "made-up" not in str(r.immediate_response.headers)
     (family,) = [m for m in gw.registry.collect() if m.name == "extproc_requests"]
     labels = {(s.labels["model"], s.labels["strategy"]) for s in family.samples}
     assert labels == {("", ""), ("", "least-request")}
+
+
+def test_destination_header_cannot_change_on_reload(gw: Gateway):
+    with pytest.raises(ConfigError):
+        gw.apply(parse({**CONFIG, "gateway": {"destination_header": "target-pod"}}, {}))
+    assert gw.config.destination_header == "x-gateway-destination-endpoint"
+
+
+def test_removed_pods_leave_the_metrics_once_idle(gw: Gateway):
+    s = Stream(gw)
+    s.handle(req_headers())
+    s.handle(req_body(CHAT))
+    busy = s.pod.name
+
+    def series() -> set[str]:
+        (family,) = [m for m in gw.registry.collect() if m.name == "extproc_pod_running_requests"]
+        return {x.labels["pod"] for x in family.samples}
+
+    gw.apply(parse({"models": {"m": {"pods": [{"name": "new", "address": "10.0.0.9:1"}]}}}, {}))
+    assert series() == {busy}  # still in flight: kept until it ends
+    s.close()
+    assert series() == set() and gw.inflight.total() == 0
