@@ -7,7 +7,12 @@ import json
 
 import pytest
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
-from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, HttpHeaders, ProcessingRequest
+from envoy.service.ext_proc.v3.external_processor_pb2 import (
+    HttpBody,
+    HttpHeaders,
+    HttpTrailers,
+    ProcessingRequest,
+)
 
 from extproc.config import ConfigError, parse
 from extproc.server.gateway import Gateway
@@ -106,6 +111,17 @@ def test_response_without_body_ends_at_headers(gw: Gateway):
     s.handle(req_body(CHAT))
     s.handle(resp_headers("204", eos=True))
     assert gw.inflight.total() == 0
+
+
+def test_response_ending_in_trailers_is_complete(gw: Gateway):
+    s = Stream(gw)
+    s.handle(req_headers())
+    s.handle(req_body(CHAT))
+    s.handle(resp_headers())
+    s.handle(resp_body(eos=False))
+    s.handle(ProcessingRequest(response_trailers=HttpTrailers()))
+    assert gw.inflight.total() == 0
+    assert gw.requests_total.labels("m", s.pod.name, "least-request", "200")._value.get() == 1
 
 
 def test_body_followed_by_trailers_is_routed(gw: Gateway):
