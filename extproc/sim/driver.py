@@ -50,7 +50,8 @@ class EngineDriver:
                     break
                 self.pending = self.engine.step(start)
                 if self.pending is None:
-                    break
+                    # has_work() with nothing schedulable would make next_event_time() repeat forever.
+                    raise RuntimeError("engine has work but nothing it can schedule")
             if self.pending.end > t:
                 break
             done.append(self.pending)

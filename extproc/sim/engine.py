@@ -80,6 +80,8 @@ class StepResult:
     emitted: list[str] = field(default_factory=list)  # request ids that got one new token at `end`
     first_tokens: list[SeqState] = field(default_factory=list)  # requests whose first token this was
     finished: list[SeqState] = field(default_factory=list)
+    # Dropped by the engine, not finished: they no longer fit the KV cache (see Engine.set_kv_pressure).
+    failed: list[SeqState] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     num_tokens: int = 0  # query tokens in the batch
     num_seqs: int = 0
@@ -101,13 +103,14 @@ class Engine:
         self.total_blocks = perf.kv_blocks(config.block_size, config.gpu_memory_utilization)
         if self.total_blocks <= 0:
             raise ValueError(f"{perf.model.name} does not fit on {perf.tensor_parallel}x {perf.gpu.name}")
-        self.phantom_blocks = 0
-        self.set_kv_pressure(config.kv_pressure)
         self.used_blocks = 0  # private blocks; shared ones are counted by self.prefix
         self.prefix = PrefixCache()
         self.running: list[SeqState] = []
         self.waiting: deque[SeqState] = deque()
         self._by_id: dict[str, SeqState] = {}
+        self._failed: list[SeqState] = []  # dropped since the last step; reported by the next one
+        self.phantom_blocks = 0
+        self.set_kv_pressure(config.kv_pressure)
         # Multiplies step time; the shell raises it during a slow-start fault.
         self.slowdown = 1.0
         # Counters (monotonic, vLLM semantics).
@@ -117,6 +120,7 @@ class Engine:
         self.prefix_queries_total = 0  # prompt tokens looked up in the prefix cache (vLLM V1 counters)
         self.prefix_hits_total = 0
         self.requests_finished_total = 0
+        self.requests_failed_total = 0
         self.busy_seconds_total = 0.0
         self.steps_total = 0
         self._busy_until = float("-inf")
@@ -132,6 +136,16 @@ class Engine:
     def set_kv_pressure(self, fraction: float) -> None:
         # ceil: the reported usage must read >= the requested pressure.
         self.phantom_blocks = min(self.total_blocks - 1, math.ceil(self.total_blocks * max(0.0, fraction)))
+        # A request admitted under lower pressure may no longer fit even in an otherwise empty cache. Left
+        # in place it would hold the head of the FCFS queue forever (or preempt itself in a loop), so it is
+        # failed now, as `add` would reject it today; the next step reports it in StepResult.failed.
+        # Capping the phantom tenant instead would make usage read below the pressure asked for, and that
+        # reading is what the fault exists to show a gateway.
+        limit = self.max_model_len
+        for seq in [*self.running, *self.waiting]:
+            if seq.request.prompt_tokens + seq.request.max_tokens > limit:
+                self._drop(seq)
+                self._failed.append(seq)
 
     # --- requests ----------------------------------------------------------------------------------
     def add(self, request: SimRequest, now: float) -> None:
@@ -152,22 +166,27 @@ class Engine:
 
     def abort(self, request_id: str) -> bool:
         """Drop a request (client went away). Returns whether it was still in the engine."""
-        seq = self._by_id.pop(request_id, None)
+        seq = self._by_id.get(request_id)
         if seq is None:
             return False
+        self._drop(seq)
+        return True
+
+    def _drop(self, seq: SeqState) -> None:
+        del self._by_id[seq.request_id]
         if seq in self.waiting:
             self.waiting.remove(seq)
         else:
             self.running.remove(seq)
         self._free(seq)
-        return True
 
     def get(self, request_id: str) -> SeqState | None:
         return self._by_id.get(request_id)
 
     # --- observable state (vLLM semantics) ---------------------------------------------------------
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        # Failed requests still to report count: the next step() hands them over.
+        return bool(self.running or self.waiting or self._failed)
 
     @property
     def num_running(self) -> int:
@@ -206,14 +225,19 @@ class Engine:
 
     # --- the step ----------------------------------------------------------------------------------
     def step(self, now: float) -> StepResult | None:
-        """Schedule and apply one forward pass starting at `now`; None when there is nothing to run."""
+        """Schedule and apply one forward pass starting at `now`; None when there is nothing to run.
+
+        A result may have zero duration and only `failed` requests to report (nothing else could run)."""
         if not self.has_work():
             return None
         start = max(now, self._busy_until)
         res = StepResult(start, 0.0)
+        if self._failed:
+            res.failed, self._failed = self._failed, []
+            self.requests_failed_total += len(res.failed)
         scheduled = self._schedule(res)
         if not scheduled:
-            return None
+            return res if res.failed else None
         num_tokens = kv_read = 0
         attn_pairs = 0.0
         caching, bs = self.config.enable_prefix_caching, self.config.block_size

@@ -193,6 +193,12 @@ def http_chunk(data: bytes) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
+def error_event(message: str, type_: str, code: int) -> bytes:
+    """An SSE event carrying an OpenAI error object: how a stream that already sent 200 reports failure
+    (the openai client raises APIError on it)."""
+    return ("data: " + json.dumps(error_body(message, type_, None, code)) + "\n\n").encode()
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {
         "prompt_tokens": prompt_tokens,

@@ -26,6 +26,7 @@ from extproc.sim.protocol import (
     ChunkFormatter,
     RequestError,
     error_body,
+    error_event,
     full_response,
     http_chunk,
     parse_request,
@@ -43,6 +44,27 @@ MAX_WAKE_BIAS_S = 0.003
 SPIN_MIN_STEP_S = 0.004  # below this a step is too short for sub-ms precision to matter: don't spin
 MAX_TIMELINES = 100_000
 MAX_UNREAD_BYTES = 4 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Failure:
+    """Why a stream ended without finishing: an OpenAI error (JSON body, or an SSE event once streaming)."""
+
+    status: int
+    type_: str
+    message: str
+
+    def response(self) -> web.Response:
+        return _error(self.status, self.message, self.type_, None, self.status)
+
+    def event(self) -> bytes:
+        return error_event(self.message, self.type_, self.status)
+
+
+KV_DROPPED = _Failure(
+    503, "ServiceUnavailableError", "request dropped: it no longer fits in the KV cache (kv_pressure fault)"
+)
+ENGINE_DIED = _Failure(500, "InternalServerError", "the engine loop died; see the simulator's log")
 
 
 class _Lateness:
@@ -110,23 +132,37 @@ class _DirectSink:
             self.written = tokens
             self._write(data)
 
-    def finish(self) -> None:
-        tail = self.fmt.usage(self.prompt_tokens, self.written) if self.include_usage else b""
+    def finish(self, failure: _Failure | None = None) -> None:
+        if failure is not None:
+            tail = failure.event()
+        else:
+            tail = self.fmt.usage(self.prompt_tokens, self.written) if self.include_usage else b""
         self._write(tail + DONE)
 
 
 class _Stream:
     """Where the engine loop leaves tokens for one responder."""
 
-    __slots__ = ("tokens", "done", "seq", "waiter", "stamps", "sink")
+    __slots__ = ("tokens", "done", "failure", "seq", "waiter", "stamps", "sink", "transport")
 
-    def __init__(self, record: bool) -> None:
+    def __init__(self, record: bool, transport: asyncio.BaseTransport | None) -> None:
         self.sink: _DirectSink | None = None
+        self.transport = transport  # to drop the connection on shutdown
         self.tokens = 0
         self.done = False
+        self.failure: _Failure | None = None  # set with done when the request ended without finishing
         self.seq: SeqState | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.stamps: list[float] | None = [] if record else None
+
+    def fail(self, failure: _Failure) -> None:
+        """End the stream with an error: the sink writes it now, a handler when it wakes."""
+        if self.done:
+            return
+        self.done, self.failure = True, failure
+        if self.sink is not None:
+            self.sink.finish(failure)
+        self.notify()
 
     def notify(self) -> None:
         w = self.waiter
@@ -370,6 +406,10 @@ class ReplicaServer:
                 if s.sink is not None:
                     s.sink.finish()
                 s.notify()
+        for seq in res.failed:
+            s = streams.get(seq.request_id)
+            if s is not None:
+                s.fail(KV_DROPPED)
 
     # --- handlers ------------------------------------------------------------------------------------
     async def _chat(self, request: web.Request) -> web.StreamResponse:
@@ -409,7 +449,7 @@ class ReplicaServer:
             self.engine.add(request_, self.sim_now())
         except CapacityError as e:
             return _error(400, str(e), param="max_tokens")
-        stream = _Stream(self.spec.record_timeline)
+        stream = _Stream(self.spec.record_timeline, request.transport)
         self._streams[rid] = stream
         assert self._wake is not None
         self._wake.set()
@@ -433,6 +473,8 @@ class ReplicaServer:
                 if fault.abort_after is not None and stream.tokens >= fault.abort_after:
                     return _drop(request)
                 await stream.wait()
+            if stream.failure is not None:
+                return stream.failure.response()
             if fault.stall_after is not None:
                 await asyncio.sleep(self.faults.stall_seconds)
             return web.json_response(
@@ -444,7 +486,8 @@ class ReplicaServer:
             self._streams.pop(rid, None)
             if not stream.done:
                 self.engine.abort(rid)
-            if stream.stamps is not None and stream.done and len(self.timelines) < MAX_TIMELINES:
+            finished = stream.done and stream.failure is None
+            if stream.stamps is not None and finished and len(self.timelines) < MAX_TIMELINES:
                 self.timelines[rid] = stream.stamps
 
     async def _stream(
@@ -478,7 +521,7 @@ class ReplicaServer:
             if stream.tokens:  # tokens that arrived while the headers were being sent
                 sink.emit(stream.tokens)
             if stream.done:
-                sink.finish()
+                sink.finish(stream.failure)
             while not stream.done:
                 await stream.wait()
             await resp.write_eof()
@@ -507,7 +550,10 @@ class ReplicaServer:
                 continue
             if stream.done and written >= stream.tokens:
                 break
-        tail = fmt.usage(prompt_tokens, written) if include_usage else b""
+        if stream.failure is not None:
+            tail = stream.failure.event()
+        else:
+            tail = fmt.usage(prompt_tokens, written) if include_usage else b""
         await resp.write(tail + DONE)
         await resp.write_eof()
         return resp

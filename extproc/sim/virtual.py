@@ -19,6 +19,7 @@ from extproc.sim.engine import Engine, SeqState, SimRequest
 class LoadResult:
     duration: float  # first arrival to last finish, simulated seconds
     finished: list[SeqState] = field(default_factory=list)
+    failed: int = 0  # dropped by the engine (no longer fit the KV cache after a kv_pressure change)
     preemptions: int = 0
     mean_batch: float = 0.0
 
@@ -71,9 +72,10 @@ def run_closed_loop(
             break
         now = res.end
         batch_sum += res.num_seqs
-        steps += 1
-        for seq in res.finished:
-            out.finished.append(seq)
+        steps += res.num_seqs > 0  # a step that only reports failures ran nothing
+        out.failed += len(res.failed)
+        out.finished.extend(res.finished)
+        for _ in range(len(res.finished) + len(res.failed)):  # a failed client moves on too
             if sent < num_requests:
                 engine.add(SimRequest(f"r{sent}", prompt_tokens, output_tokens), now)
                 sent += 1
@@ -106,11 +108,15 @@ def run_open_loop(
             i += 1
         res = engine.step(now)
         if res is None:
+            if not arrivals:  # cannot happen with a sound engine; fail loudly rather than spin
+                raise RuntimeError("engine has work but nothing it can schedule")
+            now = max(now, arrivals[0])
             continue
         now = res.end
         batch_sum += res.num_seqs
-        steps += 1
+        steps += res.num_seqs > 0  # a step that only reports failures ran nothing
         out.finished.extend(res.finished)
+        out.failed += len(res.failed)
     out.duration = now
     out.preemptions = engine.preemptions_total
     out.mean_batch = batch_sum / steps if steps else 0.0

@@ -48,3 +48,22 @@ def test_driver_matches_the_direct_step_loop() -> None:
         for res in d.advance_to(t):
             finished += res.finished
     assert finished[0].finish_time == pytest.approx(direct.finished[0].finish_time)
+
+
+def test_kv_pressure_raised_mid_run_fails_what_no_longer_fits_and_drains() -> None:
+    engine = build_engine("A100-40GB", "llama3-8b")
+    d = EngineDriver(engine)
+    d.add(SimRequest("long", 1024, 7000), now=0.0)  # fits 8792 blocks, not the 88 left at 0.99
+    d.add(SimRequest("short", 64, 16), now=0.0)
+    d.advance_to(0.0)
+    engine.set_kv_pressure(0.99)
+    failed, finished = [], []
+    for _ in range(10_000):  # bounded: a wedged driver fails here instead of hanging
+        t = d.next_event_time()
+        if t is None:
+            break
+        for res in d.advance_to(t):
+            failed += [s.request_id for s in res.failed]
+            finished += [s.request_id for s in res.finished]
+    assert d.next_event_time() is None
+    assert failed == ["long"] and finished == ["short"]

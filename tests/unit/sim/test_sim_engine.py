@@ -212,3 +212,31 @@ def test_step_history_is_bounded_and_gives_throughput() -> None:
     assert len(engine._recent_steps) < 6000  # only RECENT_WINDOW_S of history is kept
     step = engine._recent_steps[-1][1] - engine._recent_steps[-1][0]
     assert engine.generation_throughput(now, 1.0) == pytest.approx(1.0 / step, rel=0.01)
+
+
+def test_raising_kv_pressure_mid_run_never_wedges_the_queue() -> None:
+    # 64 blocks = 1024 tokens. Each request needs 25 blocks at the end; at 0.9 pressure only 6 remain.
+    memory = 2.0 + 64 * 16 * 32768 / 1e9 + 1e-6
+    gpu = GpuSpec("tiny", memory_gb=memory, bandwidth_gbps=1000, tflops=100, price_per_hour=1)
+    config = EngineConfig(gpu_memory_utilization=1.0, max_num_seqs=2)
+    engine = Engine(PerfModel(gpu, MODEL, 1, IDEAL), config)
+    assert engine.total_blocks == 64
+    for i in range(4):
+        engine.add(SimRequest(f"big{i}", 300, 100), 0.0)
+    now = engine.step(0.0).end  # two running mid-prefill, two waiting
+    engine.set_kv_pressure(0.9)
+    engine.add(SimRequest("small", 16, 8), now)  # still fits: must not be stuck behind the doomed ones
+    failed: list[str] = []
+    finished: list[str] = []
+    for _ in range(10_000):  # bounded: a wedged engine fails here instead of hanging the test run
+        if not engine.has_work():
+            break
+        res = engine.step(now)
+        assert res is not None, "has_work() but nothing to step: a driver would poll forever"
+        now = res.end
+        failed += [s.request_id for s in res.failed]
+        finished += [s.request_id for s in res.finished]
+    assert not engine.has_work()
+    assert sorted(failed) == ["big0", "big1", "big2", "big3"]
+    assert finished == ["small"]
+    assert engine.used_blocks == 0 and engine.prefix.in_use == 0

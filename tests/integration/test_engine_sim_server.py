@@ -1,0 +1,78 @@
+"""ReplicaServer in this process over real sockets: how streams end when the engine cannot finish them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+import pytest
+
+from extproc.sim.replica import ReplicaSpec
+from extproc.sim.server import ReplicaServer
+
+pytestmark = pytest.mark.integration
+MODEL = "llama2-7b"
+DEADLINE_S = 10.0
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[ReplicaServer]:
+    # A V100 in real time: a 2000-token request stays running for tens of seconds.
+    s = ReplicaServer(ReplicaSpec(gpu="V100", model=MODEL, port=0, time_scale=1.0))
+    await s.start()
+    yield s
+    await asyncio.wait_for(s.stop(), DEADLINE_S)
+
+
+async def until(predicate: Callable[[], bool], what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + DEADLINE_S
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(what)
+        await asyncio.sleep(0.005)
+
+
+def url(s: ReplicaServer, path: str) -> str:
+    return f"http://127.0.0.1:{s.port}{path}"
+
+
+async def first_token(resp: aiohttp.ClientResponse) -> None:
+    assert resp.status == 200
+    line = await asyncio.wait_for(resp.content.readline(), DEADLINE_S)
+    assert line.startswith(b"data: {")
+
+
+async def rest_of_stream(resp: aiohttp.ClientResponse) -> list[bytes]:
+    """The remaining SSE data lines, until the server ends the response (bounded by a deadline)."""
+
+    async def read() -> list[bytes]:
+        return [line.strip() async for line in resp.content if line.startswith(b"data: ")]
+
+    return await asyncio.wait_for(read(), DEADLINE_S)
+
+
+def stream_body(max_tokens: int = 2000) -> dict[str, object]:
+    return {"model": MODEL, "prompt": "x", "max_tokens": max_tokens, "stream": True}
+
+
+async def test_kv_pressure_raised_mid_stream_ends_requests_that_no_longer_fit(server: ReplicaServer) -> None:
+    plain = {"model": MODEL, "prompt": "x", "max_tokens": 2000}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url(server, "/v1/completions"), json=stream_body()) as resp:
+            await first_token(resp)
+            waiting = asyncio.create_task(http.post(url(server, "/v1/completions"), json=plain))
+            await until(lambda: len(server._streams) == 2, "second request in the engine")
+            async with http.post(url(server, "/sim/faults"), json={"kv_pressure": 0.99}) as r:
+                assert r.status == 200
+            lines = await rest_of_stream(resp)
+        assert lines[-1] == b"data: [DONE]"
+        error = json.loads(lines[-2][len(b"data: "):])["error"]
+        assert error["code"] == 503 and "KV cache" in error["message"]
+        answer = await asyncio.wait_for(waiting, DEADLINE_S)
+        assert answer.status == 503 and "error" in await answer.json()
+        # A request that still fits is served as usual.
+        async with http.post(url(server, "/v1/completions"), json={**plain, "max_tokens": 3}) as r:
+            assert r.status == 200 and (await r.json())["usage"]["completion_tokens"] == 3
+    assert not server.engine.has_work()
