@@ -44,6 +44,9 @@ MAX_WAKE_BIAS_S = 0.003
 SPIN_MIN_STEP_S = 0.004  # below this a step is too short for sub-ms precision to matter: don't spin
 MAX_TIMELINES = 100_000
 MAX_UNREAD_BYTES = 4 * 1024 * 1024
+# How long runner.cleanup() lets handlers finish on shutdown. Open streams are dropped first, so what is
+# left is short work; aiohttp's default (60 s) would only hold up a SIGTERM.
+SHUTDOWN_TIMEOUT_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -64,6 +67,7 @@ class _Failure:
 KV_DROPPED = _Failure(
     503, "ServiceUnavailableError", "request dropped: it no longer fits in the KV cache (kv_pressure fault)"
 )
+SHUTTING_DOWN = _Failure(503, "ServiceUnavailableError", "the engine is shutting down")
 ENGINE_DIED = _Failure(500, "InternalServerError", "the engine loop died; see the simulator's log")
 
 
@@ -222,7 +226,9 @@ class ReplicaServer:
         self._wake = asyncio.Event()
         self._fault_t0 = self._t0
         mode = self.faults.refuse_connections
-        self._runner = web.AppRunner(self._app(), handler_cancellation=True, access_log=None)
+        self._runner = web.AppRunner(
+            self._app(), handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+        )
         await self._runner.setup()
         await self._listen(mode)
         # mode == "refuse": nothing listens, so connections are refused by the kernel.
@@ -242,6 +248,9 @@ class ReplicaServer:
         )
 
     async def stop(self) -> None:
+        # Open streams first: once the engine loop is gone nothing would ever finish them, and their
+        # handlers would hold runner.cleanup() for its whole timeout. Dropped as a dying engine would.
+        self._fail_streams(SHUTTING_DOWN, drop=True)
         for task in (self._outage, self._task):
             if task is not None:
                 task.cancel()
@@ -301,6 +310,13 @@ class ReplicaServer:
         self.faults = dataclasses.replace(self.faults, refuse_connections=None)
         await self._listen(None)
         log.info("engine-sim %s: outage over, serving again", self.spec.name)
+
+    def _fail_streams(self, failure: _Failure, drop: bool) -> None:
+        """End every open stream with `failure`; `drop` also closes its connection at once."""
+        for s in list(self._streams.values()):
+            s.fail(failure)
+            if drop and s.transport is not None:
+                s.transport.abort()
 
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
         # A dead engine loop would hang every stream: make it loud.
@@ -524,10 +540,31 @@ class ReplicaServer:
                 sink.finish(stream.failure)
             while not stream.done:
                 await stream.wait()
+            if _dropped(request):
+                return resp  # shutdown or an unread buffer dropped it: aiohttp ends the response quietly
             await resp.write_eof()
             return resp
         # Slow path (faults that shape the stream, HTTP/1.0): the handler writes, woken once per step.
         await resp.prepare(request)
+        try:
+            await self._write_slowly(request, resp, stream, fault, fmt, last, finish_reason, prompt_tokens,
+                                     include_usage)
+        except ConnectionError:
+            pass  # the connection was dropped (client gone, fault, shutdown): nothing left to write to
+        return resp
+
+    async def _write_slowly(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        stream: _Stream,
+        fault: RequestFaults,
+        fmt: ChunkFormatter,
+        last: int,
+        finish_reason: str,
+        prompt_tokens: int,
+        include_usage: bool,
+    ) -> None:
         written = 0
         stalled = False
         while True:
@@ -543,7 +580,8 @@ class ReplicaServer:
                 written = target
                 await resp.write(data)
             if fault.abort_after is not None and written >= fault.abort_after:
-                return _drop(request, resp)
+                _drop(request)
+                return
             if fault.stall_after is not None and not stalled and written >= fault.stall_after:
                 stalled = True
                 await asyncio.sleep(self.faults.stall_seconds)
@@ -556,7 +594,6 @@ class ReplicaServer:
             tail = fmt.usage(prompt_tokens, written) if include_usage else b""
         await resp.write(tail + DONE)
         await resp.write_eof()
-        return resp
 
     async def _models(self, request: web.Request) -> web.Response:
         card = {
@@ -659,8 +696,13 @@ async def _openai_http_errors(request: web.Request, handler: Any) -> web.StreamR
                       "NotFoundError" if exc.status == 404 else "invalid_request_error")
 
 
-def _drop(request: web.Request, resp: web.StreamResponse | None = None) -> web.StreamResponse:
+def _drop(request: web.Request) -> web.StreamResponse:
     """Fault: close the connection mid-response, without the terminating chunk or [DONE]."""
     if request.transport is not None:
         request.transport.abort()
-    return resp if resp is not None else web.Response(status=500)
+    return web.Response(status=500)
+
+
+def _dropped(request: web.Request) -> bool:
+    t = request.transport
+    return t is None or t.is_closing()

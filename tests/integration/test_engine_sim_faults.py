@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -242,5 +243,23 @@ async def test_client_disconnect_aborts_the_request_in_the_engine(log_dir: Path)
             assert running() == 1
         # leaving the block closed the connection mid-stream
         s.wait_until(lambda: running() == 0, "request aborted in the engine", deadline_s=10)
+    finally:
+        s.stop()
+
+
+async def test_sigterm_with_an_open_stream_exits_promptly(log_dir: Path) -> None:
+    s = start_sim(["--gpu", "V100", "--model", MODEL, "--time-scale", "1"], log_dir)  # slow: stays open
+    try:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 2000, "stream": True}
+        async with aiohttp.ClientSession() as http, http.post(s.url + "/v1/completions", json=body) as resp:
+            await resp.content.readline()  # the first token arrived: the stream is open
+            s.proc.popen.send_signal(signal.SIGTERM)
+            # A bound on the exit, not a sleep: aiohttp's default shutdown timeout alone would be 60 s.
+            code = await asyncio.to_thread(s.proc.popen.wait, 10)
+            assert code == 0
+            with pytest.raises((aiohttp.ClientError, asyncio.IncompleteReadError)):
+                async for _ in resp.content:  # the stream was dropped, not finished
+                    pass
+                raise AssertionError("stream ended cleanly")
     finally:
         s.stop()
