@@ -68,6 +68,7 @@ KV_DROPPED = _Failure(
     503, "ServiceUnavailableError", "request dropped: it no longer fits in the KV cache (kv_pressure fault)"
 )
 SHUTTING_DOWN = _Failure(503, "ServiceUnavailableError", "the engine is shutting down")
+CONNECTION_BROKEN = _Failure(500, "InternalServerError", "the simulator could not write to this connection")
 ENGINE_DIED = _Failure(500, "InternalServerError", "the engine loop died; see the simulator's log")
 
 
@@ -189,6 +190,7 @@ class ReplicaServer:
         self.metrics = EngineMetrics(spec.engine, spec.model_name, self.engine, self.sim_now)
         self.port = spec.port
         self.lag_seconds = 0.0  # model time lost to an overloaded event loop (should stay ~0)
+        self.dead = False  # the engine loop died: nothing will be generated any more
         self.lateness = _Lateness()  # wall time between a step's planned end and its tokens' delivery
         self._wake_bias = 0.001  # how early to set the timer (learned)
         self.timelines: dict[str, list[float]] = {}
@@ -258,6 +260,8 @@ class ReplicaServer:
                     await task
                 except asyncio.CancelledError:
                     pass
+                except Exception:  # a dead engine loop: _loop_ended logged it
+                    pass
         await self._listen("refuse")
         if self._runner is not None:
             await self._runner.cleanup()
@@ -311,6 +315,15 @@ class ReplicaServer:
         await self._listen(None)
         log.info("engine-sim %s: outage over, serving again", self.spec.name)
 
+    def _broken(self, rid: str, s: _Stream) -> None:
+        """A stream's socket write failed: drop that connection and its request, keep the loop going."""
+        log.warning("engine-sim %s: dropping %s after a write error", self.spec.name, rid, exc_info=True)
+        s.sink = None
+        if s.transport is not None:
+            s.transport.abort()
+        s.fail(CONNECTION_BROKEN)
+        self.engine.abort(rid)
+
     def _fail_streams(self, failure: _Failure, drop: bool) -> None:
         """End every open stream with `failure`; `drop` also closes its connection at once."""
         for s in list(self._streams.values()):
@@ -319,9 +332,12 @@ class ReplicaServer:
                 s.transport.abort()
 
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
-        # A dead engine loop would hang every stream: make it loud.
+        # A dead engine loop would hang every stream: make it loud, end them with an error, and say so on
+        # /health and to new requests, so a gateway takes this replica out instead of waiting on it.
         if not task.cancelled() and task.exception() is not None:
             log.error("engine-sim %s: engine loop died", self.spec.name, exc_info=task.exception())
+            self.dead = True
+            self._fail_streams(ENGINE_DIED, drop=False)  # handlers still run: they write the error
 
     async def _reset_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.transport.abort()  # fault: accept, then drop the connection at once
@@ -409,7 +425,10 @@ class ReplicaServer:
                 if s.stamps is not None:
                     s.stamps.append(stamp)
                 if s.sink is not None:
-                    s.sink.emit(s.tokens)  # written now; the handler only wakes at the end
+                    try:
+                        s.sink.emit(s.tokens)  # written now; the handler only wakes at the end
+                    except Exception:  # one bad socket must not kill the loop
+                        self._broken(rid, s)
                 else:
                     s.notify()
         for seq in res.first_tokens:
@@ -417,10 +436,13 @@ class ReplicaServer:
         for seq in res.finished:
             self.metrics.observe_finished(seq)
             s = streams.get(seq.request_id)
-            if s is not None:
+            if s is not None and not s.done:
                 s.done, s.seq = True, seq
                 if s.sink is not None:
-                    s.sink.finish()
+                    try:
+                        s.sink.finish()
+                    except Exception:  # as above
+                        self._broken(seq.request_id, s)
                 s.notify()
         for seq in res.failed:
             s = streams.get(seq.request_id)
@@ -459,6 +481,8 @@ class ReplicaServer:
                 None,
                 fault.error_status,
             )
+        if self.dead:
+            return ENGINE_DIED.response()
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         try:
             request_ = SimRequest(rid, parsed.prompt_tokens, max_tokens, parsed.block_hashes)
@@ -609,6 +633,8 @@ class ReplicaServer:
         return web.json_response({"object": "list", "data": [card]})
 
     async def _health(self, request: web.Request) -> web.Response:
+        if self.dead:
+            return web.Response(status=500, text="engine loop died")
         if self._slow():
             return web.Response(status=503, text="starting")
         return web.Response(status=200)

@@ -76,3 +76,48 @@ async def test_kv_pressure_raised_mid_stream_ends_requests_that_no_longer_fit(se
         async with http.post(url(server, "/v1/completions"), json={**plain, "max_tokens": 3}) as r:
             assert r.status == 200 and (await r.json())["usage"]["completion_tokens"] == 3
     assert not server.engine.has_work()
+
+
+async def test_a_dead_engine_loop_fails_open_streams_and_health(server: ReplicaServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url(server, "/v1/completions"), json=stream_body()) as resp:
+            await first_token(resp)
+
+            def boom(now: float) -> None:
+                raise RuntimeError("simulated bug in the engine model")
+
+            server.engine.step = boom  # type: ignore[method-assign]
+            lines = await rest_of_stream(resp)
+        assert lines[-1] == b"data: [DONE]"
+        assert json.loads(lines[-2][len(b"data: "):])["error"]["code"] == 500
+        async with http.get(url(server, "/health")) as r:
+            assert r.status == 500
+        async with http.post(url(server, "/v1/completions"), json={**stream_body(3), "stream": False}) as r:
+            assert r.status == 500 and "error" in await r.json()
+
+
+async def test_one_broken_transport_does_not_stop_the_engine_loop(server: ReplicaServer) -> None:
+    class Broken:
+        def is_closing(self) -> bool:
+            return False
+
+        def get_write_buffer_size(self) -> int:
+            raise RuntimeError("simulated transport bug")
+
+    async with aiohttp.ClientSession() as http:
+        async with (
+            http.post(url(server, "/v1/completions"), json=stream_body()) as bad,
+            http.post(url(server, "/v1/completions"), json=stream_body(20)) as good,
+        ):
+            await first_token(bad)
+            await first_token(good)
+            victim = next(s for s in server._streams.values() if s.seq is None and s.sink is not None
+                          and s.sink.last == 1999)
+            assert victim.sink is not None
+            victim.sink.transport = Broken()
+            lines = await rest_of_stream(good)
+            assert lines[-1] == b"data: [DONE]"
+            with pytest.raises((aiohttp.ClientError, asyncio.IncompleteReadError)):
+                await rest_of_stream(bad)  # dropped, not finished
+    assert server._task is not None and not server._task.done()
+    await until(lambda: not server.engine.has_work(), "the broken stream's request left the engine")
