@@ -60,6 +60,7 @@ class SeqState:
     num_blocks: int = 0  # private blocks; shared prefix blocks are in `hashed`
     hashed: list[int] = field(default_factory=list)  # prefix-cache blocks referenced, in prompt order
     first_token_time: float | None = None
+    last_token_time: float = 0.0  # when the latest token showed (inter-token latency)
     finish_time: float | None = None
     preemptions: int = 0
     prompt_counted: bool = False
@@ -80,6 +81,10 @@ class StepResult:
     emitted: list[str] = field(default_factory=list)  # request ids that got one new token at `end`
     first_tokens: list[SeqState] = field(default_factory=list)  # requests whose first token this was
     finished: list[SeqState] = field(default_factory=list)
+    # Inter-token latency of the non-first tokens this step emitted, as (gap, how many tokens had it):
+    # nearly all share one gap (they decoded in the previous step too), so the metrics cost one call per
+    # step rather than one per token.
+    inter_token: list[tuple[float, int]] = field(default_factory=list)
     # Dropped by the engine, not finished: they no longer fit the KV cache (see Engine.set_kv_pressure).
     failed: list[SeqState] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
@@ -256,6 +261,8 @@ class Engine:
         res.duration = duration
         res.num_tokens, res.num_seqs, res.prefill_tokens = num_tokens, len(scheduled), prefill
         end = start + duration
+        prev_end = self._busy_until  # the previous token of a sequence decoding without a break
+        steady = 0
         for seq, _ in scheduled:
             if seq.num_computed < seq.total_tokens:
                 continue  # mid-prefill chunk: no token yet
@@ -268,6 +275,11 @@ class Engine:
             if seq.first_token_time is None:
                 seq.first_token_time = end
                 res.first_tokens.append(seq)
+            elif seq.last_token_time == prev_end:
+                steady += 1
+            else:  # resumed after a preemption (or a skipped step): its own, longer gap
+                res.inter_token.append((end - seq.last_token_time, 1))
+            seq.last_token_time = end
             if seq.num_output >= seq.request.max_tokens:
                 seq.finish_time = end
                 res.finished.append(seq)
@@ -275,6 +287,8 @@ class Engine:
             self.running.remove(seq)
             del self._by_id[seq.request_id]
             self._free(seq)
+        if steady:
+            res.inter_token.append((end - prev_end, steady))
         self.requests_finished_total += len(res.finished)
         self.busy_seconds_total += duration
         self.steps_total += 1

@@ -1,19 +1,21 @@
 """Prometheus exposition with the engine's own metric names (vLLM or SGLang), one registry per replica.
 
 Gauges and token counters are read from the engine at scrape time (a custom collector), so the hot path
-only touches the latency histograms, once per finished request.
+only touches the latency histograms: once per request, and once per step for the per-token one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-from extproc.sim.engine import Engine, SeqState
+from extproc.sim.engine import Engine, SeqState, StepResult
 
 # vLLM's bucket edges (vllm/engine/metrics.py), so dashboards built for vLLM read the same quantiles.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -36,7 +38,8 @@ class MetricNames:
     prefix_hits: str
     requests_finished: str
     ttft: str
-    tpot: str
+    itl: tuple[str, ...]  # per output token after the first (token-weighted), under each name it has had
+    tpot_request: str  # one observation per request: its mean time per output token
     e2e: str
 
 
@@ -51,7 +54,9 @@ VLLM = MetricNames(
     prefix_hits="vllm:prefix_cache_hits",
     requests_finished="vllm:request_success",
     ttft="vllm:time_to_first_token_seconds",
-    tpot="vllm:time_per_output_token_seconds",
+    # vLLM observes every inter-token gap here; newer releases also name it inter_token_latency.
+    itl=("vllm:time_per_output_token_seconds", "vllm:inter_token_latency_seconds"),
+    tpot_request="vllm:request_time_per_output_token_seconds",
     e2e="vllm:e2e_request_latency_seconds",
 )
 
@@ -66,7 +71,8 @@ SGLANG = MetricNames(
     prefix_hits="sglang:prefix_cache_hits",
     requests_finished="sglang:num_requests",
     ttft="sglang:time_to_first_token_seconds",
-    tpot="sglang:inter_token_latency_seconds",
+    itl=("sglang:inter_token_latency_seconds",),
+    tpot_request="sglang:time_per_output_token_seconds",
     e2e="sglang:e2e_request_latency_seconds",
 )
 
@@ -124,6 +130,40 @@ class _EngineCollector(Collector):
         )
 
 
+class WeightedHistogram(Collector):
+    """A histogram whose observations carry a weight: `observe(v, n)` counts n observations of v.
+
+    Why: the per-token latency histogram would otherwise cost one prometheus observe per token per step;
+    the engine reports each step's gaps grouped (StepResult.inter_token), so this is one call per group.
+    """
+
+    def __init__(
+        self, names: Sequence[str], doc: str, buckets: Sequence[float], model: str
+    ) -> None:
+        self._names, self._doc, self._model = tuple(names), doc, model
+        self._bounds = tuple(buckets)
+        self._counts = [0] * (len(self._bounds) + 1)  # the last one: above every bound (+Inf)
+        self.sum = 0.0
+
+    @property
+    def count(self) -> int:
+        return sum(self._counts)
+
+    def observe(self, value: float, weight: int = 1) -> None:
+        self._counts[bisect_left(self._bounds, value)] += weight  # a bucket counts values <= its bound
+        self.sum += value * weight
+
+    def collect(self) -> Iterator[Metric]:
+        cumulative, buckets = 0, []
+        for bound, n in zip((*self._bounds, float("inf")), self._counts):
+            cumulative += n
+            buckets.append((floatToGoString(bound), cumulative))
+        for name in self._names:
+            h = HistogramMetricFamily(name, self._doc, labels=["model_name"])
+            h.add_metric([self._model], buckets, self.sum)
+            yield h
+
+
 class EngineMetrics:
     def __init__(self, engine_kind: str, model: str, engine: Engine, now: Callable[[], float]) -> None:
         names = ENGINE_NAMES[engine_kind]
@@ -133,9 +173,16 @@ class EngineMetrics:
         self._ttft = Histogram(
             names.ttft, "Histogram of time to first token in seconds.", buckets=TTFT_BUCKETS, **kw
         ).labels(model)
-        self._tpot = Histogram(
-            names.tpot, "Histogram of time per output token in seconds.", buckets=TPOT_BUCKETS, **kw
+        self._tpot_request = Histogram(
+            names.tpot_request,
+            "Histogram of time_per_output_token_seconds per request.",
+            buckets=TPOT_BUCKETS,
+            **kw,
         ).labels(model)
+        self.inter_token = WeightedHistogram(
+            names.itl, "Histogram of inter-token latency in seconds.", TPOT_BUCKETS, model
+        )
+        self.registry.register(self.inter_token)
         self._e2e = Histogram(
             names.e2e, "Histogram of end to end request latency in seconds.", buckets=E2E_BUCKETS, **kw
         ).labels(model)
@@ -150,8 +197,12 @@ class EngineMetrics:
             return
         self._e2e.observe(max(0.0, seq.finish_time - seq.arrival))
         if seq.num_output > 1:
-            # One observation per request (its mean inter-token time), not per token: keeps the hot path lean.
-            self._tpot.observe((seq.finish_time - seq.first_token_time) / (seq.num_output - 1))
+            self._tpot_request.observe((seq.finish_time - seq.first_token_time) / (seq.num_output - 1))
+
+    def observe_step(self, res: StepResult) -> None:
+        """Every non-first token's gap since the sequence's previous token, as vLLM and SGLang count it."""
+        for gap, n in res.inter_token:
+            self.inter_token.observe(gap, n)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -431,6 +431,7 @@ class ReplicaServer:
                         self._broken(rid, s)
                 else:
                     s.notify()
+        self.metrics.observe_step(res)
         for seq in res.first_tokens:
             self.metrics.observe_first_token(seq)
         for seq in res.finished:

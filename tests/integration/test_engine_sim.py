@@ -165,6 +165,14 @@ async def test_metrics_parse_with_vllm_names(sim: SimProcess) -> None:
     ):
         count = sample(after, hist, hist + "_count")
         assert count >= 1, hist
+
+    def delta(hist: str) -> float:
+        return sample(after, hist, hist + "_count") - sample(before, hist, hist + "_count")
+
+    # Per output token after the first, as vLLM observes it; the per-request mean has its own histogram.
+    assert delta("vllm:time_per_output_token_seconds") == 6
+    assert delta("vllm:inter_token_latency_seconds") == 6
+    assert delta("vllm:request_time_per_output_token_seconds") == 1
     # Latencies are simulated seconds: an A100 llama2-7b 7-token answer takes tens of ms, whatever the scale.
     e2e = "vllm:e2e_request_latency_seconds"
     assert sample(after, e2e, e2e + "_sum") > 0.03
