@@ -29,6 +29,12 @@ class FaultConfig:
             raise ValueError("error_status must be 500 or 503")
         if self.refuse_connections not in (None, "refuse", "reset"):
             raise ValueError("refuse_connections must be 'refuse' or 'reset'")
+        # Rejected rather than defaulted to "stall at once": a stall with no position is more likely a
+        # forgotten flag than a wish to hold every stream before its first token.
+        if self.stall_seconds and self.stall_after_tokens is None:
+            raise ValueError("stall_seconds needs stall_after_tokens (after how many tokens to stall)")
+        if self.stall_seconds < 0 or (self.stall_after_tokens or 0) < 0:
+            raise ValueError("stall_seconds and stall_after_tokens must not be negative")
         for name in ("error_rate", "abort_prob", "kv_pressure"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be within [0, 1]")

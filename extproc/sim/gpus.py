@@ -76,7 +76,8 @@ GPUS: dict[str, GpuSpec] = {
         # NVIDIA DGX B200 spec: 1,440 GB across 8 GPUs -> 180 GB each, 8 TB/s, 2.25 PFLOPS bf16 dense per GPU.
         # Price: Lambda Cloud 1x B200 on-demand, $4.99/h (2025).
         GpuSpec("B200", 180, 8000, 2250, 4.99),
-        # NVIDIA RTX 4090 spec: 24 GB GDDR6X, 1,008 GB/s, 165 TFLOPS fp16 tensor (fp16 accumulate) dense.
+        # NVIDIA RTX 4090 (Ada whitepaper): 24 GB GDDR6X, 1,008 GB/s, 165 TFLOPS dense FP16/BF16 tensor with
+        # FP32 accumulate (what serving kernels use; 330 with FP16 accumulate).
         # Price: RunPod community cloud, ~$0.34/h. Present so calibration.md's 4090 line can be checked.
         GpuSpec("RTX4090", 24, 1008, 165, 0.34),
     )
@@ -93,7 +94,7 @@ ALIASES: dict[str, str] = {
     "V100-32GB": "V100",
     "4090": "RTX4090",
     "RTX-4090": "RTX4090",
-    "A10G": "A10",
+    # No "A10G" -> "A10": AWS's A10G has about half the A10's tensor throughput; it needs its own preset.
 }
 
 

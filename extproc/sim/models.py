@@ -56,6 +56,10 @@ MODELS: dict[str, ModelSpec] = {
         # meta-llama/Meta-Llama-3-70B config.json: 80 layers, hidden 8192, 64 heads, 8 KV heads; 70.6B params.
         # 141 GB of bf16 weights: served with TP=4 on 80 GB parts by default.
         ModelSpec("llama3-70b", 70.6, 80, 8192, 64, 8, 128, 8192, tensor_parallel=4),
+        # Llama 3.1 (meta-llama/Llama-3.1-8B, -70B config.json): the same weights and KV layout as Llama 3,
+        # with a 131072-token context (max_position_embeddings); the KV cache still caps it per GPU.
+        ModelSpec("llama3.1-8b", 8.03, 32, 4096, 32, 8, 128, 131072),
+        ModelSpec("llama3.1-70b", 70.6, 80, 8192, 64, 8, 128, 131072, tensor_parallel=4),
     )
 }
 
@@ -65,13 +69,17 @@ ALIASES: dict[str, str] = {
     "meta-llama/llama-2-7b-chat-hf": "llama2-7b",
     "deepseek-coder-6.7b": "deepseek-coder-7b",
     "deepseek-ai/deepseek-coder-6.7b-instruct": "deepseek-coder-7b",
-    "llama3.1-8b": "llama3-8b",
     "llama-3-8b": "llama3-8b",
     "meta-llama/meta-llama-3-8b-instruct": "llama3-8b",
-    "meta-llama/llama-3.1-8b-instruct": "llama3-8b",
-    "llama3.1-70b": "llama3-70b",
+    "llama-3.1-8b": "llama3.1-8b",
+    "meta-llama/llama-3.1-8b": "llama3.1-8b",
+    "meta-llama/llama-3.1-8b-instruct": "llama3.1-8b",
+    "meta-llama/meta-llama-3.1-8b-instruct": "llama3.1-8b",  # the repository's name before a rename
     "llama-3-70b": "llama3-70b",
-    "meta-llama/llama-3.1-70b-instruct": "llama3-70b",
+    "llama-3.1-70b": "llama3.1-70b",
+    "meta-llama/llama-3.1-70b": "llama3.1-70b",
+    "meta-llama/llama-3.1-70b-instruct": "llama3.1-70b",
+    "meta-llama/meta-llama-3.1-70b-instruct": "llama3.1-70b",
     "mistral-7b-instruct-v0.3": "mistral-7b",
     "mistralai/mistral-7b-instruct-v0.3": "mistral-7b",
 }

@@ -36,10 +36,14 @@ def test_required_presets_exist_and_are_sane() -> None:
         assert g.memory_gb > 0 and g.bandwidth_gbps > 0 and g.tflops > 0 and g.price_per_hour > 0
     for name in ("llama2-7b", "deepseek-coder-7b", "llama3-8b", "llama3-70b"):
         assert MODELS[name].kv_bytes_per_token > 0
-    assert (
-        get_gpu("a100") is GPUS["A100-80GB"]
-        and get_model("Meta-Llama/Llama-3.1-8B-Instruct").name == "llama3-8b"
-    )
+    assert get_gpu("a100") is GPUS["A100-80GB"]
+    # Llama 3.1 is Llama 3's weights and KV layout with a 16x longer context, not an alias of it.
+    l31, l3 = get_model("Meta-Llama/Llama-3.1-8B-Instruct"), get_model("llama3-8b")
+    assert l31.name == "llama3.1-8b" and l31.max_model_len == 131072
+    assert get_model("llama-3.1-70b").max_model_len == 131072
+    assert (l31.params_b, l31.kv_bytes_per_token) == (l3.params_b, l3.kv_bytes_per_token)
+    with pytest.raises(KeyError):
+        get_gpu("A10G")  # about half an A10's tensor throughput: not an alias
     assert GPUS["H100"].bandwidth_gbps / GPUS["A100-80GB"].bandwidth_gbps == pytest.approx(1.64, abs=0.01)
     with pytest.raises(KeyError):
         get_gpu("GTX-480")
@@ -153,3 +157,11 @@ def test_fault_decisions_are_seeded() -> None:
     assert 450 < errors < 750
     with pytest.raises(ValueError):
         FaultConfig(error_status=404)
+
+
+def test_a_stall_needs_its_position() -> None:
+    with pytest.raises(ValueError, match="stall_after_tokens"):
+        FaultConfig(stall_seconds=2.0)  # would silently do nothing
+    with pytest.raises(ValueError):
+        FaultConfig.from_dict({"stall_after_tokens": -1, "stall_seconds": 1.0})
+    assert FaultConfig(stall_after_tokens=0, stall_seconds=1.0).stall_after_tokens == 0
