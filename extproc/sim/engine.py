@@ -62,7 +62,6 @@ class SeqState:
     first_token_time: float | None = None
     last_token_time: float = 0.0  # when the latest token showed (inter-token latency)
     finish_time: float | None = None
-    preemptions: int = 0
     prompt_counted: bool = False
 
     @property
@@ -90,7 +89,6 @@ class StepResult:
     preempted: list[str] = field(default_factory=list)
     num_tokens: int = 0  # query tokens in the batch
     num_seqs: int = 0
-    prefill_tokens: int = 0
 
     @property
     def end(self) -> float:
@@ -246,20 +244,17 @@ class Engine:
         num_tokens = kv_read = 0
         attn_pairs = 0.0
         caching, bs = self.config.enable_prefix_caching, self.config.block_size
-        prefill = 0
         for seq, n in scheduled:
             before = seq.num_computed
             num_tokens += n
             kv_read += before + n
             attn_pairs += n * before + n * (n + 1) / 2
-            if not (n == 1 and before >= seq.request.prompt_tokens):
-                prefill += n
             seq.num_computed = before + n
             if caching and seq.request.block_hashes and len(seq.hashed) * bs < seq.request.prompt_tokens:
                 self._register_prefix(seq)
         duration = self.perf.step_time(num_tokens, len(scheduled), kv_read, attn_pairs) * self.slowdown
         res.duration = duration
-        res.num_tokens, res.num_seqs, res.prefill_tokens = num_tokens, len(scheduled), prefill
+        res.num_tokens, res.num_seqs = num_tokens, len(scheduled)
         end = start + duration
         prev_end = self._busy_until  # the previous token of a sequence decoding without a break
         steady = 0
@@ -395,7 +390,6 @@ class Engine:
     def _preempt(self, seq: SeqState, res: StepResult) -> None:
         self._free(seq)
         seq.num_computed = 0
-        seq.preemptions += 1
         self.preemptions_total += 1
         self.waiting.appendleft(seq)
         res.preempted.append(seq.request_id)

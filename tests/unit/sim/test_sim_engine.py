@@ -240,3 +240,24 @@ def test_raising_kv_pressure_mid_run_never_wedges_the_queue() -> None:
     assert sorted(failed) == ["big0", "big1", "big2", "big3"]
     assert finished == ["small"]
     assert engine.used_blocks == 0 and engine.prefix.in_use == 0
+
+
+def test_kv_pressure_makes_the_same_workload_queue_and_preempt_more() -> None:
+    def run(pressure: float) -> tuple[int, float, float]:
+        """(preemptions, time-averaged queue length, time to drain) for 64 requests sent at once."""
+        engine = build_engine("A100-40GB", "llama3-8b", kv_pressure=pressure)
+        for i in range(64):
+            engine.add(SimRequest(f"r{i}", 1024, 512), 0.0)
+        now = queued = 0.0
+        while engine.has_work():
+            res = engine.step(now)
+            assert res is not None
+            queued += engine.num_waiting * res.duration
+            now = res.end
+        assert engine.requests_finished_total == 64
+        return engine.preemptions_total, queued / now, now
+
+    free, pressed = run(0.0), run(0.9)
+    assert free[0] == 0 < pressed[0]
+    assert pressed[1] > 2 * free[1]
+    assert pressed[2] > 2 * free[2]
