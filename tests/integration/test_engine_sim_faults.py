@@ -214,8 +214,9 @@ async def test_faults_change_at_runtime(log_dir: Path) -> None:
                 assert resp.status == 200
             async with http.post(s.url + "/v1/completions", json=body) as resp:
                 assert resp.status == 200
+            # Long enough that the first probe lands inside it even on a loaded machine.
             async with http.post(
-                s.url + "/sim/faults", json={"refuse_connections": "refuse", "outage_seconds": 1.0}
+                s.url + "/sim/faults", json={"refuse_connections": "refuse", "outage_seconds": 5.0}
             ):
                 pass
         s.wait_until(lambda: http_status(s.url + "/health", 0.5) is None, "outage begins")
