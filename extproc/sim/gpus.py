@@ -99,16 +99,17 @@ ALIASES: dict[str, str] = {
 
 
 def get_gpu(name: str) -> GpuSpec:
-    key = _canonical(name, GPUS, ALIASES)
-    if key is None:
-        raise KeyError(f"unknown GPU {name!r}; known: {', '.join(sorted(GPUS))}")
-    return GPUS[key]
+    return lookup("GPU", name, GPUS, ALIASES)
 
 
-def _canonical(name: str, table: dict[str, Any], aliases: dict[str, str]) -> str | None:
+def lookup(kind: str, name: str, table: dict[str, Any], aliases: dict[str, str]) -> Any:
+    """A preset by its name or an alias, case-insensitively; KeyError lists the known names."""
     folded = {k.lower(): k for k in table}
     folded.update({k.lower(): v for k, v in aliases.items()})
-    return folded.get(name.strip().lower())
+    key = folded.get(name.strip().lower())
+    if key is None:
+        raise KeyError(f"unknown {kind} {name!r}; known: {', '.join(sorted(table))}")
+    return table[key]
 
 
 def override(spec: Any, values: dict[str, Any]) -> Any:

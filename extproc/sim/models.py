@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from extproc.sim.gpus import _canonical
+from extproc.sim.gpus import lookup
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +86,4 @@ ALIASES: dict[str, str] = {
 
 
 def get_model(name: str) -> ModelSpec:
-    key = _canonical(name, MODELS, ALIASES)
-    if key is None:
-        raise KeyError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}")
-    return MODELS[key]
+    return lookup("model", name, MODELS, ALIASES)
