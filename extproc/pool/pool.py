@@ -21,8 +21,5 @@ class Pool:
     def has_model(self, model: str) -> bool:
         return model in self._by_model
 
-    def pods(self, model: str) -> tuple[Pod, ...]:
-        return self._by_model.get(model, ())
-
     def ready_pods(self, model: str) -> list[Pod]:
         return [p for p in self._by_model.get(model, ()) if p.ready]

@@ -28,16 +28,16 @@ class Gateway:
         self.requests_total = Counter("extproc_requests", "Requests handled, by outcome",
                                       ["model", "pod", "strategy", "code"], registry=self.registry)
         self.open_streams = 0
+        # Envoy's bootstrap names the header ORIGINAL_DST follows; changing only ours on a reload would
+        # let clients set the one Envoy still follows.
+        self._destination_header = config.destination_header
         self.apply(config)
 
     def apply(self, config: Config) -> None:
         """Swap in a new config. In-flight tickets keep their own pod keys, so nothing is lost."""
-        current = getattr(self, "config", None)
-        if current is not None and config.destination_header != current.destination_header:
-            # Envoy's bootstrap names the header ORIGINAL_DST follows; changing only ours would let
-            # clients set the one Envoy still follows.
+        if config.destination_header != self._destination_header:
             raise ConfigError("destination_header cannot change without a restart "
-                              f"(Envoy follows {current.destination_header!r})")
+                              f"(Envoy follows {self._destination_header!r})")
         self.pool = Pool(config.pods, config.models)
         self.inflight.retain(p.key for p in config.pods)
         self.config = config

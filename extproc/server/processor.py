@@ -72,10 +72,10 @@ class Stream:
             if kind == "response_headers":
                 return self._on_response_headers(msg.response_headers)
             if kind == "request_trailers":
-                return ProcessingResponse(request_trailers={})
+                return responses.CONTINUE_REQUEST_TRAILERS
             if kind == "response_trailers":
                 self._finish(self._status)
-                return ProcessingResponse(response_trailers={})
+                return responses.CONTINUE_RESPONSE_TRAILERS
             raise OpenAIError(500, f"unexpected ext_proc message {kind!r}", type="server_error")
         except OpenAIError as err:
             return self._reject(err)

@@ -12,6 +12,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
     HeadersResponse,
     ImmediateResponse,
     ProcessingResponse,
+    TrailersResponse,
 )
 from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.protobuf.struct_pb2 import Struct
@@ -23,9 +24,8 @@ ANSWERED_KEY = "answered"
 
 # Stateless replies are built once: they are sent for every streamed response chunk.
 CONTINUE_RESPONSE_BODY = ProcessingResponse(response_body=BodyResponse())
-CONTINUE_REQUEST_BODY = ProcessingResponse(request_body=BodyResponse())
-CONTINUE_REQUEST_HEADERS = ProcessingResponse(request_headers=HeadersResponse())
-CONTINUE_RESPONSE_HEADERS = ProcessingResponse(response_headers=HeadersResponse())
+CONTINUE_REQUEST_TRAILERS = ProcessingResponse(request_trailers=TrailersResponse())
+CONTINUE_RESPONSE_TRAILERS = ProcessingResponse(response_trailers=TrailersResponse())
 
 
 # Marks the gateway's own answers, so Envoy's local-reply mapper leaves them alone.
