@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from extproc.pool.pod import Pod
+from extproc.pool.pod import ENGINE_LABEL, ENGINES, METRIC_PORT_LABEL, Pod
 
 DEFAULT_DESTINATION_HEADER = "x-gateway-destination-endpoint"
 # Inference endpoints routed to a pod; anything else (engine admin endpoints included) gets a 404.
@@ -32,6 +32,15 @@ RESERVED_HEADERS = frozenset({"host", "content-length", "content-type", "transfe
 # oversized bodies reach the gateway and get an OpenAI-style 413 instead of Envoy's plain-text one.
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
 # Environment variable -> (section, key, type). ROUTING_ALGORITHM is the AIBrix gateway's name.
 ENV_OVERRIDES: dict[str, tuple[str, str, type]] = {
     "EXTPROC_DEFAULT_STRATEGY": ("routing", "default_strategy", str),
@@ -40,6 +49,11 @@ ENV_OVERRIDES: dict[str, tuple[str, str, type]] = {
     "EXTPROC_MAX_BODY_BYTES": ("gateway", "max_body_bytes", int),
     "EXTPROC_DRAIN_TIMEOUT_SECONDS": ("gateway", "drain_timeout_seconds", float),
     "EXTPROC_DRAIN_NOTICE_SECONDS": ("gateway", "drain_notice_seconds", float),
+    "EXTPROC_REQUEST_TIMEOUT_SECONDS": ("gateway", "request_timeout_seconds", float),
+    "EXTPROC_INCLUDE_USAGE": ("gateway", "include_usage", _bool),
+    "EXTPROC_METRICS_REFRESH_SECONDS": ("telemetry", "refresh_seconds", float),
+    "EXTPROC_METRICS_TIMEOUT_SECONDS": ("telemetry", "timeout_seconds", float),
+    "EXTPROC_REDIS_URL": ("redis", "url", str),
 }
 
 
@@ -60,6 +74,14 @@ class Config:
     # (Envoy's, Kubernetes') can steer traffic away first.
     drain_notice_seconds: float = 0.0
     routing: Mapping[str, Any] = field(default_factory=dict)
+    # Streaming requests get stream_options.include_usage, so every engine reports exact usage; the
+    # usage chunk is removed again for clients that did not ask for it.
+    include_usage: bool = True
+    # A routed request whose access-log record never comes is released after this long.
+    request_timeout_seconds: float = 3600.0
+    metrics_refresh_seconds: float = 1.0
+    metrics_timeout_seconds: float = 0.5
+    redis_url: str | None = None
 
 
 def load(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
@@ -75,7 +97,9 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
         raise ConfigError("config must be a mapping")
     routing = dict(_section(raw, "routing"))
     gateway = dict(_section(raw, "gateway"))
-    sections = {"routing": routing, "gateway": gateway}
+    telemetry = dict(_section(raw, "telemetry"))
+    redis = dict(_section(raw, "redis"))
+    sections = {"routing": routing, "gateway": gateway, "telemetry": telemetry, "redis": redis}
     for var, (section, key, kind) in ENV_OVERRIDES.items():
         if var in env:
             try:
@@ -101,7 +125,25 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
                   max_body_bytes=int(_number(gateway, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)),
                   drain_timeout_seconds=_number(gateway, "drain_timeout_seconds", 30.0, minimum=0),
                   drain_notice_seconds=_number(gateway, "drain_notice_seconds", 0.0, minimum=0),
-                  routing=routing)
+                  routing=routing, include_usage=_flag(gateway, "include_usage", True),
+                  request_timeout_seconds=_number(gateway, "request_timeout_seconds", 3600.0, minimum=1),
+                  metrics_refresh_seconds=_number(telemetry, "refresh_seconds", 1.0, minimum=0.05),
+                  metrics_timeout_seconds=_number(telemetry, "timeout_seconds", 0.5, minimum=0.01),
+                  redis_url=_optional_str(redis, "url"))
+
+
+def _flag(section: dict[str, Any], key: str, default: bool) -> bool:
+    value = section.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key} must be true or false, not {value!r}")
+    return value
+
+
+def _optional_str(section: dict[str, Any], key: str) -> str | None:
+    value = section.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{key} must be a string")
+    return value or None
 
 
 def _number(section: dict[str, Any], key: str, default: float, minimum: float = 1) -> float:
@@ -139,9 +181,22 @@ def _pods(model: str, spec: Any) -> list[Pod]:
         ready = entry.get("ready", True)
         if not isinstance(ready, bool):
             raise ConfigError(f"{where}.ready must be true or false")
+        labels = {str(k): str(v) for k, v in labels.items()}
+        engine = str(entry.get("engine", labels.get(ENGINE_LABEL, "vllm"))).lower()
+        if engine not in ENGINES:
+            raise ConfigError(f"{where}.engine {engine!r} is not one of {', '.join(ENGINES)}")
+        metrics_port = entry.get("metrics_port", labels.get(METRIC_PORT_LABEL))
+        if metrics_port is not None:
+            try:
+                metrics_port = int(metrics_port)
+                if not 0 < metrics_port < 65536:
+                    raise ValueError
+            except (TypeError, ValueError):
+                raise ConfigError(f"{where}.metrics_port {metrics_port!r} is not a port") from None
         pods.append(Pod(model=model, name=name, address=_address(str(entry["address"]), where),
-                        deployment=str(entry.get("deployment", "")),
-                        labels={str(k): str(v) for k, v in labels.items()}, ready=ready))
+                        deployment=str(entry.get("deployment", "")), labels=labels, ready=ready,
+                        namespace=str(entry.get("namespace", "default")), engine=engine,
+                        metrics_port=metrics_port))
     return pods
 
 

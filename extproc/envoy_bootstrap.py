@@ -8,12 +8,20 @@ so no request reaches an upstream without the gateway choosing it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 import yaml
 
 from extproc.config import DEFAULT_DESTINATION_HEADER
-from extproc.server.responses import ANSWERED_KEY, GATEWAY_METADATA_NAMESPACE, LB_METADATA_NAMESPACE
+from extproc.server.responses import (
+    ANSWERED_KEY,
+    GATEWAY_METADATA_NAMESPACE,
+    LB_METADATA_NAMESPACE,
+    POD,
+    REQUEST_ID,
+    STRATEGY,
+)
 
 # Long prompts are buffered whole for routing: keep Envoy's buffer well above the gateway's
 # max_body_bytes (config.DEFAULT_MAX_BODY_BYTES) so the gateway, not Envoy, answers oversize bodies.
@@ -38,6 +46,12 @@ class BootstrapOptions:
     message_timeout_seconds: int = 300  # a long prompt's body is one message; don't cut it short
     upstream_connect_timeout_seconds: int = 5
     max_connections: int = 10_000
+    # How often Envoy sends finished requests' records to the gateway: the lag of in-flight counts.
+    access_log_flush_seconds: float = 0.02
+
+
+def tally_script() -> str:
+    return resources.files("extproc.envoy").joinpath("tally.lua").read_text()
 
 
 def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
@@ -50,16 +64,33 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         # Envoy drops metadata from the processor in namespaces not listed here.
         "metadata_options": {"receiving_namespaces": {"untyped": [LB_METADATA_NAMESPACE,
                                                                   GATEWAY_METADATA_NAMESPACE]}},
+        # Request side only: Envoy closes the stream once the request is routed, and the response
+        # streams from the pod without the gateway (its outcome comes back through the access log).
         "processing_mode": {
             "request_header_mode": "SEND",
             "request_body_mode": "BUFFERED",
-            "response_header_mode": "SEND",
-            "response_body_mode": "STREAMED",
             "request_trailer_mode": "SKIP",
-            # A response that ends in trailers has no end_of_stream body chunk: the trailers end it.
-            "response_trailer_mode": "SEND",
+            "response_header_mode": "SKIP",
+            "response_body_mode": "NONE",
+            "response_trailer_mode": "SKIP",
         },
     }
+    tally = {"@type": TYPE + "envoy.extensions.filters.http.lua.v3.Lua",
+             "default_source_code": {"inline_string": tally_script()}}
+    # Once per request, the finished request's status, timings and the tally's metadata go to the
+    # gateway (batched every access_log_flush_seconds).
+    access_log_service = {"name": "envoy.access_loggers.http_grpc", "typed_config": {
+        "@type": TYPE + "envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
+        "common_config": {
+            "log_name": "extproc", "transport_api_version": "V3",
+            "grpc_service": {"envoy_grpc": {"cluster_name": "extproc"}},
+            "buffer_flush_interval": f"{o.access_log_flush_seconds}s",
+            "buffer_size_bytes": 65536}}}
+    # The routing decision's headers, added by Envoy from the gateway's metadata (absent → not added).
+    decision_headers = [
+        {"header": {"key": header, "value": f"%DYNAMIC_METADATA({GATEWAY_METADATA_NAMESPACE}:{key})%"},
+         "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}
+        for header, key in (("target-pod", POD), ("routing-strategy", STRATEGY), ("request-id", REQUEST_ID))]
     # Envoy's own replies in the OpenAI shape too: upstream failures (connect refused, reset, timeout),
     # bodies over its buffer, and the rest (the gateway unreachable, no destination). The gateway's own
     # ImmediateResponses carry the `answered` marker in their metadata and pass untouched.
@@ -68,13 +99,23 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         "value": {"present_match": False}}}}
     too_large = {"status_code_filter": {"comparison": {"op": "EQ", "value": {
         "default_value": 413, "runtime_key": "extproc.too_large"}}}}
+    gateway_down = {"and_filter": {"filters": [
+        {"status_code_filter": {"comparison": {"op": "EQ", "value": {
+            "default_value": 500, "runtime_key": "extproc.gateway_down"}}}},
+        not_answered]}}
     mappers = [
+        # No gateway answered (restarting, or unreachable): a retryable 503, at once.
+        {**_openai_reply(gateway_down, "service_unavailable", "gateway_unavailable",
+                         "the routing gateway is unavailable; retry shortly"),
+         "status_code": 503,
+         "headers_to_add": [{"header": {"key": "retry-after", "value": "1"},
+                             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]},
         _openai_reply({"response_flag_filter": {"flags": list(UPSTREAM_FAILURE_FLAGS)}},
                       "upstream_error", "%RESPONSE_CODE_DETAILS%", "%LOCAL_REPLY_BODY%"),
         _openai_reply({"and_filter": {"filters": [too_large, not_answered]}}, "invalid_request_error",
                       "request_too_large", f"request body exceeds {BUFFER_LIMIT_BYTES} bytes"),
         _openai_reply(not_answered, "gateway_error", "%RESPONSE_CODE_DETAILS%",
-                      "the gateway could not process this request: %LOCAL_REPLY_BODY%"),
+                      "the gateway could not process this request"),
     ]
     hcm = {
         "@type": TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
@@ -89,9 +130,11 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         "local_reply_config": {"mappers": mappers},
         "access_log": [{"name": "envoy.access_loggers.stdout", "typed_config": {
             "@type": TYPE + "envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
-            "log_format": {"text_format_source": {"inline_string": ACCESS_LOG_FORMAT}}}}],
+            "log_format": {"text_format_source": {"inline_string": ACCESS_LOG_FORMAT}}}},
+            access_log_service],
         "route_config": {"name": "gateway", "virtual_hosts": [{
             "name": "models", "domains": ["*"],
+            "response_headers_to_add": decision_headers,
             "routes": [
                 {"match": {"prefix": "/", "headers": [
                     {"name": o.destination_header, "present_match": True}]},
@@ -100,6 +143,7 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
             ]}]},
         "http_filters": [
             {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
+            {"name": "envoy.filters.http.lua", "typed_config": tally},
             {"name": "envoy.filters.http.router",
              "typed_config": {"@type": TYPE + "envoy.extensions.filters.http.router.v3.Router"}},
         ],

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated
+
+import msgspec
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -26,6 +29,8 @@ class Request:
     max_tokens: int | None = None
     user: str | None = None
     prompt: str = ""
+    include_usage: bool = False       # the client asked for the usage chunk itself
+    has_stream_options: bool = False
 
 
 class OpenAIError(Exception):
@@ -40,8 +45,15 @@ class OpenAIError(Exception):
         self.param = param
         self.code = code
 
+    def __reduce__(self):  # crosses process boundaries when large bodies are parsed in a worker
+        return (_rebuild_error, (self.status, self.message, self.type, self.param, self.code))
+
     def body(self) -> bytes:
         return error_body(self.message, type=self.type, param=self.param, code=self.code)
+
+
+def _rebuild_error(status: int, message: str, type: str, param: str | None, code: str | None) -> OpenAIError:
+    return OpenAIError(status, message, type=type, param=param, code=code)
 
 
 def error_body(message: str, *, type: str, param: str | None = None, code: str | None = None) -> bytes:
@@ -52,66 +64,114 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return OpenAIError(400, message, param=param, code=code)
 
 
+class _StreamOptions(msgspec.Struct):
+    include_usage: bool | None = None
+
+
+class _Part(msgspec.Struct):
+    text: str | None = None
+
+
+class _Message(msgspec.Struct):
+    content: str | list[_Part] | None = None
+
+
+_Tokens = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class _Body(msgspec.Struct):
+    """The fields routing reads; everything else is skipped by the decoder without building objects,
+    which is what keeps an 8 MB prompt from stalling the event loop."""
+
+    model: str | None = None
+    stream: bool = False
+    max_tokens: _Tokens | None = None
+    max_completion_tokens: _Tokens | None = None
+    user: str | None = None
+    stream_options: _StreamOptions | None = None
+    messages: list[_Message] | msgspec.UnsetType = msgspec.UNSET
+    # str, [str], [int] (token ids) or [[int]]: validated below, after decoding
+    prompt: str | list[str | int | list[int]] | msgspec.UnsetType = msgspec.UNSET
+
+
+_DECODER = msgspec.json.Decoder(_Body)
+_PATH_PARAM = re.compile(r"`\$\.([A-Za-z_]+)")
+
+
 def parse_request(path: str, body: bytes, header_model: str | None = None) -> Request:
     """Parse a buffered request body. The body's `model` wins over the `model` header."""
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
+        data = _DECODER.decode(body)
+    except msgspec.ValidationError as exc:
+        found = _PATH_PARAM.search(str(exc))
+        param = found.group(1) if found else None
+        if param == "max_completion_tokens":
+            param = "max_tokens"
+        raise bad_request(f"invalid request: {exc}", param=param) from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        # JSON on the wire is UTF-8 (RFC 8259): other encodings are malformed here, as they would
+        # be at the engine.
         raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    except RecursionError:  # absurdly deep nesting: a client error, not a gateway crash
-        raise bad_request("request body is nested too deeply", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise bad_request("request body must be a JSON object", code="invalid_json")
 
-    model = data.get("model", header_model)
-    if model is None or model == "":
+    model = data.model if data.model is not None else header_model
+    if not model:
         raise bad_request("you must provide a model parameter", param="model", code="missing_model")
-    if not isinstance(model, str):
-        raise bad_request("model must be a string", param="model")
-
-    stream = data.get("stream", False)
-    if not isinstance(stream, bool):
-        raise bad_request("stream must be a boolean", param="stream")
-    max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
-                                   or max_tokens < 0):
-        raise bad_request("max_tokens must be a non-negative integer", param="max_tokens")
-    user = data.get("user")
-    if user is not None and not isinstance(user, str):
-        raise bad_request("user must be a string", param="user")
-
+    max_tokens = data.max_completion_tokens if data.max_completion_tokens is not None else data.max_tokens
     prompt = _prompt_text(path, data)
-    return Request(model=model, path=path, stream=stream, prompt_tokens=estimate_tokens(prompt),
-                   max_tokens=max_tokens, user=user, prompt=prompt)
+    options = data.stream_options
+    return Request(model=model, path=path, stream=data.stream, prompt_tokens=estimate_tokens(prompt),
+                   max_tokens=max_tokens, user=data.user, prompt=prompt,
+                   include_usage=bool(options and options.include_usage),
+                   has_stream_options=options is not None)
 
 
-def _prompt_text(path: str, data: dict[str, Any]) -> str:
+def _prompt_text(path: str, data: _Body) -> str:
     if path == CHAT_PATH:
-        messages = data.get("messages")
-        if not isinstance(messages, list) or not messages:
+        messages = data.messages
+        if not messages:
             raise bad_request("messages must be a non-empty array", param="messages")
-        return "\n".join(_message_text(m) for m in messages)
+        return "\n".join(_message_text(m.content) for m in messages)
     if path == COMPLETIONS_PATH:
-        prompt = data.get("prompt")
+        prompt = data.prompt
         if isinstance(prompt, str):
             return prompt
-        if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        if prompt and all(isinstance(p, str) for p in prompt):
             return "\n".join(prompt)
-        if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
-            return " " * (CHARS_PER_TOKEN * len(prompt))  # token ids: only their count matters
-        raise bad_request("prompt must be a string or an array of strings", param="prompt")
+        # token ids, or a batch of them: only their count matters
+        if prompt and all(isinstance(p, int) for p in prompt):
+            return " " * (CHARS_PER_TOKEN * len(prompt))
+        if prompt and all(isinstance(p, list) for p in prompt):
+            return " " * (CHARS_PER_TOKEN * sum(len(p) for p in prompt))
+        raise bad_request("prompt must be a string, an array of strings or of token ids", param="prompt")
     return ""  # other model-addressed endpoints (embeddings, ...) are routed on model alone
 
 
-def _message_text(message: Any) -> str:
-    if not isinstance(message, dict):
-        raise bad_request("each message must be an object", param="messages")
-    content = message.get("content")
+def _message_text(content: str | list[_Part] | None) -> str:
     if content is None or isinstance(content, str):
         return content or ""
-    if isinstance(content, list):  # content parts: keep the text ones
-        return "\n".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    raise bad_request("message content must be a string or an array of parts", param="messages")
+    return "\n".join(p.text for p in content if p.text is not None)  # text parts; images etc. skipped
+
+
+def with_usage_requested(body: bytes, request: Request) -> bytes | None:
+    """The body with `stream_options.include_usage: true`, or None when it needs no change.
+
+    Asking every engine for its usage chunk makes the tally exact whatever the engine. Without a
+    `stream_options` key the new key is spliced in after the opening brace (no re-encoding of a long
+    prompt); with one, the client's other options are kept and the body is re-encoded.
+    """
+    if not request.stream or request.include_usage:
+        return None
+    if not request.has_stream_options:
+        brace = body.index(b"{")
+        return body[:brace + 1] + _USAGE_MEMBER + (b"," if body[brace + 1:].strip() != b"}" else b"") \
+            + body[brace + 1:]
+    data = msgspec.json.decode(body)
+    options = data.get("stream_options")
+    data["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return msgspec.json.encode(data)
+
+
+_USAGE_MEMBER = b'"stream_options":{"include_usage":true}'
 
 
 def estimate_tokens(text: str) -> int:

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+PodKey = tuple[str, str, str]  # (model, pod name, address): a pod that reappears elsewhere is a new pod
+
+ENGINES = ("vllm", "sglang", "trtllm")
+ENGINE_LABEL = "model.aibrix.ai/engine"        # AIBrix's label naming a pod's inference engine
+METRIC_PORT_LABEL = "model.aibrix.ai/metric-port"
+
 
 @dataclass(slots=True, frozen=True)
 class Pod:
@@ -13,11 +19,23 @@ class Pod:
     deployment: str = ""
     labels: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
     ready: bool = True
+    namespace: str = "default"
+    engine: str = "vllm"           # which metric names its /metrics uses
+    metrics_port: int | None = None  # None: the serving port
 
     @property
-    def key(self) -> tuple[str, str]:
-        return (self.model, self.name)
+    def key(self) -> PodKey:
+        return (self.model, self.name, self.address)
 
     @property
     def gpu(self) -> str:
         return self.labels.get("gpu", "")
+
+    @property
+    def host(self) -> str:
+        return self.address.rpartition(":")[0]
+
+    @property
+    def metrics_url(self) -> str:
+        port = self.metrics_port or int(self.address.rpartition(":")[2])
+        return f"http://{self.host}:{port}/metrics"

@@ -14,6 +14,8 @@ class Pool:
         for pod in pods:
             by_model.setdefault(pod.model, []).append(pod)
         self._by_model = {m: tuple(ps) for m, ps in by_model.items()}
+        self._ready = {m: [p for p in ps if p.ready] for m, ps in self._by_model.items()}
+        self._by_address = {p.address: p for ps in self._by_model.values() for p in ps}
 
     def models(self) -> list[str]:
         return sorted(self._by_model)
@@ -22,4 +24,10 @@ class Pool:
         return model in self._by_model
 
     def ready_pods(self, model: str) -> list[Pod]:
-        return [p for p in self._by_model.get(model, ()) if p.ready]
+        return self._ready.get(model, [])
+
+    def all_pods(self) -> list[Pod]:
+        return [p for ps in self._by_model.values() for p in ps]
+
+    def pod_at(self, address: str) -> Pod | None:
+        return self._by_address.get(address)

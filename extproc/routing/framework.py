@@ -1,18 +1,24 @@
 """The scheduling framework, after the Gateway API Inference Extension's plugin roles.
 
 A strategy is a Profile: Filters narrow the candidates, Scorers rate each in [0, 1] (higher is better)
-and are blended by weight, a Picker chooses. Adding a strategy is one module that calls `register`.
+and are blended by weight, a Picker chooses. Lifecycle hooks let plugins learn: `post_choice` runs
+after a pod is chosen, `post_response` when the request's record arrives. Adding a strategy is one
+module that calls `register`. Everything here is pure: time comes in as `now`, nothing does I/O.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from extproc.openai import Request
 from extproc.pool.pod import Pod
+from extproc.state.record import RequestRecord
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -20,7 +26,20 @@ class PodView:
     """A snapshot of one pod as routing sees it for one decision."""
 
     pod: Pod
-    running: int = 0
+    running: int = 0                    # in flight, counted across every gateway replica
+    queued: float = 0.0                 # waiting inside the engine (engine metric)
+    kv_free: float | None = None        # free fraction of the GPU KV cache; None: not reported
+    cpu_kv_usage: float | None = None   # used fraction of the CPU (swap/offload) KV cache
+    capacity: float | None = None       # learned output tokens/s (already mean-filled for new pods)
+    healthy: bool = True
+
+    @property
+    def gpu(self) -> str:
+        return self.pod.gpu
+
+    @property
+    def deployment(self) -> str:
+        return self.pod.deployment
 
 
 @dataclass(slots=True)
@@ -28,7 +47,7 @@ class RoutingSettings:
     """Knobs strategies are built from (config file + environment)."""
 
     seed: int | None = None
-    extra: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Filter(Protocol):
@@ -41,6 +60,20 @@ class Scorer(Protocol):
 
 class Picker(Protocol):
     def pick(self, pods: Sequence[PodView], scores: Sequence[float]) -> PodView: ...
+
+
+@runtime_checkable
+class PostChoice(Protocol):
+    """Told which pod a request went to (GIE's PostCycle)."""
+
+    def post_choice(self, request: Request, chosen: PodView, now: float) -> None: ...
+
+
+@runtime_checkable
+class PostResponse(Protocol):
+    """Told how a request ended: tokens, latency, status (GIE's PostResponse)."""
+
+    def post_response(self, record: RequestRecord, now: float) -> None: ...
 
 
 class MaxScorePicker:
@@ -70,6 +103,9 @@ class Profile:
     scorers: list[tuple[Scorer, float]] = field(default_factory=list)
     filters: list[Filter] = field(default_factory=list)
 
+    def plugins(self) -> list[object]:
+        return [*self.filters, *(s for s, _ in self.scorers), self.picker]
+
     def pick(self, request: Request, pods: Sequence[PodView], now: float) -> PodView | None:
         for f in self.filters:
             pods = f.filter(request, pods, now)
@@ -82,6 +118,36 @@ class Profile:
             for i, s in enumerate(scorer.score(request, pods, now)):
                 totals[i] += weight * s
         return self.picker.pick(pods, totals)
+
+
+class Hooks:
+    """The lifecycle hooks of everything that learns: plugins of built profiles plus the gateway's own
+    (in-flight counts, token tally, health, traces). Each hook object is called once per event even
+    when several profiles share it."""
+
+    def __init__(self) -> None:
+        self._choice: list[PostChoice] = []
+        self._response: list[PostResponse] = []
+
+    def add(self, plugin: object) -> None:
+        if isinstance(plugin, PostChoice) and plugin not in self._choice:
+            self._choice.append(plugin)
+        if isinstance(plugin, PostResponse) and plugin not in self._response:
+            self._response.append(plugin)
+
+    def post_choice(self, request: Request, chosen: PodView, now: float) -> None:
+        for hook in self._choice:
+            try:
+                hook.post_choice(request, chosen, now)
+            except Exception:  # one plugin's bug must not cost the request or the other hooks
+                log.exception("post_choice hook %r failed", hook)
+
+    def post_response(self, record: RequestRecord, now: float) -> None:
+        for hook in self._response:
+            try:
+                hook.post_response(record, now)
+            except Exception:
+                log.exception("post_response hook %r failed", hook)
 
 
 Factory = Callable[[RoutingSettings], Profile]

@@ -4,24 +4,37 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from pathlib import Path
 
 import grpc
 from aiohttp import web
+from prometheus_client import CollectorRegistry
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
+from envoy.service.accesslog.v3 import als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from extproc import config as config_mod
 from extproc.envoy_bootstrap import BUFFER_LIMIT_BYTES
+from extproc.server import loops
+from extproc.server.access_log import AccessLogService
 from extproc.server.admin import admin_app
 from extproc.server.gateway import Gateway
-from extproc.server.processor import Processor
+from extproc.server.processor import Processor, parse_body
+from extproc.state.accounting import Accounting
+from extproc.state.shared import LocalState, RedisState, redis_url_from_env
+from extproc.telemetry.health import PodHealth
+from extproc.telemetry.scraper import HealthProber, MetricsScraper
 
 log = logging.getLogger(__name__)
 
 EXTPROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 RELOAD_INTERVAL_SECONDS = 1.0
+ACCESS_LOG_GRACE_SECONDS = 0.2  # last batched access-log records (Envoy flushes every 20 ms)
 MAX_MESSAGE_BYTES = BUFFER_LIMIT_BYTES + (1 << 20)  # the body plus headers and framing
 
 
@@ -66,7 +79,17 @@ class ConfigWatcher:
 async def run_server(config_path: str, *, port: int, admin_port: int, host: str = "0.0.0.0",
                      admin_host: str = "127.0.0.1", stop: asyncio.Event | None = None) -> None:
     path = Path(config_path)
-    gateway = Gateway(config_mod.load(path))
+    config = config_mod.load(path)
+    registry = CollectorRegistry()
+    redis_url = redis_url_from_env(os.environ, config.redis_url)
+    shared = RedisState(redis_url, registry=registry) if redis_url else LocalState()
+    scraper = MetricsScraper(registry, timeout=config.metrics_timeout_seconds)
+    accounting = Accounting(shared, health=PodHealth(), samples=scraper.sample)
+    gateway = Gateway(config, registry=registry, accounting=accounting)
+    prober = HealthProber(accounting.health)
+    # Long prompts are parsed in a worker process: the parser holds the GIL, a thread would not help.
+    parser_pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    parser_pool.submit(parse_body, "/", b"{}", None)  # start the worker now, not on the first long prompt
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -81,7 +104,8 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
                                       ("grpc.keepalive_timeout_ms", 10_000),
                                       ("grpc.http2.max_pings_without_data", 0),
                                       ("grpc.keepalive_permit_without_calls", 1)])
-    external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(Processor(gateway), server)
+    external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(Processor(gateway, parser_pool), server)
+    als_pb2_grpc.add_AccessLogServiceServicer_to_server(AccessLogService(gateway), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if server.add_insecure_port(f"{host}:{port}") == 0:
@@ -95,6 +119,7 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     await web.TCPSite(admin, admin_host, admin_port).start()
     await server.start()
     watcher = asyncio.create_task(ConfigWatcher(path, gateway).run())
+    background = loops.start(gateway, scraper, prober)
     log.info("ext_proc on %s:%d, admin on http://%s:%d, strategy %s", host, port, admin_host,
              admin_port, gateway.config.default_strategy)
 
@@ -108,11 +133,28 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     await asyncio.sleep(gateway.config.drain_notice_seconds)
     log.info("refusing new streams; %d open, waiting up to %gs", gateway.open_streams,
              gateway.config.drain_timeout_seconds)
-    # stop() refuses new streams at once, waits for open ones up to the grace, then cancels them;
-    # cancellation runs each Stream.close(), so in-flight counts still balance.
-    await server.stop(gateway.config.drain_timeout_seconds)
+    # stop() refuses new streams at once and cancels those still open after the grace (each
+    # Stream.close() then releases its count). Routing streams last milliseconds; Envoy's access-log
+    # stream never ends by itself, so once the routing streams are done the server stops outright.
+    # Records of responses still streaming reach the next gateway process instead.
+    stopping = asyncio.create_task(server.stop(gateway.config.drain_timeout_seconds))
+    deadline = loop.time() + gateway.config.drain_timeout_seconds
+    while gateway.open_streams and loop.time() < deadline:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(ACCESS_LOG_GRACE_SECONDS)
+    await server.stop(None)
+    await stopping
+    for task in background:
+        task.cancel()
+    await asyncio.gather(*background, return_exceptions=True)
+    await scraper.close()
+    await prober.close()
+    close = getattr(shared, "close", None)
+    if close is not None:
+        await close()
+    parser_pool.shutdown(wait=False, cancel_futures=True)
     await admin.cleanup()
-    log.info("stopped; %d requests still counted in flight", gateway.inflight.total())
+    log.info("stopped; %d routed requests had no access-log record yet", len(gateway.open))
 
 
 def serve(config_path: str, *, port: int, admin_port: int, host: str = "0.0.0.0",

@@ -1,17 +1,33 @@
-"""The gateway's live state: config, pool, in-flight counts, strategies and request metrics."""
+"""The gateway's live state: config, pool, strategies, lifecycle hooks, open requests, accounting.
+
+Synchronous and I/O-free: the ext_proc servicer calls `route`, the access-log servicer calls
+`complete`, background loops (server/loops.py) call `refresh` and `expire`.
+"""
 
 from __future__ import annotations
 
+import itertools
+import logging
+import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
 
 from extproc.config import DEFAULT_DESTINATION_HEADER, Config, ConfigError
 from extproc.openai import Request
 from extproc.pool import Pod, Pool
-from extproc.routing import PodView, Profile, RoutingSettings, build
-from extproc.state.inflight import InFlight
+from extproc.routing import Profile, RoutingSettings, build
+from extproc.routing.framework import Hooks
+from extproc.server.metrics import PodMetricsCollector
+from extproc.state.accounting import Accounting
+from extproc.state.inflight import OpenRequest, OpenRequests
+from extproc.state.record import RequestRecord
+from extproc.state.shared import LocalState, SharedState
+from extproc.telemetry.health import routable
+
+log = logging.getLogger(__name__)
 
 # Headers that steer Envoy's ORIGINAL_DST or AIBrix-style gateways: never accepted from clients.
 CLIENT_FORBIDDEN_HEADERS = frozenset({DEFAULT_DESTINATION_HEADER, "target-pod", "x-envoy-original-dst-host"})
@@ -19,43 +35,138 @@ CLIENT_FORBIDDEN_HEADERS = frozenset({DEFAULT_DESTINATION_HEADER, "target-pod", 
 disable_created_metrics()  # *_created series double the scrape for no routing value
 
 
+@dataclass(slots=True, frozen=True)
+class Decision:
+    pod: Pod
+    key: str  # the gateway's own key for this request; the access log brings it back
+
+
 class Gateway:
     def __init__(self, config: Config, registry: CollectorRegistry | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, shared: SharedState | None = None,
+                 accounting: Accounting | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.clock = clock
-        self.inflight = InFlight(self.registry)
+        self.accounting = accounting or Accounting(shared or LocalState())
+        self.open = OpenRequests()
+        # Unique per process and request; clients never see or choose it.
+        self._keys = (f"{os.getpid():x}.{time.time_ns():x}.{n:x}" for n in itertools.count())
         self.requests_total = Counter("extproc_requests", "Requests handled, by outcome",
                                       ["model", "pod", "strategy", "code"], registry=self.registry)
+        self.unmatched_records = Counter(
+            "extproc_unmatched_access_logs", "Access-log records of requests this process did not "
+            "route (it restarted while they streamed): tokens credited, no in-flight count to release",
+            registry=self.registry)
+        self.expired_requests = Counter(
+            "extproc_expired_requests", "Routed requests whose access-log record never came; their "
+            "in-flight count was released after gateway.request_timeout_seconds", registry=self.registry)
+        self.registry.register(PodMetricsCollector(self))
         self.open_streams = 0
         # Envoy's bootstrap names the header ORIGINAL_DST follows; changing only ours on a reload would
         # let clients set the one Envoy still follows.
         self._destination_header = config.destination_header
+        self._profiles: dict[str, Profile] = {}
         self.apply(config)
 
     def apply(self, config: Config) -> None:
-        """Swap in a new config. In-flight tickets keep their own pod keys, so nothing is lost."""
+        """Swap in a new config. Learned state (capacity, counts, health) and open requests stay."""
         if config.destination_header != self._destination_header:
             raise ConfigError("destination_header cannot change without a restart "
                               f"(Envoy follows {self._destination_header!r})")
+        profiles = {name: build(name, RoutingSettings(seed=config.routing.get("seed")))
+                    for name in self._profiles}
         self.pool = Pool(config.pods, config.models)
-        self.inflight.retain(p.key for p in config.pods)
         self.config = config
         self.client_forbidden_headers = sorted(CLIENT_FORBIDDEN_HEADERS | {config.destination_header})
-        self._profiles: dict[str, Profile] = {}
+        self._profiles = profiles
+        self._rebuild_hooks()
+        live = {p.key for p in config.pods} | {o.pod.key for o in self.open}
+        self.accounting.forget(live)
+
+    def _rebuild_hooks(self) -> None:
+        hooks = Hooks()
+        hooks.add(self.accounting)
+        for profile in self._profiles.values():
+            for plugin in profile.plugins():
+                hooks.add(plugin)
+        self.hooks = hooks
 
     def profile(self, name: str) -> Profile:
         """The strategy's Profile, built once per config; raises UnknownStrategy."""
         profile = self._profiles.get(name)
         if profile is None:
-            profile = self._profiles[name] = build(name, RoutingSettings(
-                seed=self.config.routing.get("seed")))
+            profile = self._profiles[name] = build(name, RoutingSettings(seed=self.config.routing.get("seed")))
+            self._rebuild_hooks()
         return profile
 
-    def choose(self, request: Request, profile: Profile) -> Pod | None:
-        pods = self.pool.ready_pods(request.model)
+    # -- the request path -------------------------------------------------------------------------
+
+    def route(self, request: Request, profile: Profile, request_id: str) -> Decision | None:
+        """Choose a pod; the request counts as in flight until `complete` or `abort`."""
+        now = self.clock()
+        pods = routable(self.pool.ready_pods(request.model), self.accounting.health)
         if not pods:
             return None
-        running = self.inflight.running
-        chosen = profile.pick(request, [PodView(p, running(p)) for p in pods], self.clock())
-        return chosen.pod if chosen is not None else None
+        chosen = profile.pick(request, self.accounting.views(pods, now), now)
+        if chosen is None:
+            return None
+        self.hooks.post_choice(request, chosen, now)
+        key = next(self._keys)
+        self.open.open(key, OpenRequest(request, chosen.pod, profile.name, request_id, now))
+        return Decision(chosen.pod, key)
+
+    def abort(self, key: str) -> None:
+        """The routing stream was cancelled: Envoy may never have used the decision."""
+        entry = self.open.close(key)
+        if entry is not None:
+            self._finish(entry, status=0, aborted=True)
+
+    def complete(self, key: str, *, status: int, prompt_tokens: int | None = None,
+                 output_tokens: int | None = None, token_source: str = "unknown",
+                 ttfb_s: float | None = None, e2e_s: float | None = None, connect_failure: bool = False,
+                 aborted: bool = False, upstream: str = "") -> None:
+        """A request's access-log record arrived: release it and teach every post-response hook."""
+        entry = self.open.close(key)
+        if entry is not None:
+            self._finish(entry, status=status, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                         token_source=token_source, ttfb_s=ttfb_s, e2e_s=e2e_s,
+                         connect_failure=connect_failure, aborted=aborted)
+            return
+        self.unmatched_records.inc()
+        pod = self.pool.pod_at(upstream) if upstream else None
+        if pod is not None:
+            self.accounting.credit(pod, output_tokens)
+
+    def _finish(self, entry: OpenRequest, *, status: int, prompt_tokens: int | None = None,
+                output_tokens: int | None = None, token_source: str = "unknown",
+                ttfb_s: float | None = None, e2e_s: float | None = None, connect_failure: bool = False,
+                aborted: bool = False) -> None:
+        now = self.clock()
+        record = RequestRecord(
+            request_id=entry.request_id, model=entry.request.model, pod=entry.pod, strategy=entry.strategy,
+            status=status, prompt_tokens=prompt_tokens if prompt_tokens is not None
+            else entry.request.prompt_tokens, output_tokens=output_tokens, token_source=token_source,
+            ttfb_s=ttfb_s, e2e_s=e2e_s if e2e_s is not None else now - entry.started,
+            connect_failure=connect_failure, aborted=aborted, stream=entry.request.stream)
+        self.hooks.post_response(record, now)
+        self.count(entry.request.model, entry.pod.name, entry.strategy, "aborted" if aborted else str(status))
+
+    def count(self, model: str, pod: str, strategy: str, code: str) -> None:
+        self.requests_total.labels(model, pod, strategy, code).inc()
+
+    # -- background ---------------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        self.accounting.refresh(self.pool.all_pods(), self.clock())
+
+    def expire(self) -> int:
+        """Release requests whose record never came (Envoy restarted, access log lost)."""
+        deadline = self.clock() - self.config.request_timeout_seconds
+        n = 0
+        for _, entry in self.open.expired(deadline):
+            log.warning("request %s on %s: no access-log record after %gs, released", entry.request_id,
+                        entry.pod.name, self.config.request_timeout_seconds)
+            self._finish(entry, status=0, aborted=True)
+            n += 1
+        self.expired_requests.inc(n)
+        return n

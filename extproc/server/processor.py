@@ -1,24 +1,26 @@
-"""The ext_proc stream state machine: one Stream per HTTP request, driven message by message.
+"""The ext_proc stream state machine: one Stream per HTTP request, request side only.
 
-headers -> (buffered) body -> route -> response headers -> streamed response body -> end.
+request headers -> buffered body -> route (destination header + metadata, optional body rewrite).
+Envoy closes the stream once routed; the response streams from the pod to the client without the
+gateway, and its outcome comes back once per request through the access log (server/access_log.py).
 Stream.handle is synchronous and does no I/O, so it is unit-testable over a fake message sequence.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
+from concurrent.futures import Executor
 
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 
 from extproc import openai
-from extproc.openai import OpenAIError
-from extproc.pool import Pod
+from extproc.openai import OpenAIError, Request
 from extproc.routing import UnknownStrategy, strategy_names
 from extproc.server import responses
-from extproc.server.gateway import Gateway
-from extproc.state.inflight import Ticket
+from extproc.server.gateway import Decision, Gateway
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +28,8 @@ STRATEGY_HEADER = "routing-strategy"
 MODEL_HEADER = "model"
 REQUEST_ID_HEADER = "x-request-id"
 TARGET_POD_HEADER = "target-pod"
+# Bodies above this are parsed off the event loop, so one long prompt never stalls other streams.
+OFFLOAD_BODY_BYTES = 256 * 1024
 
 
 def _headers(http_headers) -> dict[str, str]:
@@ -34,9 +38,17 @@ def _headers(http_headers) -> dict[str, str]:
             for h in http_headers.headers.headers}
 
 
+def parse_body(path: str, body: bytes, header_model: str | None) -> Request | OpenAIError:
+    """Pure parsing, module-level so a worker process can run it."""
+    try:
+        return openai.parse_request(path, body, header_model)
+    except OpenAIError as err:
+        return err
+
+
 class Stream:
-    __slots__ = ("_gw", "_path", "_strategy", "_request_id", "_header_model", "_model", "_pod",
-                 "_ticket", "_status", "_done")
+    __slots__ = ("_gw", "_path", "_strategy", "_request_id", "_header_model", "_has_length",
+                 "_decision", "_done")
 
     def __init__(self, gateway: Gateway) -> None:
         self._gw = gateway
@@ -44,37 +56,32 @@ class Stream:
         self._strategy = ""
         self._request_id = ""
         self._header_model: str | None = None
-        self._model = ""
-        self._pod: Pod | None = None
-        self._ticket: Ticket | None = None
-        self._status = ""
-        self._done = False
+        self._has_length = False
+        self._decision: Decision | None = None
+        self._done = False  # answered by the gateway, or routed
 
     @property
-    def pod(self) -> Pod | None:
-        return self._pod
+    def decision(self) -> Decision | None:
+        return self._decision
 
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    def handle(self, msg: ProcessingRequest) -> ProcessingResponse:
+    def handle(self, msg: ProcessingRequest, parsed: Request | OpenAIError | None = None) -> ProcessingResponse:
+        """One ext_proc message in, one reply out. `parsed` is the body already parsed off the loop."""
         kind = msg.WhichOneof("request")
         try:
-            if kind == "response_body":
-                if msg.response_body.end_of_stream:
-                    self._finish(self._status)
-                return responses.CONTINUE_RESPONSE_BODY
             if kind == "request_headers":
                 return self._on_request_headers(msg.request_headers)
             if kind == "request_body":
-                return self._on_request_body(msg.request_body)
-            if kind == "response_headers":
-                return self._on_response_headers(msg.response_headers)
+                return self._on_request_body(msg.request_body, parsed)
             if kind == "request_trailers":
+                if not self._done:  # HTTP/2 headers then trailers, no body
+                    raise openai.bad_request("request body is required", code="missing_body")
                 return responses.CONTINUE_REQUEST_TRAILERS
+            # Response-side messages only come from a bootstrap that still sends them; pass them on.
+            if kind == "response_headers":
+                return responses.CONTINUE_RESPONSE_HEADERS
+            if kind == "response_body":
+                return responses.CONTINUE_RESPONSE_BODY
             if kind == "response_trailers":
-                self._finish(self._status)
                 return responses.CONTINUE_RESPONSE_TRAILERS
             raise OpenAIError(500, f"unexpected ext_proc message {kind!r}", type="server_error")
         except OpenAIError as err:
@@ -83,9 +90,15 @@ class Stream:
             log.exception("request %s: gateway error", self._request_id)
             return self._reject(OpenAIError(500, "internal gateway error", type="server_error"))
 
-    def close(self) -> None:
-        """Called when the gRPC stream ends for any reason: the one place nothing can skip."""
-        self._finish("aborted")
+    def close(self, cancelled: bool) -> None:
+        """The gRPC stream ended. Envoy closes it normally once routed; a cancelled stream (client gone
+        while we routed) may never have used the decision, so its in-flight count is released now."""
+        if self._decision is not None:
+            if cancelled:
+                self._gw.abort(self._decision.key)
+        elif not self._done:
+            self._done = True
+            self._gw.count("", "", self._strategy, "aborted")
 
     # -- request path ----------------------------------------------------------------------------
 
@@ -95,12 +108,14 @@ class Stream:
         method = headers.get(":method", "")
         self._request_id = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         self._header_model = headers.get(MODEL_HEADER)
+        self._has_length = "content-length" in headers
         gw = self._gw
 
         if path == openai.MODELS_PATH:
             if method != "GET":
                 raise OpenAIError(405, f"{method} {path}: only GET is allowed", code="method_not_allowed")
-            self._finish("200")
+            self._done = True
+            gw.count("", "", "", "200")
             return responses.immediate(200, openai.models_body(gw.pool.models()), self._reply_headers())
         if path not in gw.config.model_paths:
             # Only inference endpoints reach the engines; their admin endpoints stay out of reach.
@@ -121,75 +136,73 @@ class Stream:
         # A client must never choose the upstream: strip any destination header it sent.
         return responses.request_headers(gw.client_forbidden_headers)
 
-    def _on_request_body(self, http_body) -> ProcessingResponse:
+    def needs_offload(self, msg: ProcessingRequest) -> bool:
+        return msg.WhichOneof("request") == "request_body" and \
+            OFFLOAD_BODY_BYTES < len(msg.request_body.body) <= self._gw.config.max_body_bytes
+
+    def parse_args(self, body: bytes) -> tuple[str, bytes, str | None]:
+        return (self._path, body, self._header_model)
+
+    def _on_request_body(self, http_body, parsed: Request | OpenAIError | None) -> ProcessingResponse:
         # BUFFERED mode sends the whole body in one message; end_of_stream is false only when request
         # trailers follow (HTTP/2), so this message is routed whatever that flag says.
-        limit = self._gw.config.max_body_bytes
-        if len(http_body.body) > limit:
-            raise OpenAIError(413, f"request body exceeds {limit} bytes", code="request_too_large")
-        request = openai.parse_request(self._path, http_body.body, self._header_model)
         gw = self._gw
+        if self._done:
+            return responses.CONTINUE_REQUEST_BODY
+        limit = gw.config.max_body_bytes
+        body = http_body.body
+        if len(body) > limit:
+            raise OpenAIError(413, f"request body exceeds {limit} bytes", code="request_too_large")
+        request = parsed if parsed is not None else parse_body(self._path, body, self._header_model)
+        if isinstance(request, OpenAIError):
+            raise request
         if not gw.pool.has_model(request.model):
             raise OpenAIError(404, f"the model {request.model!r} does not exist", param="model",
                               code="model_not_found")
-        self._model = request.model
-        pod = gw.choose(request, gw.profile(self._strategy))
-        if pod is None:
+        decision = gw.route(request, gw.profile(self._strategy), self._request_id)
+        if decision is None:
             raise OpenAIError(503, f"no ready pod for model {request.model!r}",
                               type="service_unavailable", code="no_ready_pod")
-        self._pod = pod
-        self._ticket = gw.inflight.acquire(pod)
-        return responses.route(gw.config.destination_header, pod.address)
-
-    # -- response path ---------------------------------------------------------------------------
-
-    def _on_response_headers(self, http_headers) -> ProcessingResponse:
-        for h in http_headers.headers.headers:
-            if h.key == ":status":
-                self._status = h.raw_value.decode() if h.raw_value else h.value
-                break
-        reply = responses.response_headers(self._reply_headers())
-        if http_headers.end_of_stream:
-            self._finish(self._status)
-        return reply
+        self._decision = decision
+        self._done = True
+        new_body = openai.with_usage_requested(body, request) if gw.config.include_usage else None
+        return responses.route(gw.config.destination_header, decision.pod, decision.key,
+                               self._request_id, self._strategy, new_body, self._has_length)
 
     def _reply_headers(self) -> list[tuple[str, str]]:
         headers = [("request-id", self._request_id)]
         if self._strategy:
             headers.append((STRATEGY_HEADER, self._strategy))
-        if self._pod is not None:
-            headers.append((TARGET_POD_HEADER, self._pod.name))
         return headers
 
-    # -- endings ---------------------------------------------------------------------------------
-
     def _reject(self, err: OpenAIError) -> ProcessingResponse:
-        self._finish(str(err.status))
+        if not self._done:
+            self._done = True
+            self._gw.count("", "", self._strategy, str(err.status))
         return responses.immediate(err.status, err.body(), self._reply_headers())
-
-    def _finish(self, outcome: str) -> None:
-        """Release the in-flight count and count the request: exactly once, whatever ends it."""
-        if self._done:
-            return
-        self._done = True
-        if self._ticket is not None:
-            self._ticket.release()
-        self._gw.requests_total.labels(self._model, self._pod.name if self._pod else "",
-                                       self._strategy, outcome).inc()
 
 
 class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
     """The gRPC face of the gateway: one ext_proc stream per HTTP request."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, parser_pool: Executor | None = None) -> None:
         self._gw = gateway
+        self._pool = parser_pool
 
     async def Process(self, request_iterator, context):  # noqa: N802 (gRPC method name)
         stream = Stream(self._gw)
         self._gw.open_streams += 1
+        cancelled = False
         try:
             async for msg in request_iterator:
-                yield stream.handle(msg)
+                parsed = None
+                if self._pool is not None and stream.needs_offload(msg):
+                    parsed = await asyncio.get_running_loop().run_in_executor(
+                        self._pool, parse_body, *stream.parse_args(msg.request_body.body))
+                yield stream.handle(msg, parsed)
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
         finally:
-            stream.close()
+            stream.close(cancelled)
             self._gw.open_streams -= 1

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
 from envoy.service.ext_proc.v3.external_processor_pb2 import (
+    BodyMutation,
     BodyResponse,
     CommonResponse,
     HeaderMutation,
@@ -17,12 +18,19 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
 from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.protobuf.struct_pb2 import Struct
 
+from extproc.pool.pod import Pod
+
 OVERWRITE = HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 LB_METADATA_NAMESPACE = "envoy.lb"  # the endpoint-picker protocol's metadata namespace
 GATEWAY_METADATA_NAMESPACE = "extproc"
 ANSWERED_KEY = "answered"
+# Keys of the routing decision in GATEWAY_METADATA_NAMESPACE: the access log brings KEY back, Envoy
+# adds response headers from POD/STRATEGY/REQUEST_ID, the tally script reads STRIP_USAGE.
+KEY, POD, STRATEGY, REQUEST_ID, STRIP_USAGE = "key", "pod", "strategy", "request_id", "strip_usage"
 
 # Stateless replies are built once: they are sent for every streamed response chunk.
+CONTINUE_REQUEST_BODY = ProcessingResponse(request_body=BodyResponse())
+CONTINUE_RESPONSE_HEADERS = ProcessingResponse(response_headers=HeadersResponse())
 CONTINUE_RESPONSE_BODY = ProcessingResponse(response_body=BodyResponse())
 CONTINUE_REQUEST_TRAILERS = ProcessingResponse(request_trailers=TrailersResponse())
 CONTINUE_RESPONSE_TRAILERS = ProcessingResponse(response_trailers=TrailersResponse())
@@ -47,23 +55,34 @@ def request_headers(remove: list[str]) -> ProcessingResponse:
         header_mutation=HeaderMutation(remove_headers=remove), clear_route_cache=True)))
 
 
-def route(destination_header: str, address: str) -> ProcessingResponse:
-    """Send the buffered request to `address`: the header ORIGINAL_DST follows, plus envoy.lb metadata.
+def route(destination_header: str, pod: Pod, key: str, request_id: str, strategy: str,
+          new_body: bytes | None, has_content_length: bool) -> ProcessingResponse:
+    """Send the buffered request to the pod: the header ORIGINAL_DST follows, envoy.lb metadata (the
+    endpoint-picker protocol), and our own metadata for the response side.
 
     clear_route_cache makes Envoy re-match routes now that the destination header exists.
+    `new_body` replaces the request body (usage requested on the client's behalf); its length is set
+    when the client sent one, as Envoy refuses a mutated body that disagrees with content-length.
     """
     metadata = Struct()
-    metadata.fields[LB_METADATA_NAMESPACE].struct_value.fields[destination_header].string_value = address
+    metadata.fields[LB_METADATA_NAMESPACE].struct_value.fields[destination_header].string_value = pod.address
+    ours = metadata.fields[GATEWAY_METADATA_NAMESPACE].struct_value.fields
+    ours[KEY].string_value = key
+    ours[POD].string_value = pod.name
+    ours[STRATEGY].string_value = strategy
+    ours[REQUEST_ID].string_value = request_id
+    headers = [(destination_header, pod.address)]
+    mutation = None
+    if new_body is not None:
+        ours[STRIP_USAGE].bool_value = True
+        mutation = BodyMutation(body=new_body)
+        if has_content_length:
+            headers.append(("content-length", str(len(new_body))))
     return ProcessingResponse(
         request_body=BodyResponse(response=CommonResponse(
-            header_mutation=HeaderMutation(set_headers=_set([(destination_header, address)])),
+            header_mutation=HeaderMutation(set_headers=_set(headers)), body_mutation=mutation,
             clear_route_cache=True)),
         dynamic_metadata=metadata)
-
-
-def response_headers(headers: Iterable[tuple[str, str]]) -> ProcessingResponse:
-    return ProcessingResponse(response_headers=HeadersResponse(
-        response=CommonResponse(header_mutation=HeaderMutation(set_headers=_set(headers)))))
 
 
 def immediate(status: int, body: bytes, headers: Iterable[tuple[str, str]] = (),

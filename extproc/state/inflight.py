@@ -1,72 +1,50 @@
-"""In-flight request counts per pod.
+"""Requests routed and not yet finished, keyed by the gateway's own request key.
 
-Every routing decision takes a Ticket; the ticket's release is idempotent, so whichever path ends the
-request (end of stream, client abort, upstream reset, immediate error, shutdown) decrements exactly once.
+The response side reaches the gateway once per request (Envoy's access log), after the routing
+stream has closed; this registry joins the two. `close` hands a request out exactly once, so the
+in-flight count it carries is released exactly once whichever path ends it (access log, routing
+stream cancelled before Envoy used the decision, expiry when a record never comes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterator
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Gauge
-
+from extproc.openai import Request
 from extproc.pool.pod import Pod
 
-Key = tuple[str, str]  # (model, pod name)
+
+@dataclass(slots=True)
+class OpenRequest:
+    request: Request
+    pod: Pod
+    strategy: str
+    request_id: str   # the client-visible id (x-request-id), for logs and headers
+    started: float    # monotonic time of the routing decision
 
 
-class Ticket:
-    __slots__ = ("_owner", "key", "_open")
+class OpenRequests:
+    def __init__(self) -> None:
+        self._open: dict[str, OpenRequest] = {}  # insertion order == start order: expiry pops the front
 
-    def __init__(self, owner: InFlight, key: Key) -> None:
-        self._owner = owner
-        self.key = key
-        self._open = True
+    def open(self, key: str, request: OpenRequest) -> None:
+        self._open[key] = request
 
-    def release(self) -> bool:
-        """Decrement once; later calls do nothing. Returns whether this call decremented."""
-        if not self._open:
-            return False
-        self._open = False
-        self._owner._release(self.key)
-        return True
+    def close(self, key: str) -> OpenRequest | None:
+        return self._open.pop(key, None)
 
+    def expired(self, deadline: float) -> Iterator[tuple[str, OpenRequest]]:
+        """Close and yield the requests started before `deadline`."""
+        while self._open:
+            key, request = next(iter(self._open.items()))
+            if request.started >= deadline:
+                return
+            del self._open[key]
+            yield key, request
 
-class InFlight:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self._counts: dict[Key, int] = {}
-        self._retired: set[Key] = set()  # pods gone from the pool, forgotten once their count is 0
-        self._gauge = Gauge("extproc_pod_running_requests",
-                            "Requests in flight per pod, counted by this gateway",
-                            ["model", "pod"], registry=registry)
+    def __len__(self) -> int:
+        return len(self._open)
 
-    def acquire(self, pod: Pod) -> Ticket:
-        key = pod.key
-        self._counts[key] = self._counts.get(key, 0) + 1
-        self._gauge.labels(*key).inc()
-        return Ticket(self, key)
-
-    def _release(self, key: Key) -> None:
-        left = self._counts[key] = self._counts[key] - 1
-        self._gauge.labels(*key).dec()
-        if left == 0 and key in self._retired:
-            self._forget(key)
-
-    def retain(self, live: Iterable[Key]) -> None:
-        """After a pool change: drop the series of pods that are gone (at once if idle, else when idle),
-        so pod churn does not grow the metrics or this map without bound."""
-        live = set(live)
-        self._retired = {k for k in self._counts if k not in live}
-        for key in [k for k in self._retired if self._counts[k] == 0]:
-            self._forget(key)
-
-    def _forget(self, key: Key) -> None:
-        del self._counts[key]
-        self._retired.discard(key)
-        self._gauge.remove(*key)
-
-    def running(self, pod: Pod) -> int:
-        return self._counts.get(pod.key, 0)
-
-    def total(self) -> int:
-        return sum(self._counts.values())
+    def __iter__(self) -> Iterator[OpenRequest]:
+        return iter(list(self._open.values()))

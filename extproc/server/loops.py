@@ -1,0 +1,50 @@
+"""The gateway's background loops: engine metrics and health, capacity refresh, expiry, Redis sync.
+
+Each is a supervised task: an exception is logged and the loop goes on, so a background failure
+degrades a signal and never a request. Nothing here is awaited on the request path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from extproc.server.gateway import Gateway
+from extproc.telemetry.scraper import HealthProber, MetricsScraper
+
+log = logging.getLogger(__name__)
+EXPIRY_INTERVAL_SECONDS = 10.0
+
+
+async def every(interval: Callable[[], float], step: Callable[[], None | Awaitable[None]], name: str) -> None:
+    while True:
+        try:
+            result = step()
+            if asyncio.iscoroutine(result):
+                await result
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s failed; retrying", name)
+        await asyncio.sleep(interval())
+
+
+def start(gateway: Gateway, scraper: MetricsScraper, prober: HealthProber) -> list[asyncio.Task]:
+    health = gateway.accounting.health
+
+    def on_scrape(key, ok: bool, refused: bool) -> None:
+        health.observe_scrape(key, ok, refused, gateway.clock())
+
+    tasks = [
+        asyncio.create_task(scraper.run(gateway.pool.all_pods, gateway.config.metrics_refresh_seconds,
+                                        on_scrape), name="metrics"),
+        asyncio.create_task(prober.run(gateway.pool.all_pods), name="probes"),
+        asyncio.create_task(every(lambda: gateway.config.metrics_refresh_seconds, gateway.refresh,
+                                  "capacity refresh"), name="refresh"),
+        asyncio.create_task(every(lambda: EXPIRY_INTERVAL_SECONDS, gateway.expire, "expiry"), name="expiry"),
+    ]
+    run = getattr(gateway.accounting.shared, "run", None)
+    if run is not None:
+        tasks.append(asyncio.create_task(run(), name="shared-state"))
+    return tasks

@@ -1,0 +1,54 @@
+"""Per-pod gauges computed when /metrics is scraped, so the request path never updates a gauge."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from extproc.server.gateway import Gateway
+
+LABELS = ["model", "pod"]
+
+
+class PodMetricsCollector:
+    def __init__(self, gateway: Gateway) -> None:
+        self._gw = gateway
+
+    def describe(self) -> list[Metric]:
+        return []  # unchecked: the series depend on the pool
+
+    def collect(self) -> Iterator[Metric]:
+        gw = self._gw
+        acc = gw.accounting
+        now = gw.clock()
+        running = GaugeMetricFamily("extproc_pod_running_requests", "Requests in flight per pod, "
+                                    "across every gateway replica when Redis is configured", labels=LABELS)
+        local = GaugeMetricFamily("extproc_pod_local_running_requests",
+                                  "Requests in flight per pod routed by this gateway", labels=LABELS)
+        queued = GaugeMetricFamily("extproc_pod_queued_requests", "Requests waiting in the engine",
+                                   labels=LABELS)
+        kv_free = GaugeMetricFamily("extproc_pod_kv_free_ratio", "Free fraction of the GPU KV cache",
+                                    labels=LABELS)
+        capacity = GaugeMetricFamily("extproc_pod_capacity_tokens_per_second",
+                                     "Learned serving capacity (output tokens/s)", labels=LABELS)
+        healthy = GaugeMetricFamily("extproc_pod_healthy", "1 while the pod receives traffic",
+                                    labels=LABELS)
+        tokens = CounterMetricFamily("extproc_output_tokens", "Output tokens tallied by this gateway",
+                                     labels=LABELS)
+        pods = gw.pool.all_pods()
+        for view in acc.views(pods, now):
+            labels = [view.pod.model, view.pod.name]
+            key = view.pod.key
+            running.add_metric(labels, view.running)
+            local.add_metric(labels, acc.shared.local_running(key))
+            queued.add_metric(labels, view.queued)
+            if view.kv_free is not None:
+                kv_free.add_metric(labels, view.kv_free)
+            if view.capacity is not None:
+                capacity.add_metric(labels, view.capacity)
+            healthy.add_metric(labels, 1.0 if view.healthy else 0.0)
+            tokens.add_metric(labels, acc.output_tokens.get(key, 0))
+        yield from (running, local, queued, kv_free, capacity, healthy, tokens)

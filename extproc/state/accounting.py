@@ -1,0 +1,93 @@
+"""The gateway's learned view of every pod: in-flight counts, completed tokens, capacity, engine
+metrics and health, combined into the PodViews routing reads.
+
+Accounting is itself a pair of lifecycle hooks: `post_choice` counts a request in flight on its pod,
+`post_response` releases it and credits its output tokens. It does no I/O: the live server feeds it
+engine samples and Redis snapshots from background loops, the fleet simulation feeds it virtual ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+
+from extproc.openai import Request
+from extproc.pool.pod import Pod, PodKey
+from extproc.routing.framework import PodView
+from extproc.state.capacity import CapacityEstimator
+from extproc.state.record import RequestRecord
+from extproc.state.shared import SharedState
+from extproc.telemetry.engine_metrics import EngineSample
+from extproc.telemetry.health import PodHealth
+
+SampleSource = Callable[[PodKey, float], EngineSample | None]
+
+
+def _no_samples(key: PodKey, now: float) -> EngineSample | None:
+    return None
+
+
+class Accounting:
+    def __init__(self, shared: SharedState, capacity: CapacityEstimator | None = None,
+                 health: PodHealth | None = None, samples: SampleSource = _no_samples) -> None:
+        self.shared = shared
+        self.capacity = capacity or CapacityEstimator()
+        self.health = health or PodHealth()
+        self.samples = samples
+        self.output_tokens: dict[PodKey, int] = {}  # this gateway's own tally, for /metrics
+
+    # -- hooks -----------------------------------------------------------------------------------
+
+    def post_choice(self, request: Request, chosen: PodView, now: float) -> None:
+        self.shared.add_running(chosen.pod, 1)
+
+    def post_response(self, record: RequestRecord, now: float) -> None:
+        self.shared.add_running(record.pod, -1)
+        self.credit(record.pod, record.output_tokens)
+        self.health.observe_response(record.pod.key, record.status, record.connect_failure, now)
+
+    def credit(self, pod: Pod, tokens: int | None) -> None:
+        """Completed output tokens of one request (also for a request this gateway did not route,
+        e.g. one that outlived a restart: the pod still did the work)."""
+        if tokens:
+            self.shared.add_tokens(pod, tokens)
+            self.output_tokens[pod.key] = self.output_tokens.get(pod.key, 0) + tokens
+
+    # -- background -------------------------------------------------------------------------------
+
+    def refresh(self, pods: Iterable[Pod], now: float) -> None:
+        """Every metrics refresh: fold the completed tokens into the capacity estimates."""
+        busy = set()
+        for pod in pods:
+            self.capacity.track(pod.key, now)
+            if self.shared.running(pod.key) > 0:
+                busy.add(pod.key)
+        self.capacity.observe_many(self.shared.take_token_deltas(), now)
+        self.capacity.refresh(now, busy)
+
+    def forget(self, live: Iterable[PodKey]) -> None:
+        live = set(live)
+        self.capacity.forget(live)
+        self.health.forget(live)
+        self.shared.forget(live)
+        for key in [k for k in self.output_tokens if k not in live]:
+            del self.output_tokens[key]
+
+    # -- what routing reads -----------------------------------------------------------------------
+
+    def views(self, pods: Sequence[Pod], now: float) -> list[PodView]:
+        capacities = self.capacity.capacities(p.key for p in pods)
+        views = []
+        for pod in pods:
+            key = pod.key
+            sample = self.samples(key, now)
+            kv_free = queued = cpu_kv = None
+            if sample is not None:
+                queued = sample.waiting
+                cpu_kv = sample.cpu_kv_usage
+                if sample.kv_usage is not None and math.isfinite(sample.kv_usage):
+                    kv_free = min(1.0, max(0.0, 1.0 - sample.kv_usage))
+            views.append(PodView(pod, running=self.shared.running(key), queued=queued or 0.0,
+                                 kv_free=kv_free, cpu_kv_usage=cpu_kv, capacity=capacities[key],
+                                 healthy=self.health.healthy(key)))
+        return views
