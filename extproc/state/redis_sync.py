@@ -1,0 +1,328 @@
+"""RedisState: the shared state kept in step with Redis by one background loop.
+
+The request path only touches in-memory counts (`LocalCounts`, `SyncCore`). Every ~100 ms `run()`
+sends one pipeline — this gateway's changed values, the heartbeat, then the reads of every tracked
+pod's hashes — and turns the replies into the snapshot routing reads. Any failure (refused, timed
+out, auth, a restart) makes the gateway use its local counts until a tick succeeds again; nothing
+here ever raises into a caller or waits on the request path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import socket
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, Gauge
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from extproc.pool.pod import Pod, PodKey
+from extproc.state.shared import LocalCounts, redact_url
+from extproc.state.sync_core import (
+    AIBRIX_POD_PATTERN,
+    AIBRIX_SNAPSHOT_TTL_MS,
+    EXTPROC_MARK,
+    GATEWAY_RETENTION_SECONDS,
+    GATEWAYS_KEY,
+    KEY_TTL_SECONDS,
+    Snapshot,
+    SyncCore,
+    WriteBatch,
+    aibrix_pod_key,
+    parse_int,
+    pod_id,
+    running_key,
+    tokens_key,
+)
+
+log = logging.getLogger(__name__)
+MAX_BACKOFF_SECONDS = 2.0
+SCAN_COUNT = 500
+
+
+def default_instance() -> str:
+    """AIBrix names a gateway instance by POD_NAME, else the hostname."""
+    return os.environ.get("POD_NAME") or socket.gethostname() or "unknown-gateway"
+
+
+class RedisState:
+    def __init__(self, url: str, instance: str | None = None, *, sync_interval: float = 0.1,
+                 heartbeat_interval: float = 1.0, gateway_ttl: float = 3.0, op_timeout: float = 0.5,
+                 registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time,
+                 aibrix_snapshots: bool = True) -> None:
+        self.url = url
+        self.instance = instance or default_instance()
+        # "<instance>:<start ns>": a restarted gateway is a new field, never a continuation of its
+        # predecessor's counts. Taken per object, so two states in one process stay distinct.
+        self.field = f"{self.instance}:{time.time_ns()}"
+        self.sync_interval = sync_interval
+        self.heartbeat_interval = heartbeat_interval
+        self.op_timeout = op_timeout
+        self.clock = clock
+        self.counts = LocalCounts()
+        self.core = SyncCore(self.field, self.counts, gateway_ttl=gateway_ttl,
+                             heartbeat_interval=heartbeat_interval, aibrix_snapshots=aibrix_snapshots)
+        self._gauge = Gauge("extproc_redis_up", "1 while in-flight counts and tokens are shared "
+                            "through Redis", registry=registry)
+        self._gauge.set(0)
+        self._client: aioredis.Redis | None = None
+        self._offset = 0.0               # Redis server clock minus ours, for skew-free heartbeats
+        self._aibrix_keys: list[str] = []
+        self._last_scan: float | None = None
+        self._failures = 0
+        self._reported_down = False      # a failure was logged; the next success logs recovery
+        self._ever_up = False
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self._closing: set[asyncio.Task[None]] = set()
+
+    # -- SharedState: in memory only -----------------------------------------------------------------
+
+    def add_running(self, pod: Pod, delta: int) -> None:
+        self.counts.add_running(pod, delta)
+
+    def add_tokens(self, pod: Pod, tokens: int) -> None:
+        self.counts.add_tokens(pod, tokens)
+
+    def running(self, key: PodKey) -> int:
+        return self.core.running(key)
+
+    def local_running(self, key: PodKey) -> int:
+        return self.counts.running.get(key, 0)
+
+    def take_token_deltas(self) -> dict[PodKey, int]:
+        return self.core.take_token_deltas()
+
+    def track(self, pods: Iterable[Pod]) -> None:
+        self.counts.track(pods)
+
+    def forget(self, live: Iterable[PodKey]) -> None:
+        self.core.forget(set(live))
+
+    @property
+    def up(self) -> bool:
+        return self.core.up
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Sync every `sync_interval` while Redis answers; back off (up to 2 s) while it does not."""
+        log.info("sharing state through Redis at %s as %s", redact_url(self.url), self.field)
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            started = loop.time()
+            try:
+                await self.sync_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # never out of the loop: Redis is an optimisation
+                self._on_failure(exc)
+            if self.core.up:
+                pause = self.sync_interval - (loop.time() - started)
+            else:
+                pause = min(MAX_BACKOFF_SECONDS, self.sync_interval * 2 ** min(self._failures, 5))
+                pause *= random.uniform(0.8, 1.2)  # gateways restarting together do not stampede
+            await asyncio.sleep(max(0.0, pause))
+
+    async def sync_once(self) -> None:
+        """One tick: push, heartbeat, read. Raises on any failure (run() handles it)."""
+        async with self._lock:
+            if self._closed:
+                return
+            client = self._connect()
+            now = self.clock()
+            batch = self.core.plan(now)
+            if self.core.aibrix_snapshots and (self._last_scan is None
+                                               or now - self._last_scan >= self.heartbeat_interval):
+                async with asyncio.timeout(self.op_timeout):
+                    self._aibrix_keys = await self._scan_aibrix(client)
+                self._last_scan = now
+            pods = list(self.counts.pods.items())
+            aibrix_keys = self._aibrix_keys
+            pipe = client.pipeline(transaction=False)
+            writes = self._queue_writes(pipe, batch, now + self._offset)
+            pipe.time()
+            pipe.zrange(GATEWAYS_KEY, 0, -1, withscores=True)
+            for _, pod in pods:
+                pipe.hgetall(running_key(pod))
+                pipe.hgetall(tokens_key(pod))
+            for key in aibrix_keys:
+                pipe.hgetall(key)
+            sent = self.clock()
+            async with asyncio.timeout(self.op_timeout):
+                replies = await pipe.execute(raise_on_error=False)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            done = self.clock()
+            self.core.confirm(batch, now)
+            reads = iter(replies[writes:])
+            seconds, micros = next(reads)
+            self._offset = seconds + micros / 1e6 - (sent + done) / 2
+            snap = Snapshot(server_now=seconds + micros / 1e6, gateways=dict(next(reads)),
+                            running={}, tokens={})
+            for key, _ in pods:
+                snap.running[key] = _int_fields(next(reads))
+                snap.tokens[key] = _int_fields(next(reads))
+            for fields in reads:
+                if fields and EXTPROC_MARK not in fields and fields.get("gateway_instance_id") != self.field:
+                    n = parse_int(fields.get("requests_running"))
+                    if n and n > 0:
+                        pid = f"{fields.get('namespace', '')}/{fields.get('pod_name', '')}"
+                        snap.aibrix[pid] = snap.aibrix.get(pid, 0) + n
+            self.core.apply(snap)
+            self._on_success()
+
+    def _queue_writes(self, pipe: Any, batch: WriteBatch, server_now: float) -> int:
+        """Queue the batch; returns how many replies it adds."""
+        queued = 0
+        pods = self.counts.pods
+        if batch.heartbeat:
+            pipe.zadd(GATEWAYS_KEY, {self.field: server_now})
+            pipe.zremrangebyscore(GATEWAYS_KEY, "-inf", server_now - GATEWAY_RETENTION_SECONDS)
+            queued += 2
+        for key, n in batch.running.items():
+            name = running_key(pods[key])
+            pipe.hset(name, self.field, n)
+            pipe.expire(name, KEY_TTL_SECONDS)
+            queued += 2
+        for key, t in batch.tokens.items():
+            name = tokens_key(pods[key])
+            pipe.hset(name, self.field, t)
+            pipe.expire(name, KEY_TTL_SECONDS)
+            queued += 2
+        for key, n in batch.aibrix.items():
+            pod = pods[key]
+            name = aibrix_pod_key(self.field, pod)
+            if n > 0:
+                pipe.hset(name, mapping=self._aibrix_row(pod, n))
+                pipe.pexpire(name, AIBRIX_SNAPSHOT_TTL_MS)
+                queued += 2
+            else:
+                pipe.delete(name)
+                queued += 1
+        for name, gateway in batch.prune:
+            pipe.hdel(name, gateway)
+            queued += 1
+        return queued
+
+    def _aibrix_row(self, pod: Pod, running: int) -> dict[str, str]:
+        """The fields AIBrix's appendGatewayPodSnapshotToPipeline writes, plus our marker."""
+        return {
+            "gateway_instance_id": self.field,
+            "pod_uid": "",
+            "pod_name": pod.name,
+            "namespace": pod.namespace,
+            "node_name": "",
+            "requests_running": str(running),
+            "seq": str(self.counts.completed.get(pod.key, 0)),
+            "update_time": datetime.now().strftime("%H:%M:%S.%f")[:-3],  # Go's "15:04:05.000"
+            EXTPROC_MARK: self.field,
+        }
+
+    async def _scan_aibrix(self, client: aioredis.Redis) -> list[str]:
+        keys: list[str] = []
+        async for key in client.scan_iter(match=AIBRIX_POD_PATTERN, count=SCAN_COUNT):
+            keys.append(key)
+        return keys
+
+    def _connect(self) -> aioredis.Redis:
+        if self._client is None:
+            # No client-side retries: the loop's own backoff decides when to try again.
+            self._client = aioredis.from_url(
+                self.url, decode_responses=True, socket_timeout=self.op_timeout,
+                socket_connect_timeout=self.op_timeout, retry=Retry(NoBackoff(), 0),
+                health_check_interval=0)
+        return self._client
+
+    def _on_success(self) -> None:
+        if self._reported_down or not self._ever_up:
+            log.info("Redis at %s reachable: in-flight counts and tokens shared across gateways",
+                     redact_url(self.url))
+        self._failures = 0
+        self._reported_down = False
+        self._ever_up = True
+        self._gauge.set(1)
+
+    def _on_failure(self, exc: BaseException) -> None:
+        self.core.failed()
+        self._gauge.set(0)
+        self._failures += 1
+        if not self._reported_down:  # once per outage, not once per tick
+            self._reported_down = True
+            log.warning("Redis at %s unreachable (%s); routing on this gateway's own counts until "
+                        "it returns", redact_url(self.url), self._scrub(exc))
+        # A cancelled or broken connection may be mid-reply: start the next attempt afresh.
+        client, self._client = self._client, None
+        if client is not None:
+            task = asyncio.get_running_loop().create_task(_close_quietly(client, self.op_timeout))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    def _scrub(self, exc: BaseException) -> str:
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raw = urlsplit(self.url).password
+        for secret in {raw, unquote(raw)} if raw else ():
+            text = text.replace(secret, "***")
+        return text
+
+    async def close(self) -> None:
+        """Leave the fleet: publish the last tokens, delete our running fields and heartbeat, so
+        other gateways stop counting us at once rather than after the 3 s liveness window."""
+        async with self._lock:
+            self._closed = True
+            client, self._client = self._client, None
+            if client is None:
+                return
+            try:
+                pods = self.counts.pods
+                pipe = client.pipeline(transaction=False)
+                for key, t in self.counts.tokens.items():
+                    if key in pods:
+                        pipe.hset(tokens_key(pods[key]), self.field, t)
+                        pipe.expire(tokens_key(pods[key]), KEY_TTL_SECONDS)
+                for key in self.core.written_running():
+                    if key in pods:
+                        pipe.hdel(running_key(pods[key]), self.field)
+                for key in self.core.written_aibrix():
+                    if key in pods:
+                        pipe.delete(aibrix_pod_key(self.field, pods[key]))
+                pipe.zrem(GATEWAYS_KEY, self.field)
+                async with asyncio.timeout(self.op_timeout):
+                    await pipe.execute()
+            except Exception as exc:
+                log.warning("could not withdraw from Redis at %s (%s); others drop us after %gs",
+                            redact_url(self.url), self._scrub(exc), self.core.gateway_ttl)
+            finally:
+                self.core.failed()
+                self._gauge.set(0)
+                await _close_quietly(client, self.op_timeout)
+
+
+def _int_fields(fields: dict[str, str]) -> dict[str, int]:
+    out = {}
+    for name, value in fields.items():
+        n = parse_int(value)
+        if n is not None:
+            out[name] = n
+    return out
+
+
+async def _close_quietly(client: aioredis.Redis, timeout: float) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            await client.aclose()
+    except Exception:
+        pass
+
+
+__all__ = ["RedisState", "default_instance", "pod_id"]

@@ -1,0 +1,185 @@
+"""State that gateway replicas share: in-flight counts and completed output tokens per pod.
+
+Routing reads this on every request, so every read and write here is synchronous, O(1) and
+in-memory. `LocalState` is the embedded default (one gateway, nothing leaves the process);
+`RedisState` (in `redis_sync`) keeps the same counts and shares them through Redis from a
+background loop, in AIBrix's key layout so mixed fleets agree. The fleet simulation implements the
+same protocol in virtual time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from extproc.pool.pod import Pod, PodKey
+
+
+class SharedState(Protocol):
+    def add_running(self, pod: Pod, delta: int) -> None:
+        """A request started (+1) or ended (-1) on `pod`. Never touches the network."""
+
+    def add_tokens(self, pod: Pod, tokens: int) -> None:
+        """Completed output tokens credited to `pod`. Never touches the network."""
+
+    def running(self, key: PodKey) -> int:
+        """In flight on the pod across every live gateway; this gateway's own share always current."""
+
+    def local_running(self, key: PodKey) -> int:
+        """In flight on the pod through this gateway only."""
+
+    def take_token_deltas(self) -> dict[PodKey, int]:
+        """Completed tokens per pod since the previous call; each token counted once."""
+
+    def track(self, pods: Iterable[Pod]) -> None:
+        """The pool's pods: their shared counts are read even if this gateway never routes to them."""
+
+    def forget(self, live: Iterable[PodKey]) -> None:
+        """Drop pods no longer in the pool, except those with requests still in flight here."""
+
+    @property
+    def up(self) -> bool:
+        """True while counts are shared with other gateways."""
+
+
+class LocalCounts:
+    """This gateway's own counts: what `LocalState` is and what `RedisState` overlays."""
+
+    __slots__ = ("pods", "running", "tokens", "completed", "_taken")
+
+    def __init__(self) -> None:
+        self.pods: dict[PodKey, Pod] = {}
+        self.running: dict[PodKey, int] = {}
+        self.tokens: dict[PodKey, int] = {}      # cumulative since start: idempotent to publish
+        self.completed: dict[PodKey, int] = {}   # requests ended (AIBrix publishes it as "seq")
+        self._taken: dict[PodKey, int] = {}      # tokens already handed out by take_local_deltas
+
+    def add_running(self, pod: Pod, delta: int) -> None:
+        key = pod.key
+        if key not in self.pods:
+            self.pods[key] = pod
+        # Clamped at 0, as AIBrix clamps: a stray decrement (a request routed by a previous
+        # process) must not hide a real one started later.
+        self.running[key] = max(0, self.running.get(key, 0) + delta)
+        if delta < 0:
+            self.completed[key] = self.completed.get(key, 0) - delta
+
+    def add_tokens(self, pod: Pod, tokens: int) -> None:
+        if tokens <= 0:
+            return
+        key = pod.key
+        if key not in self.pods:
+            self.pods[key] = pod
+        self.tokens[key] = self.tokens.get(key, 0) + tokens
+
+    def track(self, pods: Iterable[Pod]) -> None:
+        for pod in pods:
+            self.pods[pod.key] = pod
+
+    def take_local_deltas(self) -> dict[PodKey, int]:
+        out = {}
+        for key, total in self.tokens.items():
+            delta = total - self._taken.get(key, 0)
+            if delta > 0:
+                out[key] = delta
+                self._taken[key] = total
+        return out
+
+    def mark_taken(self, key: PodKey, total: int) -> None:
+        """Own tokens up to `total` were handed out by another path (the shared counter)."""
+        if total > self._taken.get(key, 0):
+            self._taken[key] = total
+
+    def taken(self, key: PodKey) -> int:
+        return self._taken.get(key, 0)
+
+    def forget(self, live: Iterable[PodKey]) -> list[PodKey]:
+        """Drop pods gone from the pool whose requests have all ended; returns the dropped keys."""
+        live = set(live)
+        gone = [k for k in self.pods if k not in live and self.running.get(k, 0) <= 0]
+        for key in gone:
+            for table in (self.pods, self.running, self.tokens, self.completed, self._taken):
+                table.pop(key, None)
+        return gone
+
+
+class LocalState:
+    """Everything in-process: the single-gateway default."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts = LocalCounts()
+
+    def add_running(self, pod: Pod, delta: int) -> None:
+        self.counts.add_running(pod, delta)
+
+    def add_tokens(self, pod: Pod, tokens: int) -> None:
+        self.counts.add_tokens(pod, tokens)
+
+    def running(self, key: PodKey) -> int:
+        return self.counts.running.get(key, 0)
+
+    def local_running(self, key: PodKey) -> int:
+        return self.counts.running.get(key, 0)
+
+    def take_token_deltas(self) -> dict[PodKey, int]:
+        return self.counts.take_local_deltas()
+
+    def track(self, pods: Iterable[Pod]) -> None:
+        pass  # nothing to read from elsewhere
+
+    def forget(self, live: Iterable[PodKey]) -> None:
+        self.counts.forget(live)
+
+    @property
+    def up(self) -> bool:
+        return False  # never sharing
+
+
+# -- where Redis is ----------------------------------------------------------------------------
+
+def redis_url_from_env(env: Mapping[str, str], configured: str | None) -> str | None:
+    """EXTPROC_REDIS_URL, else the config's redis.url, else AIBrix's REDIS_HOST/REDIS_PORT.
+
+    REDIS_PASSWORD (AIBrix's secret-backed variable) is added to a URL that carries none, so a
+    deployment can keep the password out of its URL and config. rediss:// URLs keep TLS.
+    """
+    url = (env.get("EXTPROC_REDIS_URL") or "").strip() or (configured or "").strip()
+    password = env.get("REDIS_PASSWORD") or ""
+    if not url:
+        host = (env.get("REDIS_HOST") or "").strip()
+        if not host:
+            return None
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"  # an IPv6 literal
+        port = (env.get("REDIS_PORT") or "").strip() or "6379"
+        url = f"redis://{host}:{port}/0"
+    if password:
+        parts = urlsplit(url)
+        if parts.password is None:
+            user = quote(parts.username, safe="") if parts.username else ""
+            netloc = f"{user}:{quote(password, safe='')}@{parts.netloc.rpartition('@')[2]}"
+            url = urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced, for logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{parts.netloc.rpartition('@')[2]}"))
+
+
+def __getattr__(name: str) -> object:
+    # RedisState lives in redis_sync (which builds on this module); re-exported lazily so callers
+    # need one import and an embedded gateway never loads the Redis client.
+    if name == "RedisState":
+        from extproc.state.redis_sync import RedisState
+        return RedisState
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+__all__ = ["LocalCounts", "LocalState", "RedisState", "SharedState", "redact_url", "redis_url_from_env"]

@@ -1,0 +1,231 @@
+"""The pure half of Redis sharing: which writes a sync tick sends, and what a snapshot read means.
+
+No I/O and no clock of its own, so unit tests drive it in fake time and the fleet simulation could
+drive it in virtual time. `redis_sync.RedisState` does the network part.
+
+Redis layout (the issue's; see KEYS below for how it relates to what AIBrix itself writes):
+
+  aibrix:rrq:<namespace>/<pod>     hash, field "<instance>:<start ns>" per gateway, value the
+                                   gateway's in-flight count on that pod as a decimal integer (≥ 0);
+                                   expires 10 minutes after the last write
+  aibrix:rrq:gateways              sorted set, member = that same field, score = last heartbeat
+                                   (Unix seconds on the Redis server's clock); a field whose gateway
+                                   has not beaten for > 3 s is left out of the sum
+  extproc:tokens:<namespace>/<pod> ours: hash, the same per-gateway field, value = that gateway's
+                                   cumulative completed output tokens on the pod since it started
+  aibrix:pod:<gateway>:<ns>:<pod>  what AIBrix's gateway really writes and reads (see below)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from extproc.pool.pod import Pod, PodKey
+from extproc.state.shared import LocalCounts
+
+# Keys. AIBrix's gateway (vllm-project/aibrix, pkg/cache/cache_gateway_snapshot.go, #2159) does not
+# use the aibrix:rrq layout the issue describes: every 100 ms each AIBrix gateway HSETs a hash
+# aibrix:pod:<POD_NAME>:<namespace>:<pod> (fields gateway_instance_id, pod_uid, pod_name, namespace,
+# node_name, requests_running, seq, update_time) with a 500 ms PEXPIRE, and sums requests_running of
+# the other gateways' hashes (SCAN aibrix:pod:*). We follow the issue's layout for our own gateways,
+# and additionally write and read AIBrix's snapshots so a fleet mixing both counts each other.
+RUNNING_PREFIX = "aibrix:rrq:"
+GATEWAYS_KEY = "aibrix:rrq:gateways"
+TOKENS_PREFIX = "extproc:tokens:"
+AIBRIX_POD_PREFIX = "aibrix:pod:"
+AIBRIX_POD_PATTERN = "aibrix:pod:*"
+KEY_TTL_SECONDS = 600            # the issue's 10-minute expiry of the per-pod hashes
+AIBRIX_SNAPSHOT_TTL_MS = 500     # AIBrix's gatewayPodSnapshotTTL
+EXTPROC_MARK = "extproc_field"   # extra field in our aibrix:pod rows: AIBrix ignores it, we skip
+                                 # those rows because the aibrix:rrq hash already counts them
+GATEWAY_RETENTION_SECONDS = 600  # heartbeat members this stale are removed and their fields deleted
+
+
+def pod_id(pod: Pod) -> str:
+    return f"{pod.namespace}/{pod.name}"  # AIBrix's utils.GeneratePodKey
+
+
+def running_key(pod: Pod) -> str:
+    return RUNNING_PREFIX + pod_id(pod)
+
+
+def tokens_key(pod: Pod) -> str:
+    return TOKENS_PREFIX + pod_id(pod)
+
+
+def aibrix_pod_key(gateway: str, pod: Pod) -> str:
+    return f"{AIBRIX_POD_PREFIX}{gateway}:{pod.namespace}:{pod.name}"
+
+
+def parse_int(value: object) -> int | None:
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(slots=True)
+class WriteBatch:
+    """One tick's writes. Every value is absolute (HSET), so resending a batch whose reply was lost
+    (a timeout after Redis applied it) changes nothing: no HINCRBY whose fate is unknown."""
+    heartbeat: bool
+    running: dict[PodKey, int] = field(default_factory=dict)   # own in-flight count
+    tokens: dict[PodKey, int] = field(default_factory=dict)    # own cumulative tokens
+    aibrix: dict[PodKey, int] = field(default_factory=dict)    # AIBrix rows: > 0 set, 0 delete
+    prune: list[tuple[str, str]] = field(default_factory=list)  # (key, field) of long-dead gateways
+
+    def __bool__(self) -> bool:
+        return bool(self.heartbeat or self.running or self.tokens or self.aibrix or self.prune)
+
+
+@dataclass(slots=True)
+class Snapshot:
+    server_now: float                                  # Redis's clock, Unix seconds
+    gateways: dict[str, float]                         # heartbeat member -> score
+    running: dict[PodKey, dict[str, int]]              # per pod: gateway field -> in-flight
+    tokens: dict[PodKey, dict[str, int]]               # per pod: gateway field -> cumulative tokens
+    aibrix: dict[str, int] = field(default_factory=dict)  # "ns/pod" -> AIBrix gateways' in-flight
+
+
+class SyncCore:
+    def __init__(self, me: str, counts: LocalCounts, *, gateway_ttl: float = 3.0,
+                 heartbeat_interval: float = 1.0, aibrix_snapshots: bool = True) -> None:
+        self.me = me
+        self.counts = counts
+        self.gateway_ttl = gateway_ttl
+        self.heartbeat_interval = heartbeat_interval
+        self.aibrix_snapshots = aibrix_snapshots
+        self.up = False
+        self.others: dict[PodKey, int] = {}             # live other gateways' in-flight, last snapshot
+        self._written_running: dict[PodKey, int] = {}
+        self._written_tokens: dict[PodKey, int] = {}
+        self._written_aibrix: dict[PodKey, int] = {}
+        self._seen: dict[PodKey, dict[str, int]] = {}   # other gateways' token values already counted
+        self._pending: dict[PodKey, int] = {}           # shared token deltas not yet taken
+        self._last_heartbeat: float | None = None
+        self._full = True                               # next batch re-asserts every own value
+        self._prune: list[tuple[str, str]] = []
+
+    # -- reads (the request path) ------------------------------------------------------------------
+
+    def running(self, key: PodKey) -> int:
+        own = self.counts.running.get(key, 0)
+        return own + self.others.get(key, 0) if self.up else own
+
+    def take_token_deltas(self) -> dict[PodKey, int]:
+        """Shared deltas while up. While down, also this gateway's own tokens not yet seen in a
+        snapshot; those are marked taken, so the shared counter does not count them again later."""
+        out, self._pending = self._pending, {}
+        if not self.up:
+            for key, delta in self.counts.take_local_deltas().items():
+                out[key] = out.get(key, 0) + delta
+        return out
+
+    # -- the sync tick -----------------------------------------------------------------------------
+
+    def plan(self, now: float) -> WriteBatch:
+        """What to send now: changed values every tick, every value again each heartbeat (Redis may
+        have restarted empty, and it refreshes the 10-minute expiry)."""
+        due = self._last_heartbeat is None or now - self._last_heartbeat >= self.heartbeat_interval
+        full = self._full or due
+        batch = WriteBatch(heartbeat=due)
+        counts = self.counts
+        for key in counts.pods:
+            n = counts.running.get(key, 0)
+            if n != self._written_running.get(key, 0) or (full and n > 0):
+                batch.running[key] = n
+            t = counts.tokens.get(key, 0)
+            if t != self._written_tokens.get(key, 0) or (full and t > 0):
+                batch.tokens[key] = t
+            # AIBrix rows expire in 500 ms: rewritten every tick while busy, deleted once idle.
+            if self.aibrix_snapshots and (n > 0 or self._written_aibrix.get(key, 0) > 0):
+                batch.aibrix[key] = n
+        batch.prune = self._prune
+        # The heartbeat goes first in any batch that writes fields, so a reader that sees our
+        # field also sees us alive and never prunes it.
+        batch.heartbeat = due or bool(batch.running or batch.tokens)
+        return batch
+
+    def confirm(self, batch: WriteBatch, now: float) -> None:
+        self._written_running.update(batch.running)
+        self._written_tokens.update(batch.tokens)
+        for key, n in batch.aibrix.items():
+            if n > 0:
+                self._written_aibrix[key] = n
+            else:
+                self._written_aibrix.pop(key, None)
+        if batch.heartbeat:
+            self._last_heartbeat = now
+        self._full = False
+        if batch.prune is self._prune:
+            self._prune = []
+
+    def failed(self) -> None:
+        """A tick failed: fall back to local counts until a snapshot arrives again."""
+        self.up = False
+        self._full = True  # Redis may come back empty (restarted): re-assert everything
+
+    def apply(self, snap: Snapshot) -> None:
+        """A snapshot read: other live gateways' counts, and token deltas since the last one."""
+        me = self.me
+        live = {g for g, beat in snap.gateways.items() if beat >= snap.server_now - self.gateway_ttl}
+        known = snap.gateways.keys()
+        prune: list[tuple[str, str]] = []
+        others: dict[PodKey, int] = {}
+        pods = self.counts.pods
+        for key, fields in snap.running.items():
+            total = sum(max(0, n) for g, n in fields.items() if g != me and g in live)
+            pod = pods.get(key)
+            if pod is not None:
+                total += snap.aibrix.get(pod_id(pod), 0)
+                prune.extend((running_key(pod), g) for g in fields if g != me and g not in known)
+            others[key] = total
+        for key, fields in snap.tokens.items():
+            pod = pods.get(key)
+            if pod is not None:
+                prune.extend((tokens_key(pod), g) for g in fields if g != me and g not in known)
+            self._count_tokens(key, fields)
+        self.others = others
+        self._prune = prune
+        self.up = True
+
+    def _count_tokens(self, key: PodKey, fields: dict[str, int]) -> None:
+        delta = 0
+        own = fields.get(self.me)
+        if own is not None:
+            taken = self.counts.taken(key)
+            if own > taken:  # own tokens published, not yet handed out locally
+                delta += own - taken
+                self.counts.mark_taken(key, own)
+        seen = self._seen.get(key)
+        if seen is None:
+            # First read of this pod: a baseline, or we would count its whole history at once.
+            self._seen[key] = {g: n for g, n in fields.items() if g != self.me}
+        else:
+            for g, n in fields.items():
+                if g == self.me:
+                    continue
+                before = seen.get(g)
+                if before is None:
+                    delta += n  # a gateway new to this pod: all it has is new
+                elif n > before:
+                    delta += n - before
+                # A field that vanished (Redis restarted, pruned) keeps its remembered value,
+                # so its return with the same cumulative total counts nothing twice.
+                seen[g] = max(n, before or 0)
+        if delta:
+            self._pending[key] = self._pending.get(key, 0) + delta
+
+    def forget(self, live: list[PodKey] | set[PodKey]) -> None:
+        for key in self.counts.forget(live):
+            for table in (self.others, self._written_running, self._written_tokens, self._seen,
+                          self._pending):
+                table.pop(key, None)
+            # Its AIBrix row (if any) is left to its 500 ms expiry.
+            self._written_aibrix.pop(key, None)
+
+    def written_running(self) -> list[PodKey]:
+        return list(self._written_running)
+
+    def written_aibrix(self) -> list[PodKey]:
+        return list(self._written_aibrix)
