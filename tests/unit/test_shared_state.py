@@ -1,0 +1,246 @@
+"""Shared state without a network: LocalState, the pure sync core (batching, liveness, overlay,
+token deltas across outages) and the Redis URL rules."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from extproc.pool.pod import Pod
+from extproc.state.shared import LocalCounts, LocalState, RedisState, redact_url, redis_url_from_env
+from extproc.state.sync_core import Snapshot, SyncCore, running_key, tokens_key
+
+POD = Pod("llama", "pod-a", "10.0.0.1:8000", namespace="team")
+OTHER = Pod("llama", "pod-b", "10.0.0.2:8000", namespace="team")
+ME = "gw-me:1"
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def core(**kw) -> SyncCore:
+    counts = LocalCounts()
+    counts.track([POD, OTHER])
+    return SyncCore(ME, counts, **kw)
+
+
+def snap(now: float, gateways: dict[str, float], running: dict | None = None, tokens: dict | None = None,
+         aibrix: dict | None = None) -> Snapshot:
+    return Snapshot(server_now=now, gateways=gateways, running=running or {}, tokens=tokens or {},
+                    aibrix=aibrix or {})
+
+
+# -- LocalState ------------------------------------------------------------------------------------
+
+def test_local_state_counts_balance_and_clamp_at_zero():
+    s = LocalState()
+    s.add_running(POD, 1)
+    s.add_running(POD, 1)
+    s.add_running(POD, -1)
+    assert s.running(POD.key) == s.local_running(POD.key) == 1
+    s.add_running(POD, -1)
+    s.add_running(POD, -1)  # a stray decrement: clamped, so the next request still counts
+    s.add_running(POD, 1)
+    assert s.running(POD.key) == 1
+    assert s.running(OTHER.key) == 0
+    assert s.up is False
+
+
+def test_local_state_token_deltas_count_each_token_once():
+    s = LocalState()
+    s.add_tokens(POD, 10)
+    s.add_tokens(POD, 5)
+    s.add_tokens(OTHER, 0)
+    assert s.take_token_deltas() == {POD.key: 15}
+    assert s.take_token_deltas() == {}
+    s.add_tokens(POD, 3)
+    assert s.take_token_deltas() == {POD.key: 3}
+
+
+def test_forget_keeps_pods_with_requests_in_flight():
+    s = LocalState()
+    s.add_running(POD, 1)
+    s.add_tokens(OTHER, 4)
+    s.forget([])
+    assert s.running(POD.key) == 1            # still in flight: kept
+    assert s.take_token_deltas() == {}         # OTHER dropped with its counts
+    s.add_running(POD, -1)
+    s.forget([])
+    assert POD.key not in s.counts.pods
+
+
+# -- batching --------------------------------------------------------------------------------------
+
+def test_only_net_changes_are_sent_between_heartbeats():
+    c = core(heartbeat_interval=1.0, aibrix_snapshots=False)  # AIBrix rows: their own test
+    c.counts.add_running(POD, 1)
+    c.counts.add_running(POD, 1)
+    c.counts.add_running(POD, -1)
+    first = c.plan(0.0)
+    assert first.heartbeat and first.running == {POD.key: 1}
+    c.confirm(first, 0.0)
+    c.counts.add_running(POD, 1)
+    c.counts.add_running(POD, -1)  # net zero since the last write: nothing to send
+    quiet = c.plan(0.1)
+    assert quiet.running == {} and not quiet.heartbeat and not quiet
+    c.counts.add_running(OTHER, 2)
+    c.counts.add_tokens(OTHER, 40)
+    b = c.plan(0.2)
+    assert b.running == {OTHER.key: 2} and b.tokens == {OTHER.key: 40}
+    assert b.heartbeat  # any batch writing fields carries the heartbeat, so readers see us alive
+    c.confirm(b, 0.2)
+    full = c.plan(1.3)  # heartbeat due: every non-zero own value again (Redis may have restarted)
+    assert full.heartbeat and full.running == {POD.key: 1, OTHER.key: 2} and full.tokens == {OTHER.key: 40}
+
+
+def test_unconfirmed_batch_is_sent_again_after_a_failure():
+    c = core()
+    c.counts.add_running(POD, 3)
+    b = c.plan(0.0)
+    c.failed()  # reply lost: maybe applied, maybe not; absolute values make resending harmless
+    again = c.plan(0.05)
+    assert again.running == {POD.key: 3}
+    c.confirm(again, 0.05)
+    c.counts.add_running(POD, -3)
+    assert c.plan(0.1).running == {POD.key: 0}  # back to idle is written too
+    assert b.running == {POD.key: 3}
+
+
+def test_aibrix_rows_are_rewritten_while_busy_and_deleted_once_idle():
+    c = core()
+    c.counts.add_running(POD, 2)
+    for t in (0.0, 0.1):
+        b = c.plan(t)
+        assert b.aibrix == {POD.key: 2}  # 500 ms expiry: every tick while busy
+        c.confirm(b, t)
+    c.counts.add_running(POD, -2)
+    b = c.plan(0.2)
+    assert b.aibrix == {POD.key: 0}
+    c.confirm(b, 0.2)
+    assert c.plan(0.3).aibrix == {}
+    assert core(aibrix_snapshots=False).plan(0.0).aibrix == {}
+
+
+# -- snapshot: liveness and overlay ----------------------------------------------------------------
+
+def test_running_sums_live_gateways_and_overlays_own_count():
+    c = core(gateway_ttl=3.0)
+    c.counts.add_running(POD, 2)
+    now = 5000.0
+    c.apply(snap(now, {"gw-live:1": now - 1.0, "gw-dead:1": now - 3.5, ME: now},
+                 running={POD.key: {"gw-live:1": 4, "gw-dead:1": 9, ME: 7}}))
+    assert c.up
+    assert c.running(POD.key) == 2 + 4  # dead gateway left out; own field from memory, not Redis
+    c.counts.add_running(POD, 1)          # own changes show at once, before any sync
+    assert c.running(POD.key) == 7
+    c.failed()
+    assert c.running(POD.key) == 3        # Redis gone: the local view
+
+
+def test_aibrix_gateways_are_added_and_negative_fields_ignored():
+    c = core()
+    now = 10.0
+    c.apply(snap(now, {"gw-x:1": now}, running={POD.key: {"gw-x:1": -5}, OTHER.key: {}},
+                 aibrix={"team/pod-a": 3, "team/pod-b": 1}))
+    assert c.running(POD.key) == 3
+    assert c.running(OTHER.key) == 1
+
+
+def test_fields_of_gateways_absent_from_the_heartbeat_set_are_pruned():
+    c = core()
+    now = 10.0
+    c.apply(snap(now, {"gw-x:1": now - 100}, running={POD.key: {"gw-x:1": 1, "gw-gone:1": 2, ME: 1}},
+                 tokens={POD.key: {"gw-gone:1": 5}}))
+    b = c.plan(now)
+    assert sorted(b.prune) == [(running_key(POD), "gw-gone:1"), (tokens_key(POD), "gw-gone:1")]
+    c.confirm(b, now)
+    assert c.plan(now + 0.1).prune == []
+
+
+# -- token deltas ----------------------------------------------------------------------------------
+
+def test_shared_token_deltas_baseline_then_deltas():
+    c = core()
+    t = 100.0
+    c.apply(snap(t, {}, tokens={POD.key: {"gw-b:1": 500}}))
+    assert c.take_token_deltas() == {}  # first read: baseline, not the pod's whole history
+    c.apply(snap(t, {}, tokens={POD.key: {"gw-b:1": 530}}))
+    c.apply(snap(t, {}, tokens={POD.key: {"gw-b:1": 560, "gw-c:1": 7}}))  # gw-c: new, all of it new
+    assert c.take_token_deltas() == {POD.key: 60 + 7}
+    c.apply(snap(t, {}, tokens={POD.key: {}}))  # Redis restarted empty
+    c.apply(snap(t, {}, tokens={POD.key: {"gw-b:1": 570, "gw-c:1": 7}}))  # re-published totals
+    assert c.take_token_deltas() == {POD.key: 10}
+
+
+def test_own_tokens_counted_once_across_an_outage():
+    c = core()
+    c.counts.add_tokens(POD, 100)
+    c.apply(snap(1.0, {}, tokens={POD.key: {ME: 100, "gw-b:1": 0}}))
+    assert c.take_token_deltas() == {POD.key: 100}
+    c.counts.add_tokens(POD, 20)            # pushed, read back next tick ...
+    c.apply(snap(1.1, {}, tokens={POD.key: {ME: 120, "gw-b:1": 0}}))
+    c.failed()                              # ... then Redis goes away
+    c.counts.add_tokens(POD, 5)
+    assert c.take_token_deltas() == {POD.key: 20 + 5}  # pending shared + own local, no overlap
+    c.counts.add_tokens(POD, 1)
+    assert c.take_token_deltas() == {POD.key: 1}
+    # Back: our field catches up to 126 and gw-b reports what it did meanwhile; nothing twice.
+    c.apply(snap(5.0, {}, tokens={POD.key: {ME: 126, "gw-b:1": 40}}))
+    assert c.take_token_deltas() == {POD.key: 40}
+
+
+def test_own_tokens_before_the_first_snapshot_are_not_lost():
+    c = core()
+    c.counts.add_tokens(POD, 9)
+    c.apply(snap(1.0, {}, tokens={POD.key: {ME: 9}}))
+    assert c.take_token_deltas() == {POD.key: 9}
+
+
+# -- RedisState without a network ------------------------------------------------------------------
+
+def test_redis_state_works_locally_before_any_sync(monkeypatch):
+    monkeypatch.setenv("POD_NAME", "gateway-7")
+    registry = CollectorRegistry()
+    s = RedisState("redis://127.0.0.1:1/0", registry=registry, clock=FakeClock())
+    assert re.fullmatch(r"gateway-7:\d{19}", s.field)
+    s.track([POD])
+    s.add_running(POD, 1)
+    s.add_tokens(POD, 12)
+    assert (s.up, s.running(POD.key), s.local_running(POD.key)) == (False, 1, 1)
+    assert s.take_token_deltas() == {POD.key: 12}
+    assert registry.get_sample_value("extproc_redis_up") == 0
+
+
+def test_two_states_in_one_process_get_distinct_fields():
+    assert RedisState("redis://x", "gw").field != RedisState("redis://x", "gw").field
+
+
+# -- where Redis is ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("env, configured, expected", [
+    ({}, None, None),
+    ({"EXTPROC_REDIS_URL": "redis://a:1/2"}, "redis://b:1/0", "redis://a:1/2"),
+    ({}, "rediss://b:6380/0", "rediss://b:6380/0"),
+    ({"REDIS_HOST": "redis.aibrix-system"}, None, "redis://redis.aibrix-system:6379/0"),
+    ({"REDIS_HOST": "r", "REDIS_PORT": "7000", "REDIS_PASSWORD": "p@ss:w/rd"}, None,
+     "redis://:p%40ss%3Aw%2Frd@r:7000/0"),
+    ({"REDIS_HOST": "::1"}, None, "redis://[::1]:6379/0"),
+    ({"REDIS_PASSWORD": "s3"}, "rediss://user@h:1/0", "rediss://user:s3@h:1/0"),
+    ({"REDIS_PASSWORD": "other"}, "redis://:mine@h:1/0", "redis://:mine@h:1/0"),
+    ({"EXTPROC_REDIS_URL": "  ", "REDIS_HOST": "h"}, None, "redis://h:6379/0"),
+])
+def test_redis_url_from_env(env, configured, expected):
+    assert redis_url_from_env(env, configured) == expected
+
+
+def test_redact_url_hides_only_the_password():
+    assert redact_url("rediss://user:s3cret@h:1/0") == "rediss://user:***@h:1/0"
+    assert redact_url("redis://:s3cret@h:1/0") == "redis://:***@h:1/0"
+    assert redact_url("redis://h:1/0") == "redis://h:1/0"
