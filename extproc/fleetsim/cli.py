@@ -1,0 +1,96 @@
+"""`extproc fleet-sim`: compare routing strategies on a simulated heterogeneous fleet, in virtual time."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    """Add the `fleet-sim` subcommand to `extproc`'s subparsers (imports stay lazy)."""
+    p = sub.add_parser("fleet-sim", help="simulate a GPU fleet behind the gateway and compare strategies",
+                       description=__doc__)
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenario", required=True, help="built-in name or a YAML file (see --list)")
+    p.add_argument("--strategies", help="comma-separated strategies (default: the scenario's)")
+    p.add_argument("--duration", type=float, help="simulated seconds of arrivals (default: the scenario's)")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every stream's rate")
+    p.add_argument("--gateways", type=int, default=1, help="gateway replicas sharing state (Redis-like sync)")
+    p.add_argument("--no-token-sharing", action="store_true",
+                   help="with --gateways N: token counters stay local (the spec's known limitation)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="OUT", help="write the report as JSON (with time series)")
+    p.add_argument("--plot", metavar="OUT.png", help="utilization and QPS over time per GPU type")
+    p.add_argument("--markdown", metavar="OUT.md", help="also write the markdown table to a file")
+    p.add_argument("--find-max-rate", action="store_true",
+                   help="also bisect the highest arrival rate that meets the scenario's SLO, per strategy")
+    p.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per strategy, <= CPUs)")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from extproc.fleetsim.report import markdown, write_json
+    from extproc.fleetsim.runner import Options, compare, find_max_rate
+    from extproc.fleetsim.scenario import load
+
+    try:
+        scenario = load(args.scenario)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"fleet-sim: {exc}", file=sys.stderr)
+        return 2
+    scenario = scenario.scaled(args.rate_scale, args.duration)
+    strategies = [s.strip() for s in args.strategies.split(",")] if args.strategies else list(scenario.strategies)
+    if args.gateways < 1:
+        print("fleet-sim: --gateways must be >= 1", file=sys.stderr)
+        return 2
+    options = Options(gateways=args.gateways, share_tokens=not args.no_token_sharing, seed=args.seed,
+                      jobs=args.jobs)
+    bars = _Bars(strategies, scenario.duration_s, enabled=not args.no_progress)
+    try:
+        report = compare(scenario, strategies, options, bars.update)
+    finally:
+        bars.close()
+    if args.find_max_rate:
+        for s in strategies:
+            report["strategies"][s]["max_rate_rps"] = find_max_rate(scenario, s, options)
+    text = markdown(report)
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+    if args.json:
+        write_json(report, args.json)
+    if args.plot:
+        from extproc.fleetsim.plots import plot
+
+        plot(report, args.plot)
+    return 0
+
+
+class _Bars:
+    """One tqdm bar per strategy over virtual seconds, on stderr."""
+
+    def __init__(self, strategies: list[str], total: float, enabled: bool) -> None:
+        self.bars: dict[str, Any] = {}
+        if not enabled:
+            return
+        from tqdm import tqdm
+
+        for i, s in enumerate(strategies):
+            self.bars[s] = tqdm(total=round(total), desc=f"{s:>16}", unit="sim s", position=i, leave=True,
+                                file=sys.stderr, mininterval=0.5)
+
+    def update(self, strategy: str, t: float) -> None:
+        bar = self.bars.get(strategy)
+        if bar is not None:
+            bar.update(max(0, round(t) - bar.n))
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.update(max(0, bar.total - bar.n))
+            bar.close()

@@ -1,0 +1,244 @@
+"""The discrete-event loop: one strategy, one scenario, virtual time.
+
+Events, earliest first (ties: engine steps, then background ticks, then arrivals, each in a fixed
+order, so a seed fixes the whole run):
+  * a replica's engine step ends  -> deliver finished/failed requests to the gateway that routed them
+    (its access-log path, `Gateway.complete`), then start the next step;
+  * per gateway, on the live schedules: engine-metric scrape (the sample routing sees until the next
+    one), capacity refresh (`Gateway.refresh`), shared-state sync (several gateways only);
+  * a replica loss from the scenario's timeline;
+  * an arrival -> `Gateway.route` on the gateway it reached -> the chosen replica's engine.
+Arrivals stop at `duration_s`; the run then drains (background loops still running) until every
+request has ended, or fails whatever is left after `drain_limit_s`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from extproc.fleetsim.arrivals import Arrival
+from extproc.fleetsim.fleet import Replica, build_replicas
+from extproc.fleetsim.gateways import SimGateway, build_gateways, gateway_config
+from extproc.fleetsim.scenario import Scenario
+from extproc.openai import Request
+from extproc.sim.engine import CapacityError, SeqState, SimRequest
+
+PENDING, OK, REJECTED, FAILED = 0, 1, 2, 3
+STEP, SCRAPE, REFRESH, SYNC, LOSS = 0, 1, 2, 3, 4
+BUCKET_S = 5.0  # resolution of the time series (utilization over time)
+NAN = math.nan
+
+
+class Clock:
+    """The virtual clock every gateway reads (`Gateway(clock=...)`)."""
+
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(slots=True)
+class RunResult:
+    strategy: str
+    scenario: Scenario
+    arrivals: list[Arrival]
+    replicas: list[Replica]
+    status: list[int]
+    replica_of: list[int]
+    ttft: list[float]
+    tpot: list[float]
+    e2e: list[float]
+    output: list[int]
+    lost_at: dict[int, float] = field(default_factory=dict)  # replica index -> time it disappeared
+    bucket_tokens: dict[str, list[int]] = field(default_factory=dict)  # per GPU type, per BUCKET_S
+    bucket_routed: dict[str, list[int]] = field(default_factory=dict)
+    end_time: float = 0.0
+    gateways: int = 1
+
+
+ProgressFn = Callable[[float], None]
+
+
+def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gateways: int = 1,
+        share_tokens: bool = True, seed: int = 0, drain_limit_s: float = 600.0,
+        progress: ProgressFn | None = None) -> RunResult:
+    clock = Clock()
+    replicas = build_replicas(scenario, seed)
+    config = gateway_config(scenario.model, replicas, seed)
+    gws = build_gateways(gateways, config, clock, share_tokens)
+    profiles = [g.gateway.profile(strategy) for g in gws]
+    by_address = {r.address: r for r in replicas}
+    keys_of = [[p.key for p in g.gateway.pool.all_pods()] for g in gws]
+    replicas_of = [[by_address[p.address] for p in g.gateway.pool.all_pods()] for g in gws]
+    n = len(arrivals)
+    res = RunResult(strategy, scenario, list(arrivals), replicas, [PENDING] * n, [-1] * n, [NAN] * n,
+                    [NAN] * n, [NAN] * n, [0] * n, gateways=gateways)
+    nb = int(scenario.duration_s // BUCKET_S) + 1
+    gpus = sorted({r.gpu for r in replicas})
+    res.bucket_tokens = {g: [0] * nb for g in gpus}
+    res.bucket_routed = {g: [0] * nb for g in gpus}
+    decision_key: list[str | None] = [None] * n
+    warmup, duration = scenario.warmup_s, scenario.duration_s
+    streams = scenario.streams
+    model = scenario.model
+    heap: list[tuple[float, int, int, int]] = []  # (time, kind, order, arg)
+    order = 0
+    open_count = 0
+
+    def push(t: float, kind: int, arg: int) -> None:
+        nonlocal order
+        order += 1
+        heapq.heappush(heap, (t, kind, order, arg))
+
+    timing = scenario.timing
+    periods = {SCRAPE: timing.metrics_refresh_s, REFRESH: timing.capacity_refresh_s,
+               SYNC: timing.sync_interval_s}
+    for g in range(gateways):
+        phase = g / gateways  # gateway replicas are not in lock-step
+        push(phase * timing.metrics_refresh_s, SCRAPE, g)
+        push(timing.capacity_refresh_s * (1 + phase), REFRESH, g)
+        if gateways > 1:
+            push(timing.sync_interval_s * (1 + phase), SYNC, g)
+    for loss_i, loss in enumerate(scenario.losses):
+        push(loss.at, LOSS, loss_i)
+
+    def end_request(i: int, r: Replica, seq: SeqState | None, status: int, code: int) -> None:
+        nonlocal open_count
+        open_count -= 1
+        res.status[i] = status
+        out = seq.num_output if seq is not None else 0
+        res.output[i] = out
+        arrival = arrivals[i]
+        ttfb = None
+        if seq is not None and seq.first_token_time is not None:
+            ttfb = seq.first_token_time - arrival.time
+            if status == OK:
+                res.ttft[i] = ttfb
+                res.e2e[i] = seq.finish_time - arrival.time  # type: ignore[operator]
+                if out > 1:
+                    res.tpot[i] = (seq.finish_time - seq.first_token_time) / (out - 1)  # type: ignore[operator]
+        key = decision_key[i]
+        if key is not None:
+            gws[arrival.gateway].gateway.complete(
+                key, status=code, output_tokens=out, token_source="usage", ttfb_s=ttfb,
+                e2e_s=clock.now - arrival.time, aborted=status == FAILED and code == 0)
+
+    def on_step(r: Replica, t: float) -> None:
+        driver = r.driver
+        tokens = res.bucket_tokens[r.gpu]
+        for step in driver.advance_to(t):
+            emitted = len(step.emitted)
+            end = step.end
+            if end < duration:
+                tokens[int(end // BUCKET_S)] += emitted
+                if end >= warmup:
+                    r.tokens += emitted
+                    r.busy_s += end - max(step.start, warmup)
+                    r.preemptions += len(step.preempted)
+            for seq in step.finished:
+                end_request(r.open.pop(seq.request.request_id), r, seq, OK, 200)
+            for seq in step.failed:
+                end_request(r.open.pop(seq.request.request_id), r, seq, FAILED, 503)
+        engine = driver.engine
+        if warmup <= t < duration and len(engine.waiting) > r.peak_waiting:
+            r.peak_waiting = len(engine.waiting)
+        nxt = driver.next_event_time()
+        if nxt is not None and nxt != r.scheduled:
+            r.scheduled = nxt
+            push(nxt, STEP, r.index)
+
+    def lose(loss_i: int) -> None:
+        loss = scenario.losses[loss_i]
+        group = [r for r in replicas if r.gpu == loss.gpu and r.alive]
+        count = max(1, round(len(group) * loss.fraction))
+        for r in group[len(group) - count:]:
+            r.alive = False
+            res.lost_at[r.index] = clock.now
+            for rid, i in list(r.open.items()):
+                seq = r.driver.engine.get(rid)  # what it streamed so far is all the client got
+                r.driver.abort(rid)
+                end_request(i, r, seq, FAILED, 0)
+            r.open.clear()
+        cfg = gateway_config(model, replicas, seed)
+        for g in gws:
+            g.gateway.apply(cfg)
+        # apply() rebuilds profiles from names: take the new ones, as the live server would
+        profiles[:] = [g.gateway.profile(strategy) for g in gws]
+        alive_keys = [[p.key for p in g.gateway.pool.all_pods()] for g in gws]
+        keys_of[:] = alive_keys
+        replicas_of[:] = [[by_address[p.address] for p in g.gateway.pool.all_pods()] for g in gws]
+
+    ai = 0
+    next_arrival = arrivals[0].time if n else math.inf
+    last_progress = 0.0
+    while True:
+        if heap and heap[0][0] <= next_arrival:
+            t, kind, _, arg = heapq.heappop(heap)
+            clock.now = t
+            if kind == STEP:
+                r = replicas[arg]
+                if r.alive and r.scheduled == t:
+                    r.scheduled = -1.0
+                    on_step(r, t)
+                continue
+            if ai >= n and open_count == 0:
+                break  # only background ticks left
+            if t > duration + drain_limit_s:
+                break
+            if kind == SCRAPE:
+                gws[arg].samples.scrape(replicas_of[arg], keys_of[arg])
+            elif kind == REFRESH:
+                gws[arg].gateway.refresh()
+                if progress is not None and arg == 0 and t - last_progress >= 5.0:
+                    progress(min(t, duration))
+                    last_progress = t
+            elif kind == SYNC:
+                gws[arg].shared.sync(t)  # type: ignore[attr-defined]
+            elif kind == LOSS:
+                lose(arg)
+                continue
+            push(t + periods[kind], kind, arg)
+            continue
+        if ai >= n:
+            break
+        a = arrivals[ai]
+        i = ai
+        ai += 1
+        next_arrival = arrivals[ai].time if ai < n else math.inf
+        clock.now = t = a.time
+        stream = streams[a.stream]
+        request = Request(model, "/v1/chat/completions", stream=True, prompt_tokens=a.prompt_tokens,
+                          max_tokens=stream.max_tokens)
+        decision = gws[a.gateway].gateway.route(request, profiles[a.gateway], str(i))
+        if decision is None:
+            res.status[i] = REJECTED  # no routable pod: the client gets a 503 from the gateway
+            continue
+        r = by_address[decision.pod.address]
+        res.replica_of[i] = r.index
+        decision_key[i] = decision.key
+        open_count += 1
+        res.bucket_routed[r.gpu][int(t // BUCKET_S)] += 1
+        try:
+            r.driver.add(SimRequest(str(i), a.prompt_tokens, a.output_tokens), t)
+        except CapacityError:
+            end_request(i, r, None, REJECTED, 400)  # too long for this engine: vLLM's 400
+            continue
+        r.open[str(i)] = i
+        if r.scheduled < 0:
+            on_step(r, t)  # idle engine: start a step now
+    # Anything still open after the drain limit ends as a failure, so every request is accounted for.
+    for r in replicas:
+        for rid, i in list(r.open.items()):
+            seq = r.driver.engine.get(rid)
+            r.driver.abort(rid)
+            end_request(i, r, seq, FAILED, 0)
+        r.open.clear()
+    res.end_time = clock.now
+    return res

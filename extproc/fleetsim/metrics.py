@@ -1,0 +1,154 @@
+"""From a run's raw outcomes to the report's figures: per GPU type and for the cluster.
+
+Every figure covers requests that *arrived* in the measured window [warmup, duration), and engine work
+done in it. Definitions (also in scenarios/README.md):
+  qps                 requests routed to the type per second
+  utilization         output tokens/s achieved / saturated output tokens/s for the same mix (saturation.py),
+                      summed over the type's replicas while they were alive
+  busy_fraction       share of time an engine step was running (~1 under any load with continuous batching)
+  ttft / tpot         per request; tpot = (finish - first token) / (output tokens - 1)
+  slo_attainment      share of arrived requests that completed within the SLO (rejected/failed ones miss)
+  goodput_rps         requests meeting the SLO per second
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from extproc.fleetsim.loop import BUCKET_S, FAILED, OK, REJECTED, RunResult
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (no interpolation: a p99 is a latency some request really had)."""
+    if not values:
+        return None
+    values = sorted(values)
+    k = max(0, min(len(values) - 1, math.ceil(q / 100 * len(values)) - 1))
+    return values[k]
+
+
+def _latency(ttft: list[float], tpot: list[float]) -> dict[str, float | None]:
+    return {"ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+            "tpot_p50_s": percentile(tpot, 50), "tpot_p99_s": percentile(tpot, 99)}
+
+
+def summarize(run: RunResult) -> dict[str, Any]:
+    sc = run.scenario
+    lo, hi = sc.warmup_s, sc.duration_s
+    window = hi - lo
+    slo = sc.slo
+    gpus = sorted({r.gpu for r in run.replicas})
+    per: dict[str, dict[str, Any]] = {g: {"routed": 0, "ok": 0, "met": 0, "ttft": [], "tpot": []} for g in gpus}
+    counts = {"arrived": 0, "completed": 0, "rejected": 0, "failed": 0}
+    met_total = 0
+    all_ttft: list[float] = []
+    all_tpot: list[float] = []
+    out_tokens = 0
+    for i, a in enumerate(run.arrivals):
+        if not lo <= a.time < hi:
+            continue
+        counts["arrived"] += 1
+        status = run.status[i]
+        if status == REJECTED:
+            counts["rejected"] += 1
+        elif status == FAILED:
+            counts["failed"] += 1
+        r = run.replica_of[i]
+        g = per[run.replicas[r].gpu] if r >= 0 else None
+        if g is not None:
+            g["routed"] += 1
+        if status != OK:
+            continue
+        counts["completed"] += 1
+        ttft, tpot = run.ttft[i], run.tpot[i]
+        has_tpot = not math.isnan(tpot)
+        met = slo.met(ttft, tpot if has_tpot else None)
+        met_total += met
+        all_ttft.append(ttft)
+        if has_tpot:
+            all_tpot.append(tpot)
+        out_tokens += run.output[i]
+        if g is not None:
+            g["ok"] += 1
+            g["met"] += met
+            g["ttft"].append(ttft)
+            if has_tpot:
+                g["tpot"].append(tpot)
+    gpu_types: dict[str, Any] = {}
+    for gpu in gpus:
+        reps = [r for r in run.replicas if r.gpu == gpu]
+        alive_s = [max(0.0, min(hi, run.lost_at.get(r.index, hi)) - lo) for r in reps]
+        capacity = sum(r.saturated * s for r, s in zip(reps, alive_s))  # saturated token-seconds
+        tokens = sum(r.tokens for r in reps)
+        busy = sum(r.busy_s for r in reps)
+        p = per[gpu]
+        gpu_types[gpu] = {
+            "replicas": len(reps),
+            "saturated_tokens_per_s_per_replica": reps[0].saturated,
+            "qps": p["routed"] / window,
+            "utilization": tokens / capacity if capacity else 0.0,
+            "busy_fraction": busy / sum(alive_s) if sum(alive_s) else 0.0,
+            "output_tokens_per_s": tokens / window,
+            **_latency(p["ttft"], p["tpot"]),
+            "slo_attainment": p["met"] / p["routed"] if p["routed"] else None,
+            "goodput_rps": p["met"] / window,
+            "peak_queue": max(r.peak_waiting for r in reps),
+            "preemptions": sum(r.preemptions for r in reps),
+        }
+    cluster = {
+        "qps": counts["arrived"] / window,
+        "output_tokens_per_s": sum(r.tokens for r in run.replicas) / window,
+        **_latency(all_ttft, all_tpot),
+        "slo_attainment": met_total / counts["arrived"] if counts["arrived"] else None,
+        "goodput_rps": met_total / window,
+        "peak_queue": max(r.peak_waiting for r in run.replicas),
+        "preemptions": sum(r.preemptions for r in run.replicas),
+        **counts,
+    }
+    total = len(run.arrivals)
+    conservation = {"arrivals": total,
+                    "completed": sum(1 for s in run.status if s == OK),
+                    "rejected": sum(1 for s in run.status if s == REJECTED),
+                    "failed": sum(1 for s in run.status if s == FAILED)}
+    return {"gpu_types": gpu_types, "cluster": cluster, "all_requests": conservation,
+            "slo_met": _slo_met(slo, cluster), "series": series(run)}
+
+
+def _slo_met(slo: Any, cluster: dict[str, Any]) -> bool | None:
+    """The scenario's SLO read as percentile targets: p99 TPOT (and p99 TTFT) within bounds."""
+    if slo.tpot_s is None and slo.ttft_s is None:
+        return None
+    if cluster["rejected"] or cluster["failed"]:
+        return False
+    ok = True
+    if slo.tpot_s is not None:
+        ok &= cluster["tpot_p99_s"] is not None and cluster["tpot_p99_s"] <= slo.tpot_s
+    if slo.ttft_s is not None:
+        ok &= cluster["ttft_p99_s"] is not None and cluster["ttft_p99_s"] <= slo.ttft_s
+    return bool(ok)
+
+
+def series(run: RunResult) -> dict[str, Any]:
+    """Utilization and QPS per GPU type over time, in BUCKET_S buckets (the spec's figure)."""
+    out: dict[str, Any] = {"bucket_s": BUCKET_S, "utilization": {}, "qps": {}}
+    for gpu, tokens in run.bucket_tokens.items():
+        reps = [r for r in run.replicas if r.gpu == gpu]
+        util = []
+        for b, n in enumerate(tokens):
+            t0, t1 = b * BUCKET_S, min((b + 1) * BUCKET_S, run.scenario.duration_s)
+            cap = sum(r.saturated * max(0.0, min(t1, run.lost_at.get(r.index, t1)) - t0) for r in reps)
+            util.append(n / cap if cap > 0 else 0.0)
+        out["utilization"][gpu] = util
+        out["qps"][gpu] = [c / BUCKET_S for c in run.bucket_routed[gpu]]
+    return out
+
+
+def strip_series(summary: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in summary.items() if k != "series"}
+
+
+def mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0

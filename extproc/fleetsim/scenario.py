@@ -1,0 +1,227 @@
+"""A fleet-simulation scenario: the fleet, the traffic, the timeline of events, the SLO.
+
+Loaded from YAML (format: scenarios/README.md). Pure data plus validation; nothing here runs anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extproc.fleetsim.lengths import Lengths, parse_lengths
+from extproc.sim.gpus import get_gpu
+from extproc.sim.models import get_model
+
+DEFAULT_STRATEGIES = ("round-robin", "least-request", "load-balance")
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Replicas of one GPU type (one Deployment in Kubernetes terms)."""
+
+    gpu: str
+    replicas: int
+    name: str  # deployment name; the report groups by GPU type
+    tensor_parallel: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """One Poisson arrival stream with its own length distributions."""
+
+    name: str
+    rate: float  # requests per second before --rate-scale and rate events
+    prompt: Lengths
+    output: Lengths
+    # What the client sends as max_tokens (routing may read it). None: clients send none, as most chat
+    # clients; the engine still stops at the sampled output length, which routing never sees.
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RateChange:
+    """Multiply every stream's rate by `factor` during [start, end)."""
+
+    start: float
+    end: float
+    factor: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoss:
+    """At `at`, the last `fraction` of a GPU type's replicas disappear (their open requests fail)."""
+
+    at: float
+    gpu: str
+    fraction: float
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    tpot_s: float | None = None  # per-request mean time per output token
+    ttft_s: float | None = None
+
+    def met(self, ttft: float, tpot: float | None) -> bool:
+        if self.ttft_s is not None and ttft > self.ttft_s:
+            return False
+        return not (self.tpot_s is not None and tpot is not None and tpot > self.tpot_s)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayTiming:
+    """The live gateway's background schedules (DESIGN.md "Background loops")."""
+
+    metrics_refresh_s: float = 1.0   # engine metric scrape: the sample routing sees is the last one
+    capacity_refresh_s: float = 1.0  # Accounting.refresh: token deltas into the capacity estimator
+    sync_interval_s: float = 0.1     # shared state (Redis) sync between gateway replicas
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    model: str
+    groups: tuple[Group, ...]
+    streams: tuple[Stream, ...]
+    duration_s: float = 600.0
+    warmup_s: float = 60.0  # excluded from the report: capacities start unknown, as after a deploy
+    slo: Slo = Slo()
+    rate_changes: tuple[RateChange, ...] = ()
+    losses: tuple[ReplicaLoss, ...] = ()
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
+    timing: GatewayTiming = GatewayTiming()
+    engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig overrides for every replica
+    description: str = ""
+
+    @property
+    def total_rate(self) -> float:
+        return sum(s.rate for s in self.streams)
+
+    def rate_factor(self, t: float) -> float:
+        f = 1.0
+        for c in self.rate_changes:
+            if c.start <= t < c.end:
+                f *= c.factor
+        return f
+
+    def scaled(self, rate_scale: float = 1.0, duration_s: float | None = None) -> Scenario:
+        streams = tuple(replace(s, rate=s.rate * rate_scale) for s in self.streams)
+        out = replace(self, streams=streams)
+        if duration_s is not None:
+            out = replace(out, duration_s=duration_s, warmup_s=min(self.warmup_s, duration_s / 4))
+        return out
+
+
+BUILTIN = resources.files("extproc.fleetsim") / "scenarios"
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.name[:-5] for p in BUILTIN.iterdir() if p.name.endswith(".yaml"))
+
+
+def load(name_or_path: str) -> Scenario:
+    """A built-in scenario by name, or a YAML file."""
+    path = Path(name_or_path)
+    if name_or_path.endswith((".yaml", ".yml")) or path.exists():
+        text = path.read_text()
+    else:
+        candidate = BUILTIN / f"{name_or_path}.yaml"
+        if not candidate.is_file():
+            raise ValueError(f"no scenario {name_or_path!r}; built-in: {', '.join(builtin_names())}")
+        text = candidate.read_text()
+    return parse(yaml.safe_load(text), default_name=path.stem)
+
+
+_TOP = {"name", "description", "model", "fleet", "streams", "duration_s", "warmup_s", "slo", "events",
+        "strategies", "gateway", "engine"}
+
+
+def parse(raw: Any, default_name: str = "scenario") -> Scenario:
+    if not isinstance(raw, dict):
+        raise ValueError("a scenario is a YAML mapping")
+    extra = set(raw) - _TOP
+    if extra:
+        raise ValueError(f"unknown scenario keys {sorted(extra)}")
+    model = str(raw.get("model", "llama2-7b"))
+    get_model(model)  # unknown presets fail here, not mid-run
+    groups = tuple(_group(g, i) for i, g in enumerate(_list(raw, "fleet")))
+    if not groups:
+        raise ValueError("fleet: at least one group of replicas")
+    streams = tuple(_stream(s, i) for i, s in enumerate(_list(raw, "streams")))
+    if not streams:
+        raise ValueError("streams: at least one arrival stream")
+    duration = float(raw.get("duration_s", 600))
+    warmup = float(raw.get("warmup_s", min(60.0, duration / 4)))
+    if duration <= 0 or not 0 <= warmup < duration:
+        raise ValueError("need duration_s > 0 and 0 <= warmup_s < duration_s")
+    changes, losses = _events(raw.get("events") or [], {g.gpu for g in groups})
+    slo_raw = raw.get("slo") or {}
+    slo = Slo(tpot_s=_opt_float(slo_raw.get("tpot_s")), ttft_s=_opt_float(slo_raw.get("ttft_s")))
+    gw = raw.get("gateway") or {}
+    timing = GatewayTiming(**{k: float(v) for k, v in gw.items()})
+    strategies = raw.get("strategies") or list(DEFAULT_STRATEGIES)
+    return Scenario(
+        name=str(raw.get("name", default_name)), model=model, groups=groups, streams=streams,
+        duration_s=duration, warmup_s=warmup, slo=slo, rate_changes=changes, losses=losses,
+        strategies=tuple(str(s) for s in strategies), timing=timing, engine=dict(raw.get("engine") or {}),
+        description=str(raw.get("description", "")).strip())
+
+
+def _list(raw: dict[str, Any], key: str) -> list[Any]:
+    value = raw.get(key) or []
+    if not isinstance(value, list):
+        raise ValueError(f"{key}: expected a list")
+    return value
+
+
+def _group(raw: Any, i: int) -> Group:
+    if not isinstance(raw, dict) or "gpu" not in raw:
+        raise ValueError(f"fleet[{i}]: needs gpu and replicas")
+    gpu = get_gpu(str(raw["gpu"])).name  # canonical preset name: aliases group together
+    replicas = int(raw.get("replicas", 1))
+    if replicas < 1:
+        raise ValueError(f"fleet[{i}]: replicas >= 1")
+    tp = raw.get("tensor_parallel")
+    return Group(gpu, replicas, str(raw.get("name", gpu.lower())), int(tp) if tp else None)
+
+
+def _stream(raw: Any, i: int) -> Stream:
+    if not isinstance(raw, dict):
+        raise ValueError(f"streams[{i}]: expected a mapping")
+    name = str(raw.get("name", f"stream{i}"))
+    rate = float(raw.get("rate", 0))
+    if rate <= 0:
+        raise ValueError(f"streams[{i}] ({name}): rate > 0")
+    mt = raw.get("max_tokens")
+    return Stream(name, rate, parse_lengths(raw.get("prompt"), f"{name}.prompt"),
+                  parse_lengths(raw.get("output"), f"{name}.output"), int(mt) if mt else None)
+
+
+def _events(raw: list[Any], gpus: set[str]) -> tuple[tuple[RateChange, ...], tuple[ReplicaLoss, ...]]:
+    changes: list[RateChange] = []
+    losses: list[ReplicaLoss] = []
+    for i, e in enumerate(raw):
+        kind = e.get("kind") if isinstance(e, dict) else None
+        if kind == "rate":
+            start, end = float(e["at"]), float(e["until"])
+            if end <= start or float(e["factor"]) <= 0:
+                raise ValueError(f"events[{i}]: need until > at and factor > 0")
+            changes.append(RateChange(start, end, float(e["factor"])))
+        elif kind == "lose-replicas":
+            gpu = get_gpu(str(e["gpu"])).name
+            if gpu not in gpus:
+                raise ValueError(f"events[{i}]: no {gpu} replicas in the fleet")
+            fraction = float(e["fraction"])
+            if not 0 < fraction <= 1:
+                raise ValueError(f"events[{i}]: 0 < fraction <= 1")
+            losses.append(ReplicaLoss(float(e["at"]), gpu, fraction))
+        else:
+            raise ValueError(f"events[{i}]: kind is 'rate' or 'lose-replicas'")
+    return tuple(changes), tuple(losses)
+
+
+def _opt_float(v: Any) -> float | None:
+    return None if v is None else float(v)
