@@ -1,0 +1,294 @@
+"""RedisState against a real redis-server: two "gateways" in one event loop share running counts
+and tokens, in AIBrix's layout; liveness, Redis dying and returning, and a password-protected Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import shutil
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
+
+from extproc.localstack import Proc, free_port
+from extproc.pool.pod import Pod
+from extproc.state.shared import RedisState, redis_url_from_env
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")]
+
+POD = Pod("llama", "a100-0", "127.0.0.1:9", namespace="team")
+ONLY_A = Pod("llama", "l20-0", "127.0.0.1:10", namespace="team")
+AIBRIX_ROW_FIELDS = {"gateway_instance_id", "pod_uid", "pod_name", "namespace", "node_name",
+                     "requests_running", "seq", "update_time"}
+PASSWORD = "s3cr3t-Pa55"
+
+
+class RedisProc:
+    def __init__(self, log_dir: Path, port: int, *extra: str) -> None:
+        self.port = port
+        self.extra = extra
+        self.log_dir = log_dir
+        self.proc: Proc | None = None
+
+    def start(self) -> None:
+        self.proc = Proc(f"redis-{self.port}-{time.monotonic_ns()}",
+                         ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no", *self.extra], self.log_dir)
+        self.proc.wait_ready(self._accepts, timeout=15)
+
+    def _accepts(self) -> bool:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            reply = s.recv(64)
+            return reply.startswith(b"+PONG") or b"NOAUTH" in reply
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+            self.proc = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisProc]:
+    server = RedisProc(tmp_path, free_port())
+    server.start()
+    yield server
+    server.stop()
+
+
+async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout: float, what: str) -> float:
+    """Poll until `check` holds; returns the seconds it took."""
+    start = time.monotonic()
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class Gateways:
+    """RedisStates with their sync loops running in this event loop."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.states: list[RedisState] = []
+        self.registries: dict[str, CollectorRegistry] = {}
+
+    def start(self, url: str, name: str, **kw: object) -> RedisState:
+        registry = CollectorRegistry()
+        state = RedisState(url, name, registry=registry, **kw)
+        self.registries[state.field] = registry
+        state.track([POD, ONLY_A])
+        self.states.append(state)
+        self.tasks[state.field] = asyncio.create_task(state.run())
+        return state
+
+    async def silence(self, state: RedisState) -> None:
+        """Stop a gateway's loop without a goodbye, as a crash would."""
+        task = self.tasks.pop(state.field)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    async def close(self) -> None:
+        for task in self.tasks.values():
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        for state in self.states:
+            await state.close()
+
+
+@pytest.fixture
+async def gateways() -> AsyncIterator[Gateways]:
+    gws = Gateways()
+    yield gws
+    await gws.close()
+
+
+@pytest.fixture
+async def raw(redis_server: RedisProc) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.from_url(redis_server.url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+async def test_two_gateways_see_the_same_running_count(redis_server, gateways, raw):
+    a = gateways.start(redis_server.url, "gw-a")
+    b = gateways.start(redis_server.url, "gw-b")
+    for _ in range(3):
+        a.add_running(POD, 1)
+    b.add_running(POD, 1)
+    await eventually(lambda: a.running(POD.key) == 4 and b.running(POD.key) == 4, 5, "both see 4")
+    assert (a.local_running(POD.key), b.local_running(POD.key)) == (3, 1)
+    assert a.up and b.up
+    # A pod only gateway A routes to is still seen by B.
+    a.add_running(ONLY_A, 2)
+    await eventually(lambda: b.running(ONLY_A.key) == 2, 5, "B sees A's pod")
+    assert b.local_running(ONLY_A.key) == 0
+    # Requests ending at A reach B too.
+    a.add_running(POD, -3)
+    await eventually(lambda: b.running(POD.key) == 1, 5, "B sees A's requests end")
+
+
+async def test_tokens_counted_at_one_gateway_reach_the_other_once(redis_server, gateways):
+    a = gateways.start(redis_server.url, "gw-a")
+    b = gateways.start(redis_server.url, "gw-b")
+    await eventually(lambda: a.up and b.up, 5, "both up")
+    a.add_tokens(ONLY_A, 300)
+    total_b: dict = {}
+    total_a: dict = {}
+
+    def collected() -> bool:
+        for state, total in ((a, total_a), (b, total_b)):
+            for key, n in state.take_token_deltas().items():
+                total[key] = total.get(key, 0) + n
+        return total_b.get(ONLY_A.key) == 300 and total_a.get(ONLY_A.key) == 300
+
+    await eventually(collected, 5, "300 tokens at both")
+    a.add_tokens(ONLY_A, 50)
+    b.add_tokens(ONLY_A, 7)
+    await eventually(lambda: collected() or total_b.get(ONLY_A.key) == 357 == total_a.get(ONLY_A.key),
+                     5, "357 tokens at both")
+    await asyncio.sleep(0.3)  # several more sync ticks: nothing may be counted twice
+    collected()
+    assert total_a == total_b == {ONLY_A.key: 357}
+
+
+async def test_layout_is_aibrix_layout(redis_server, gateways, raw):
+    a = gateways.start(redis_server.url, "gw-a")
+    b = gateways.start(redis_server.url, "gw-b")
+    a.add_running(POD, 2)
+    b.add_running(POD, 1)
+    a.add_tokens(POD, 11)
+    await eventually(lambda: a.running(POD.key) == 3 and b.running(POD.key) == 3, 5, "synced")
+    assert re.fullmatch(r"gw-a:\d{19}", a.field)
+    assert await raw.hgetall("aibrix:rrq:team/a100-0") == {a.field: "2", b.field: "1"}
+    assert 590 <= await raw.ttl("aibrix:rrq:team/a100-0") <= 600
+    beats = dict(await raw.zrange("aibrix:rrq:gateways", 0, -1, withscores=True))
+    assert set(beats) == {a.field, b.field}
+    assert all(abs(score - time.time()) < 5 for score in beats.values())  # Unix seconds
+    assert await raw.hgetall("extproc:tokens:team/a100-0") == {a.field: "11"}
+    # What AIBrix's own gateway writes and reads: a hash per gateway and pod, 500 ms expiry.
+    row = await raw.hgetall(f"aibrix:pod:{a.field}:team:a100-0")
+    assert AIBRIX_ROW_FIELDS <= row.keys()
+    assert (row["gateway_instance_id"], row["namespace"], row["pod_name"], row["requests_running"]) == (
+        a.field, "team", "a100-0", "2")
+    assert re.fullmatch(r"\d\d:\d\d:\d\d\.\d{3}", row["update_time"])
+    assert 0 < await raw.pttl(f"aibrix:pod:{a.field}:team:a100-0") <= 500
+    # Leaving: fields and heartbeat go at once; the token total stays for the others to read.
+    await a.close()
+    assert await raw.hgetall("aibrix:rrq:team/a100-0") == {b.field: "1"}
+    assert await raw.zscore("aibrix:rrq:gateways", a.field) is None
+    assert await raw.exists(f"aibrix:pod:{a.field}:team:a100-0") == 0
+    await eventually(lambda: b.running(POD.key) == 1, 5, "B stops counting A")
+
+
+async def test_an_aibrix_gateways_snapshot_is_counted(redis_server, gateways, raw):
+    a = gateways.start(redis_server.url, "gw-a")
+    a.add_running(POD, 1)
+
+    async def aibrix_gateway_writes() -> bool:  # what pkg/cache/cache_gateway_snapshot.go does
+        key = "aibrix:pod:aibrix-gateway-plugins-5d8f:team:a100-0"
+        await raw.hset(key, mapping={"gateway_instance_id": "aibrix-gateway-plugins-5d8f", "pod_uid": "u",
+                                     "pod_name": "a100-0", "namespace": "team", "node_name": "n",
+                                     "requests_running": "5", "seq": "9", "update_time": "12:00:00.000"})
+        await raw.pexpire(key, 500)
+        return a.running(POD.key) == 6
+
+    await eventually(aibrix_gateway_writes, 5, "AIBrix gateway's 5 counted")
+
+
+async def test_a_silent_gateway_drops_out_after_the_liveness_window(redis_server, gateways):
+    a = gateways.start(redis_server.url, "gw-a")
+    b = gateways.start(redis_server.url, "gw-b")
+    b.add_running(POD, 4)
+    await eventually(lambda: a.running(POD.key) == 4, 5, "A sees B")
+    await gateways.silence(b)  # crashed: no close(), its field stays in Redis
+    took = await eventually(lambda: a.running(POD.key) == 0, 6, "B left out of the sum")
+    assert 1.5 < took < 4.5, took  # about the 3 s liveness window after B's last heartbeat
+
+
+async def test_redis_outage_falls_back_locally_and_sharing_resumes(redis_server, gateways, caplog):
+    caplog.set_level(logging.INFO, logger="extproc.state.redis_sync")
+    a = gateways.start(redis_server.url, "gw-a")
+    b = gateways.start(redis_server.url, "gw-b")
+    a.add_running(POD, 2)
+    b.add_running(POD, 1)
+    await eventually(lambda: a.running(POD.key) == 3 == b.running(POD.key), 5, "synced")
+
+    redis_server.stop()
+    took = await eventually(lambda: not a.up and not b.up, 2, "both notice")
+    assert took < 1.0
+    assert a.running(POD.key) == 2 and b.running(POD.key) == 1  # local views
+    assert gateways.registries[a.field].get_sample_value("extproc_redis_up") == 0
+    # The request path never waits on Redis: thousands of updates and reads take no time.
+    start = time.perf_counter()
+    for _ in range(5000):
+        a.add_running(POD, 1)
+        a.running(POD.key)
+        a.add_running(POD, -1)
+    assert time.perf_counter() - start < 0.5
+    a.add_running(POD, 3)   # changes made during the outage must reach B afterwards
+    a.add_tokens(POD, 40)
+    assert a.take_token_deltas() == {POD.key: 40}  # counted locally while down ...
+    await asyncio.sleep(0.5)  # let several failing ticks pass: the outage is logged once
+    warnings = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(warnings) == 2  # one per gateway
+
+    redis_server.start()  # same port, empty: everything must be re-published
+    await eventually(lambda: a.up and b.up, 10, "sharing resumes")
+    await eventually(lambda: a.running(POD.key) == 6 == b.running(POD.key), 5, "counts converge")
+    await asyncio.sleep(0.3)
+    assert a.take_token_deltas() == {}  # ... and not again when the shared counter catches up
+    deltas: dict = {}
+
+    def b_got_40() -> bool:
+        for key, n in b.take_token_deltas().items():
+            deltas[key] = deltas.get(key, 0) + n
+        return deltas.get(POD.key) == 40
+
+    await eventually(b_got_40, 5, "B sees A's outage tokens")
+    assert gateways.registries[a.field].get_sample_value("extproc_redis_up") == 1
+    assert any("reachable" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
+
+
+async def test_password_through_aibrix_variables_never_logged(tmp_path, gateways, caplog):
+    caplog.set_level(logging.DEBUG)
+    server = RedisProc(tmp_path, free_port(), "--requirepass", PASSWORD)
+    server.start()
+    try:
+        env = {"REDIS_HOST": "127.0.0.1", "REDIS_PORT": str(server.port), "REDIS_PASSWORD": PASSWORD}
+        url = redis_url_from_env(env, None)
+        assert url is not None
+        a = gateways.start(url, "gw-a")
+        a.add_running(POD, 1)
+        await eventually(lambda: a.up, 5, "authenticated")
+        wrong = redis_url_from_env({**env, "REDIS_PASSWORD": PASSWORD + "x"}, None)
+        assert wrong is not None
+        bad = gateways.start(wrong, "gw-bad")
+        await asyncio.sleep(0.5)  # several refused ticks
+        assert not bad.up and bad.running(POD.key) == 0
+        assert a.running(POD.key) == 1
+        refused = [r for r in caplog.records if "unreachable" in r.getMessage()]
+        assert len(refused) == 1
+        assert caplog.records, "expected some logging"
+        logged = "\n".join(r.getMessage() for r in caplog.records)
+        assert "***" in logged
+        assert PASSWORD not in logged and PASSWORD not in caplog.text
+    finally:
+        await gateways.close()
+        server.stop()
