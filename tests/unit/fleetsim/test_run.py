@@ -1,0 +1,109 @@
+"""Whole small runs: determinism, conservation, the events, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from extproc.cli import main
+from extproc.fleetsim.arrivals import generate
+from extproc.fleetsim.loop import FAILED, OK, REJECTED, run
+from extproc.fleetsim.metrics import summarize
+from extproc.fleetsim.runner import Options, run_strategy
+from extproc.fleetsim.saturation import saturated_throughput
+from tests.unit.fleetsim.conftest import CHAT, small
+
+
+def stable(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k != "wall_s"}
+
+
+@pytest.mark.parametrize("strategy", ["least-request", "random"])
+def test_same_seed_same_result(scenario, strategy):
+    a = run_strategy(scenario, strategy, Options(seed=3))
+    b = run_strategy(scenario, strategy, Options(seed=3))
+    assert stable(a) == stable(b)
+    c = run_strategy(scenario, strategy, Options(seed=4))
+    assert stable(c) != stable(a)
+
+
+def test_every_request_completes_or_is_counted(scenario):
+    # One stream too long for any replica's context: each of its requests is rejected by the engine.
+    huge = {"name": "huge", "rate": 2, "prompt": 200000, "output": 10}
+    sc = small(streams=[CHAT, huge], duration_s=10,
+               events=[{"kind": "lose-replicas", "at": 5, "gpu": "A100", "fraction": 0.5}])
+    arrivals = generate(sc, 1, gateways=2)
+    res = run(sc, "least-request", arrivals, gateways=2, seed=1)
+    assert res.status.count(OK) + res.status.count(REJECTED) + res.status.count(FAILED) == len(arrivals)
+    for i, a in enumerate(arrivals):
+        if a.stream == 1:
+            assert res.status[i] == REJECTED
+        elif res.status[i] == OK:
+            assert res.ttft[i] > 0 and (a.output_tokens == 1 or res.tpot[i] > 0)
+    assert res.status.count(FAILED) > 0  # the lost replica's open requests
+    lost = [r for r in res.replicas if not r.alive]
+    assert len(lost) == 1 and lost[0].gpu == "A100-80GB"
+    assert not any(res.replica_of[i] == lost[0].index for i, a in enumerate(arrivals) if a.time > 5.01)
+    # In-flight counts balance: every gateway is back to zero on every pod.
+    summary = summarize(res)
+    assert summary["all_requests"]["arrivals"] == len(arrivals)
+
+
+def test_in_flight_counts_balance_after_a_run(scenario):
+    from extproc.fleetsim import loop
+
+    seen = []
+    real = loop.build_gateways
+
+    def spy(*args, **kwargs):
+        gws = real(*args, **kwargs)
+        seen.extend(gws)
+        return gws
+
+    loop.build_gateways = spy
+    try:
+        run(scenario, "least-request", generate(scenario, 0, gateways=2), gateways=2)
+    finally:
+        loop.build_gateways = real
+    assert seen and all(not any(g.shared.counts.running.values()) for g in seen)
+    assert all(len(g.gateway.open) == 0 for g in seen)
+
+
+def test_a_faster_gpu_saturates_higher(scenario):
+    fast = saturated_throughput(scenario, "A100-80GB")
+    slow = saturated_throughput(scenario, "L20")
+    assert fast > 1.5 * slow > 0
+
+
+def test_utilization_is_throughput_over_saturation(scenario):
+    s = run_strategy(scenario, "least-request", Options())
+    for gpu, m in s["gpu_types"].items():
+        window = scenario.duration_s - scenario.warmup_s
+        expected = m["output_tokens_per_s"] * window / (m["replicas"] * m["saturated_tokens_per_s_per_replica"]
+                                                        * window)
+        assert m["utilization"] == pytest.approx(expected)
+        assert 0 < m["utilization"] < 1
+    assert not math.isnan(s["cluster"]["tpot_p99_s"])
+
+
+def test_cli_writes_json_markdown_and_plot(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps({
+        "name": "tiny", "model": "llama3-8b", "duration_s": 6, "warmup_s": 1,
+        "fleet": [{"gpu": "L20", "replicas": 1}, {"gpu": "A100", "replicas": 1}], "streams": [CHAT]}))
+    out = tmp_path / "r.json"
+    png = tmp_path / "r.png"
+    assert main(["fleet-sim", "--scenario", str(path), "--strategies", "random,least-request",
+                 "--json", str(out), "--plot", str(png), "--no-progress", "--jobs", "1"]) == 0
+    report = json.loads(out.read_text())
+    for name in ("random", "least-request"):
+        s = report["strategies"][name]
+        assert set(s["gpu_types"]) == {"L20", "A100-80GB"}
+        for key in ("qps", "utilization", "output_tokens_per_s", "ttft_p99_s", "tpot_p99_s"):
+            assert key in s["gpu_types"]["L20"]
+        for key in ("qps", "output_tokens_per_s", "tpot_p99_s", "slo_attainment", "goodput_rps"):
+            assert key in s["cluster"]
+    assert png.stat().st_size > 10000
+    assert "| least-request | **cluster** |" in capsys.readouterr().out

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from extproc.fleetsim.arrivals import generate
+from extproc.fleetsim.lengths import LogNormal, Uniform, parse_lengths
+from extproc.fleetsim.scenario import builtin_names, load, parse
+from tests.unit.fleetsim.conftest import CHAT, small
+
+
+def test_every_builtin_scenario_loads():
+    names = builtin_names()
+    assert {"production-results", "worked-example", "input-heavy", "slo-a10-l20", "gpu-loss",
+            "burst"} <= set(names)
+    for name in names:
+        sc = load(name)
+        assert sc.total_rate > 0 and sc.groups and sc.warmup_s < sc.duration_s
+
+
+def test_production_results_pairs_two_gpu_types():
+    sc = load("production-results")
+    assert len({g.gpu for g in sc.groups}) == 2
+    assert sc.total_rate == pytest.approx(200)
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"fleet": [], "streams": [CHAT]}, "fleet"),
+    ({"fleet": [{"gpu": "A100"}], "streams": []}, "streams"),
+    ({"fleet": [{"gpu": "NOPE"}], "streams": [CHAT]}, "NOPE"),
+    ({"fleet": [{"gpu": "A100"}], "streams": [CHAT], "bogus": 1}, "bogus"),
+    ({"fleet": [{"gpu": "A100"}], "streams": [CHAT], "events": [{"kind": "lose-replicas", "at": 1,
+                                                                  "gpu": "L20", "fraction": 0.5}]}, "L20"),
+])
+def test_bad_scenarios_are_refused(raw, message):
+    with pytest.raises((ValueError, KeyError), match=message):
+        parse(raw)
+
+
+def test_lengths_stay_in_bounds_and_centre_on_the_mean():
+    rng = random.Random(1)
+    d = parse_lengths({"dist": "lognormal", "mean": 250, "sigma": 0.5, "min": 10, "max": 5000}, "x")
+    assert isinstance(d, LogNormal)
+    xs = [d.sample(rng) for _ in range(20000)]
+    assert min(xs) >= 10 and max(xs) <= 5000
+    assert sum(xs) / len(xs) == pytest.approx(250, rel=0.03)
+    u = parse_lengths({"dist": "uniform", "low": 32, "high": 64}, "x")
+    assert isinstance(u, Uniform) and {u.sample(rng) for _ in range(2000)} == set(range(32, 65))
+
+
+def test_arrivals_are_seeded_and_poisson_rate():
+    sc = small(duration_s=200)
+    a, b, c = generate(sc, 7), generate(sc, 7), generate(sc, 8)
+    assert a == b and a != c
+    assert len(a) / 200 == pytest.approx(20, rel=0.1)
+    assert all(x.time <= y.time for x, y in zip(a, a[1:]))
+
+
+def test_a_rate_event_doubles_arrivals_only_inside_its_window():
+    sc = small(duration_s=300, events=[{"kind": "rate", "at": 100, "until": 200, "factor": 2.0}])
+    a = generate(sc, 3)
+    inside = sum(1 for x in a if 100 <= x.time < 200)
+    before = sum(1 for x in a if x.time < 100)
+    assert inside / before == pytest.approx(2.0, rel=0.15)
+
+
+def test_gateways_split_arrivals():
+    a = generate(small(duration_s=100), 1, gateways=4)
+    counts = [sum(1 for x in a if x.gateway == g) for g in range(4)]
+    assert min(counts) > 0.2 * len(a)
