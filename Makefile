@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup redis test unit integration demo bench bench-sim validate-sim sim-fleet envoy-config clean
+.PHONY: setup redis test unit integration demo bench bench-memory bench-sim validate-sim sim-fleet envoy-config clean
 
 setup: $(STAMP)
 
@@ -36,7 +36,10 @@ demo: setup
 	$(PY) -m extproc.demo
 
 bench: setup
-	$(PY) -m extproc.bench
+	$(VENV)/bin/extproc bench overhead
+
+bench-memory: setup
+	$(VENV)/bin/extproc bench memory --png docs/bench-memory.png
 
 bench-sim: setup
 	$(PY) -m extproc.sim.bench

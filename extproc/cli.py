@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(sim)
     sim.set_defaults(func=_engine_sim)
     __import__("extproc.fleetsim.cli").fleetsim.cli.register(sub)  # `extproc fleet-sim`
+
+    from extproc.perf.cli import add_parser as add_bench
+
+    add_bench(sub)  # `extproc bench overhead|memory`
     return parser
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks of the gateway itself: `extproc bench overhead` (vs Envoy alone) and `extproc bench memory`."""

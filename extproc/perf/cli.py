@@ -1,0 +1,157 @@
+"""`extproc bench overhead|memory`: the gateway's cost against Envoy alone, and its memory over time."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+OVERHEAD_HELP = """\
+One run, one local upstream (extproc/perf/upstream.py: JSON at once, SSE at a live pace), four paths
+interleaved round by round: the upstream directly (reference), (a) Envoy alone (the client sets the
+destination header), (b) Envoy + gateway routing (ext_proc, request side; no Lua, no access log), (c)
+the full path (routing + Lua tally + gRPC access log). In the JSON output, "direct_*" means (a), Envoy
+alone, and "gateway_*" means (c); "upstream_*" is the no-proxy reference. Added figures are (c) - (a)
+per round, median over rounds. Streaming runs sweep concurrent streams through (a) and (c) and check
+the gateway's tally (extproc_output_tokens_total) against the tokens the upstream sent.
+"""
+
+
+def add_parser(sub: Any) -> None:
+    """Register `bench` on the `extproc` command's subparsers."""
+    bench = sub.add_parser("bench", help="gateway benchmarks: overhead against Envoy alone, memory")
+    kinds = bench.add_subparsers(dest="bench", required=True)
+
+    o = kinds.add_parser("overhead", help="latency, req/s, streamed tokens/s and CPU: gateway vs Envoy alone",
+                         description=OVERHEAD_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    o.add_argument("--duration", type=float, default=3.0,
+                   help="seconds measured per JSON run (streaming runs: 1.5x); scales the whole run")
+    o.add_argument("--rounds", type=int, default=3, help="rounds of the JSON runs")
+    o.add_argument("--stream-rounds", type=int, default=2, help="rounds of the streaming sweep")
+    o.add_argument("--concurrency", type=_ints, default=(1, 16, 64), help="JSON concurrencies, e.g. 1,16,64")
+    o.add_argument("--streams", type=_ints, default=(64, 128, 256, 512, 1024),
+                   help="concurrent streams of the sweep, e.g. 64,256,512 (empty: no streaming)")
+    o.add_argument("--stream-tokens", type=int, default=64, help="output tokens per streamed request")
+    o.add_argument("--itl-ms", type=float, default=20.0, help="upstream pace: ms between tokens of a stream")
+    o.add_argument("--paths", type=lambda t: tuple(t.split(",")), default=("direct", "envoy", "routed", "full"),
+                   help="subset of direct,envoy,routed,full")
+    o.add_argument("--decisions", type=int, default=3000, help="routing decisions timed per pool size")
+    o.add_argument("--json", type=Path, help="write the summary (and every run) here")
+    o.add_argument("--profile", type=Path, metavar="DIR",
+                   help="py-spy the gateways during round 1's heaviest runs; collapsed stacks go to DIR")
+    o.add_argument("--keep-logs", action="store_true", help="print where process logs are and keep them")
+    o.set_defaults(func=_overhead)
+
+    m = kinds.add_parser("memory", help="RSS of the state machine over many requests (in process)")
+    m.add_argument("--requests", type=int, default=1_000_000)
+    m.add_argument("--every", type=int, default=50_000, help="sample RSS every N requests")
+    m.add_argument("--png", type=Path, default=Path("bench-memory.png"),
+                   help="plot here when matplotlib is installed")
+    m.add_argument("--json", type=Path, help="write the curve here")
+    m.set_defaults(func=_memory)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(t) for t in text.split(",") if t.strip())
+
+
+def _clean(value: Any) -> Any:
+    """NaN is not JSON: write null."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _overhead(args: argparse.Namespace) -> int:
+    from extproc.perf.decision import decision_times
+    from extproc.perf.overhead import Settings, raw, run_all, summarize
+    from extproc.perf.report import render
+    from extproc.perf.stack import Stack, strategy_for_bench
+
+    s = Settings(duration=args.duration, rounds=args.rounds, stream_rounds=args.stream_rounds,
+                 concurrencies=args.concurrency, streams=args.streams, stream_tokens=args.stream_tokens,
+                 itl_ms=args.itl_ms, paths=args.paths, profile_dir=args.profile)
+    strategy = strategy_for_bench()
+    if strategy != "load-balance":
+        print("note: load-balance is not registered; routing with least-request", file=sys.stderr)
+    started = time.time()
+    log_dir = Path(tempfile.mkdtemp(prefix="extproc-bench-"))
+    if args.keep_logs:
+        print(f"process logs: {log_dir}", file=sys.stderr)
+    with Stack(log_dir, s.itl_ms, strategy, paths=s.paths) as stack:
+        runs = run_all(stack, s, progress=lambda line: print(line, file=sys.stderr, flush=True))
+        upstream_cpu = stack.upstream_stats()["cpu_s"]
+    summary = summarize(runs, s)
+    summary["decision_us"] = decision_times(decisions=args.decisions, strategy=strategy) \
+        if "full" in s.paths or "routed" in s.paths else {}
+    summary["meta"] = {"strategy": strategy, "settings": {k: getattr(s, k) for k in s.__slots__},
+                       "wall_s": time.time() - started, "upstream_cpu_s": upstream_cpu,
+                       "cpus": _cpu_count(), "loadavg": _loadavg()}
+    print(render(summary, s.concurrencies))
+    if args.profile:
+        _print_profiles(args.profile)
+    if args.json:
+        args.json.write_text(json.dumps(_clean({**summary, "runs": raw(runs)}), indent=1))
+    if not args.keep_logs:
+        import shutil
+
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return 0
+
+
+def _print_profiles(directory: Path) -> None:
+    from extproc.perf.profile import top_frames
+
+    for path in sorted(directory.glob("*.txt")):
+        rows = top_frames(path.read_text(), n=15)
+        print(f"\npy-spy, gateway during {path.stem} ({path}): self% incl% function")
+        for frame, own, incl in rows:
+            print(f"  {own * 100:5.1f} {incl * 100:5.1f}  {frame}")
+
+
+def _memory(args: argparse.Namespace) -> int:
+    from extproc.perf.memory import plot, run
+
+    curve = run(args.requests, args.every, progress=lambda line: print(line, flush=True))
+    slope = curve.slope()
+    print(f"\n{args.requests} requests in {curve.seconds:.1f} s; RSS {curve.rss[0] / 2**20:.1f} -> "
+          f"{curve.rss[-1] / 2**20:.1f} MiB; slope over the second half: {slope:.3f} bytes/request")
+    if plot(curve, args.png):
+        print(f"plot: {args.png}")
+    if args.json:
+        args.json.write_text(json.dumps({"requests": curve.requests, "rss": curve.rss,
+                                         "slope_bytes_per_request": _clean(slope), "seconds": curve.seconds}))
+    return 0
+
+
+def _cpu_count() -> int:
+    import os
+
+    return os.cpu_count() or 0
+
+
+def _loadavg() -> list[float]:
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="extproc bench")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", *(argv if argv is not None else sys.argv[1:])])
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,95 @@
+"""The readable tables of `extproc bench overhead` (pure: a summary dict in, text out)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+PATH_LABELS = (("upstream", "upstream, no proxy"), ("direct", "(a) Envoy alone"),
+               ("routed", "(b) Envoy + gateway routing"), ("gateway", "(c) full path"))
+
+# (what, where in the summary, at least/at most, limit)
+TARGETS = (
+    ("c1 added p50 <= 0.6 ms", ("c1", "added_p50_ms"), "max", 0.6),
+    ("c1 added p99 <= 2 ms", ("c1", "added_p99_ms"), "max", 2.0),
+    ("c64 >= 2000 routed req/s", ("c64", "gateway_rps"), "min", 2000.0),
+    (">= 20000 tallied tok/s with added ITL p99 <= 1 ms", ("stream", "max_chunks_per_s"), "min", 20000.0),
+    ("decision <= 50 us at 100 pods", ("decision_us", "100"), "max", 50.0),
+    ("decision <= 500 us at 1000 pods", ("decision_us", "1000"), "max", 500.0),
+)
+
+
+def target_status(summary: dict[str, Any]) -> list[tuple[str, float | None, bool | None]]:
+    """(target, measured value, met) for each target; None where this run did not measure it."""
+    out = []
+    for name, (section, key), kind, limit in TARGETS:
+        value = summary.get(section, {}).get(key)
+        if value is None or value != value or (section == "stream" and not summary[section].get("levels")):
+            out.append((name, None, None))
+            continue
+        out.append((name, value, value <= limit if kind == "max" else value >= limit))
+    return out
+
+def _f(value: Any, digits: int = 2) -> str:
+    if value is None or value != value:
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def requests_table(summary: dict[str, Any], concurrencies: tuple[int, ...]) -> str:
+    lines = [f"{'path':30} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'+p50 ms':>8} "
+             f"{'+p99 ms':>8} {'gw us/req':>9}"]
+    for c in concurrencies:
+        row = summary.get(f"c{c}", {})
+        for key, label in PATH_LABELS:
+            if f"{key}_p50_ms" not in row:
+                continue
+            added = {"routed": "routed_", "gateway": ""}.get(key)
+            lines.append(
+                f"{label:30} {c:>4} {_f(row[f'{key}_p50_ms']):>8} {_f(row[f'{key}_p99_ms']):>8} "
+                f"{_f(row[f'{key}_rps'], 0):>8} "
+                f"{_f(row.get(f'{added}added_p50_ms')) if added is not None else '':>8} "
+                f"{_f(row.get(f'{added}added_p99_ms')) if added is not None else '':>8} "
+                f"{_f(row.get(f'{added}gateway_cpu_us_per_request'), 0) if added is not None else '':>9}")
+    return "\n".join(lines)
+
+
+def streams_table(summary: dict[str, Any]) -> str:
+    lines = [f"{'streams':>7} {'tok/s (a)':>9} {'tok/s (c)':>9} {'ITL p99 a':>9} {'ITL p99 c':>9} "
+             f"{'+ITL p50':>8} {'+ITL p99':>8} {'TTFT p50 a/c ms':>16} {'tally':>6} {'gw us/tok':>9} "
+             f"{'envoy us/tok a/c':>17} {'gw core':>7}"]
+    for lv in summary["stream"]["levels"]:
+        tally = "ok" if lv.get("tally_ok") else f"-{lv.get('tally_missing', 0):.0f}" if "tally_ok" in lv else "-"
+        lines.append(
+            f"{lv['streams']:>7} {_f(lv.get('direct_tokens_per_s'), 0):>9} {_f(lv.get('gateway_tokens_per_s'), 0):>9} "
+            f"{_f(lv.get('direct_itl_p99_ms')):>9} {_f(lv.get('gateway_itl_p99_ms')):>9} "
+            f"{_f(lv.get('added_itl_p50_ms')):>8} {_f(lv.get('added_itl_p99_ms')):>8} "
+            f"{_f(lv.get('direct_ttft_p50_ms')) + '/' + _f(lv.get('gateway_ttft_p50_ms')):>16} {tally:>6} "
+            f"{_f(lv.get('gateway_cpu_us_per_token'), 1):>9} "
+            f"{_f(lv.get('direct_envoy_cpu_us_per_token'), 1) + '/' + _f(lv.get('gateway_envoy_cpu_us_per_token'), 1):>17} "
+            f"{_f(lv.get('gateway_cpu_share')):>7}")
+    return "\n".join(lines)
+
+
+def decision_table(decision: dict[str, Any]) -> str:
+    sizes = [k for k in decision if k.isdigit()]
+    return (f"routing decision ({decision.get('strategy')}), in process: "
+            + ", ".join(f"{k} pods {decision[k]:.1f} us (p99 {decision[f'{k}_p99']:.1f})" for k in sizes))
+
+
+def targets_table(summary: dict[str, Any]) -> str:
+    return "\n".join(f"  {'met ' if ok else 'MISS' if ok is False else '  - '}  {name}: {_f(value)}"
+                     for name, value, ok in target_status(summary))
+
+def render(summary: dict[str, Any], concurrencies: tuple[int, ...]) -> str:
+    parts = ["request path (JSON, medians over rounds; + = added over (a) in the same round):",
+             requests_table(summary, concurrencies)]
+    if summary["stream"]["levels"]:
+        s = summary["stream"]
+        parts += ["", "streaming at live pace, (a) Envoy alone vs (c) full path (tally checked against the "
+                  "upstream's count):", streams_table(summary),
+                  f"max tallied rate with added ITL p99 <= 1 ms: {s['max_chunks_per_s']:.0f} tok/s "
+                  f"({s['max_chunks_streams']} streams)"]
+    if summary.get("decision_us"):
+        parts += ["", decision_table(summary["decision_us"])]
+    parts += ["", "targets:", targets_table(summary)]
+    return "\n".join(parts)

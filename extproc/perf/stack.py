@@ -1,0 +1,148 @@
+"""The processes of the overhead benchmark: one upstream and the paths to it, side by side.
+
+    direct  client -> upstream
+    envoy   (a) client -> Envoy -> upstream; the client sets the destination header itself
+    routed  (b) client -> Envoy + gateway routing (ext_proc, request side) -> upstream
+    full    (c) the product: routing + Lua tally + gRPC access log back to the gateway
+
+Every Envoy runs the same bootstrap generator with filters removed, so the differences between
+paths are the gateway's parts and nothing else. (b) and (c) have a gateway process each, so the
+CPU of each is its own.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from extproc.config import DEFAULT_DESTINATION_HEADER
+from extproc.envoy_bootstrap import BootstrapOptions, bootstrap
+from extproc.localstack import VENV_BIN, Proc, free_port, http_get, port_open, start_envoy
+from extproc.perf.load import Target
+
+MODEL = "bench"
+PATHS = ("direct", "envoy", "routed", "full")
+EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+LUA_FILTER = "envoy.filters.http.lua"
+GRPC_ACCESS_LOG = "envoy.access_loggers.http_grpc"
+
+
+def envoy_variant(options: BootstrapOptions, *, ext_proc: bool, tally: bool) -> str:
+    """The product bootstrap minus the gateway's parts: ext_proc, and/or the Lua tally + access log."""
+    config = bootstrap(options)
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    drop = set() if ext_proc else {EXT_PROC_FILTER}
+    if not tally:
+        drop.add(LUA_FILTER)
+        hcm["access_log"] = [a for a in hcm["access_log"] if a["name"] != GRPC_ACCESS_LOG]
+    hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] not in drop]
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def strategy_for_bench() -> str:
+    """load-balance when registered (the default the product aims at), else least-request."""
+    from extproc.routing import strategy_names
+
+    return "load-balance" if "load-balance" in strategy_names() else "least-request"
+
+
+@dataclass
+class Gateway:
+    proc: Proc
+    admin_port: int
+
+    @property
+    def pid(self) -> int:
+        return self.proc.popen.pid
+
+    def metrics(self) -> str:
+        return http_get(f"http://127.0.0.1:{self.admin_port}/metrics", timeout=5)[1].decode()
+
+
+@dataclass
+class BenchPath:
+    name: str
+    target: Target
+    envoy: Proc | None = None
+    gateway: Gateway | None = None
+
+
+class Stack:
+    """Starts everything on 127.0.0.1 free ports; `close` (or the with-block) stops it all."""
+
+    def __init__(self, log_dir: Path, itl_ms: float, strategy: str, paths: tuple[str, ...] = PATHS) -> None:
+        self.log_dir = log_dir
+        self.strategy = strategy
+        self._exit = ExitStack()
+        self.paths: dict[str, BenchPath] = {}
+        try:
+            self._start(itl_ms, paths)
+        except BaseException:
+            self._exit.close()
+            raise
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._exit.close()
+
+    def _proc(self, proc: Proc) -> Proc:
+        self._exit.callback(proc.stop)
+        return proc
+
+    def _start(self, itl_ms: float, paths: tuple[str, ...]) -> None:
+        port = free_port()
+        self.upstream = self._proc(Proc("upstream", [sys.executable, "-m", "extproc.perf.upstream",
+                                                     "--port", str(port), "--itl-ms", str(itl_ms)],
+                                        self.log_dir))
+        self.upstream.wait_ready(lambda: port_open(port))
+        self.upstream_port = port
+        address = f"127.0.0.1:{port}"
+        self.paths["direct"] = BenchPath("direct", Target(port))
+        if "envoy" in paths:
+            envoy_port = free_port()
+            envoy = self._envoy("envoy", envoy_port, gateway_port=free_port(), ext_proc=False, tally=False)
+            self.paths["envoy"] = BenchPath(
+                "envoy", Target(envoy_port, ((DEFAULT_DESTINATION_HEADER, address),)), envoy)
+        for name, tally in (("routed", False), ("full", True)):
+            if name not in paths:
+                continue
+            gateway, grpc_port = self._gateway(name, address)
+            envoy_port = free_port()
+            envoy = self._envoy(name, envoy_port, gateway_port=grpc_port, ext_proc=True, tally=tally)
+            self.paths[name] = BenchPath(name, Target(envoy_port), envoy, gateway)
+
+    def _gateway(self, name: str, address: str) -> tuple[Gateway, int]:
+        config = self.log_dir / f"gateway-{name}.yaml"
+        # Without the access log (path b) records never come: keep the default request timeout so no
+        # expiry (and its per-request warning) runs during the benchmark.
+        config.write_text(yaml.safe_dump({
+            "models": {MODEL: {"pods": [{"name": "upstream-0", "address": address}]}},
+            "routing": {"default_strategy": self.strategy}}))
+        grpc_port, admin_port = free_port(), free_port()
+        proc = self._proc(Proc(f"gateway-{name}", [
+            str(VENV_BIN / "extproc"), "--log-level", "WARNING", "serve", "--config", str(config),
+            "--port", str(grpc_port), "--host", "127.0.0.1", "--admin-port", str(admin_port)], self.log_dir))
+        proc.wait_ready(lambda: http_get(f"http://127.0.0.1:{admin_port}/healthz")[0] == 200
+                        and port_open(grpc_port))
+        return Gateway(proc, admin_port), grpc_port
+
+    def _envoy(self, name: str, port: int, gateway_port: int, *, ext_proc: bool, tally: bool) -> Proc:
+        options = BootstrapOptions(listen_port=port, listen_address="127.0.0.1", admin_port=free_port(),
+                                   extproc_port=gateway_port)
+        proc = self._proc(start_envoy(f"envoy-{name}", envoy_variant(options, ext_proc=ext_proc,
+                                                                      tally=tally), self.log_dir))
+        proc.wait_ready(lambda: port_open(port))
+        return proc
+
+    def upstream_stats(self) -> dict[str, float]:
+        return json.loads(http_get(f"http://127.0.0.1:{self.upstream_port}/stats")[1])
