@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--markdown", metavar="OUT.md", help="also write the markdown table to a file")
     p.add_argument("--find-max-rate", action="store_true",
                    help="also bisect the highest arrival rate that meets the scenario's SLO, per strategy")
+    p.add_argument("--capacity", choices=("learned", "oracle"), default="learned",
+                   help="diagnostic: 'oracle' gives routing each replica's true saturated throughput "
+                        "instead of the gateway's learned estimate")
     p.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per strategy, <= CPUs)")
     p.add_argument("--no-progress", action="store_true")
 
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         print("fleet-sim: --gateways must be >= 1", file=sys.stderr)
         return 2
     options = Options(gateways=args.gateways, share_tokens=not args.no_token_sharing, seed=args.seed,
-                      jobs=args.jobs)
+                      jobs=args.jobs, oracle_capacity=args.capacity == "oracle")
     bars = _Bars(strategies, scenario.duration_s, enabled=not args.no_progress)
     try:
         report = compare(scenario, strategies, options, bars.update)

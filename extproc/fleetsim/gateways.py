@@ -8,7 +8,7 @@ scrapes instead of HTTP, and its shared state either the in-process `LocalState`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from extproc.config import Config, parse
@@ -17,6 +17,7 @@ from extproc.fleetsim.shared import SimSharedState, SyncHub
 from extproc.pool.pod import PodKey
 from extproc.server.gateway import Gateway
 from extproc.state.accounting import Accounting
+from extproc.state.capacity import CapacityEstimator
 from extproc.state.shared import LocalState, SharedState
 from extproc.telemetry.engine_metrics import EngineSample
 from extproc.telemetry.health import PodHealth
@@ -52,26 +53,45 @@ class Samples:
                                            kv_usage=e.kv_cache_usage, cpu_kv_usage=None)
 
 
+class OracleCapacity(CapacityEstimator):
+    """Diagnostic only (`--capacity oracle`): every pod's capacity is its true saturated throughput
+    for the scenario's mix, instead of what the gateway learns. Separates the score's behaviour from
+    the estimator's dynamics; no live gateway has this."""
+
+    def __init__(self, truth: Mapping[PodKey, float]) -> None:
+        super().__init__()
+        self.truth = dict(truth)
+
+    def estimate(self, key: PodKey) -> float | None:
+        return self.truth.get(key)
+
+    def capacities(self, keys: Iterable[PodKey]) -> dict[PodKey, float | None]:
+        return {k: self.truth.get(k) for k in keys}
+
+
 class SimGateway:
     """One gateway replica: the live Gateway plus its background loops' inputs."""
 
     __slots__ = ("index", "gateway", "samples", "shared")
 
     def __init__(self, index: int, config: Config, clock: Callable[[], float],
-                 shared: SharedState) -> None:
+                 shared: SharedState, capacity: CapacityEstimator | None = None) -> None:
         self.index = index
         self.shared = shared
         self.samples = Samples()
-        accounting = Accounting(shared, health=PodHealth(), samples=self.samples)
+        accounting = Accounting(shared, capacity=capacity, health=PodHealth(), samples=self.samples)
         self.gateway = Gateway(config, clock=clock, accounting=accounting)
 
 
-def build_gateways(count: int, config: Config, clock: Callable[[], float],
-                   share_tokens: bool = True) -> list[SimGateway]:
+def build_gateways(count: int, config: Config, clock: Callable[[], float], share_tokens: bool = True,
+                   oracle: Mapping[PodKey, float] | None = None) -> list[SimGateway]:
+    def capacity() -> CapacityEstimator | None:
+        return OracleCapacity(oracle) if oracle is not None else None
+
     if count == 1:
-        return [SimGateway(0, config, clock, LocalState())]
+        return [SimGateway(0, config, clock, LocalState(), capacity())]
     hub = SyncHub(share_tokens)
-    return [SimGateway(i, config_with_seed(config, i), clock, SimSharedState(hub, f"sim-gw-{i}"))
+    return [SimGateway(i, config_with_seed(config, i), clock, SimSharedState(hub, f"sim-gw-{i}"), capacity())
             for i in range(count)]
 
 

@@ -68,11 +68,13 @@ ProgressFn = Callable[[float], None]
 
 def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gateways: int = 1,
         share_tokens: bool = True, seed: int = 0, drain_limit_s: float = 600.0,
-        progress: ProgressFn | None = None) -> RunResult:
+        progress: ProgressFn | None = None, oracle_capacity: bool = False) -> RunResult:
     clock = Clock()
     replicas = build_replicas(scenario, seed)
     config = gateway_config(scenario.model, replicas, seed)
-    gws = build_gateways(gateways, config, clock, share_tokens)
+    by_addr = {r.address: r for r in replicas}
+    oracle = {p.key: by_addr[p.address].saturated for p in config.pods} if oracle_capacity else None
+    gws = build_gateways(gateways, config, clock, share_tokens, oracle)
     profiles = [g.gateway.profile(strategy) for g in gws]
     by_address = {r.address: r for r in replicas}
     keys_of = [[p.key for p in g.gateway.pool.all_pods()] for g in gws]
@@ -80,7 +82,7 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
     n = len(arrivals)
     res = RunResult(strategy, scenario, list(arrivals), replicas, [PENDING] * n, [-1] * n, [NAN] * n,
                     [NAN] * n, [NAN] * n, [0] * n, gateways=gateways)
-    nb = int(scenario.duration_s // BUCKET_S) + 1
+    nb = max(1, math.ceil(scenario.duration_s / BUCKET_S))
     gpus = sorted({r.gpu for r in replicas})
     res.bucket_tokens = {g: [0] * nb for g in gpus}
     res.bucket_routed = {g: [0] * nb for g in gpus}

@@ -34,6 +34,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"Scenario `{report['scenario']}`: {report['model']} on {fleet}; {report['rate_rps']:.1f} req/s for "
         f"{report['duration_s']:g} s (first {report['warmup_s']:g} s not measured); "
         f"{report['gateways']} gateway(s){'' if report['token_sharing'] else ', token counters NOT shared'}; "
+        f"{'ORACLE capacities (diagnostic); ' if report.get('capacity') == 'oracle' else ''}"
         f"seed {report['seed']}; SLO per request: {slo_text}.",
         "",
         "| " + " | ".join(COLUMNS) + " |",

@@ -28,6 +28,7 @@ class Options:
     share_tokens: bool = True
     seed: int = 0
     jobs: int = 0  # 0: one per strategy, at most the CPU count
+    oracle_capacity: bool = False  # diagnostic: true saturated capacities instead of learned ones
 
 
 Progress = Callable[[str, float], None]  # (strategy, virtual seconds done)
@@ -39,7 +40,7 @@ def run_strategy(scenario: Scenario, strategy: str, options: Options,
     arrivals = generate(scenario, options.seed, options.gateways)
     started = time.perf_counter()
     result = run(scenario, strategy, arrivals, gateways=options.gateways, share_tokens=options.share_tokens,
-                 seed=options.seed, progress=(lambda t: progress(strategy, t)) if progress else None)
+                 seed=options.seed, oracle_capacity=options.oracle_capacity, progress=(lambda t: progress(strategy, t)) if progress else None)
     summary = summarize(result)
     summary["wall_s"] = time.perf_counter() - started
     summary["virtual_end_s"] = result.end_time
@@ -84,6 +85,7 @@ def compare(scenario: Scenario, strategies: Sequence[str], options: Options,
         "slo": {"tpot_s": scenario.slo.tpot_s, "ttft_s": scenario.slo.ttft_s},
         "gateways": options.gateways,
         "token_sharing": options.share_tokens,
+        "capacity": "oracle" if options.oracle_capacity else "learned",
         "seed": options.seed,
         "strategies": results,
     }
