@@ -34,12 +34,13 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--rounds", type=int, default=3, help="rounds of the JSON runs")
     o.add_argument("--stream-rounds", type=int, default=2, help="rounds of the streaming sweep")
     o.add_argument("--concurrency", type=_ints, default=(1, 16, 64), help="JSON concurrencies, e.g. 1,16,64")
-    o.add_argument("--streams", type=_ints, default=(64, 128, 256, 512, 1024),
+    o.add_argument("--streams", type=_ints, default=(128, 256, 384, 512, 768),
                    help="concurrent streams of the sweep, e.g. 64,256,512 (empty: no streaming)")
     o.add_argument("--stream-tokens", type=int, default=64, help="output tokens per streamed request")
     o.add_argument("--itl-ms", type=float, default=20.0, help="upstream pace: ms between tokens of a stream")
     o.add_argument("--paths", type=lambda t: tuple(t.split(",")), default=("direct", "envoy", "routed", "full"),
-                   help="subset of direct,envoy,routed,full")
+                   help="subset of direct,envoy,routed,full,tally (tally: Envoy + the Lua tally without a "
+                        "gateway, in the streaming sweep: the Lua's share of (c))")
     o.add_argument("--decisions", type=int, default=3000, help="routing decisions timed per pool size")
     o.add_argument("--json", type=Path, help="write the summary (and every run) here")
     o.add_argument("--profile", type=Path, metavar="DIR",

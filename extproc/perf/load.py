@@ -28,12 +28,15 @@ class Target:
     port: int
     headers: tuple[tuple[str, str], ...] = ()
     host: str = "127.0.0.1"
+    include_usage: bool = False  # streaming bodies ask for usage themselves (what the gateway would add)
 
 
 def request_bytes(target: Target, model: str, stream: bool, max_tokens: int) -> bytes:
-    body = json.dumps({"model": model, "stream": stream, "max_tokens": max_tokens,
-                       "messages": [{"role": "user", "content": "Say this is a test!"}]},
-                      separators=(",", ":")).encode()
+    fields: dict[str, object] = {"model": model, "stream": stream, "max_tokens": max_tokens}
+    if stream and target.include_usage:
+        fields["stream_options"] = {"include_usage": True}
+    fields["messages"] = [{"role": "user", "content": "Say this is a test!"}]
+    body = json.dumps(fields, separators=(",", ":")).encode()
     extra = "".join(f"{k}: {v}\r\n" for k, v in target.headers)
     head = (f"POST {CHAT_PATH} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\n{extra}\r\n")

@@ -31,7 +31,7 @@ class Settings:
     rounds: int = 3
     stream_rounds: int = 2
     concurrencies: tuple[int, ...] = (1, 16, 64)
-    streams: tuple[int, ...] = (64, 128, 256, 512, 1024)
+    streams: tuple[int, ...] = (128, 256, 384, 512, 768)
     json_tokens: int = 16
     stream_tokens: int = 64               # per streamed request: 64 x 20 ms = 1.28 s per generation
     itl_ms: float = 20.0
@@ -148,7 +148,7 @@ def _profiled(path: BenchPath, seconds: float, out: Path | None, measure: Callab
 def run_all(stack: Stack, s: Settings, progress: Callable[[str], None] = print) -> dict[str, list[Run]]:
     """Every run, keyed "req/<c>/<path>" or "stream/<n>/<path>", one Run per round."""
     runs: dict[str, list[Run]] = {}
-    paths = tuple(p for p in s.paths if p in stack.paths)
+    paths = tuple(p for p in s.paths if p in stack.paths and p != "tally")  # tally: streaming only
     top_c, top_n = max(s.concurrencies, default=0), max(s.streams, default=0)
     for r in range(s.rounds):
         for c in s.concurrencies:
@@ -159,7 +159,7 @@ def run_all(stack: Stack, s: Settings, progress: Callable[[str], None] = print) 
                 runs.setdefault(f"req/{c}/{name}", []).append(run)
                 progress(f"round {r + 1} c={c:<4} {name:7} p50 {run.p50_ms:6.2f} ms  p99 {run.p99_ms:6.2f} ms"
                          f"  {run.rps:7.0f} req/s  {_errors(run)}")
-    stream_paths = tuple(p for p in ("envoy", "full") if p in paths)
+    stream_paths = tuple(p for p in ("envoy", "tally", "full") if p in stack.paths and p in s.paths)
     for r in range(s.stream_rounds):
         for n in s.streams:
             for name in _rotate(stream_paths, r + n):
@@ -226,10 +226,11 @@ def _summarize_streams(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any
     levels = []
     for n in s.streams:
         full, alone = runs.get(f"stream/{n}/full", []), runs.get(f"stream/{n}/envoy", [])
+        lua = runs.get(f"stream/{n}/tally", [])
         if not full and not alone:
             continue
         level: dict[str, Any] = {"streams": n}
-        for label, rs in (("direct", alone), ("gateway", full)):
+        for label, rs in (("direct", alone), ("gateway", full), ("lua", lua)):
             if rs:
                 level |= {f"{label}_tokens_per_s": _med(rs, "tokens_per_s"),
                           f"{label}_itl_p50_ms": _med(rs, "itl_p50_ms"),
@@ -242,6 +243,8 @@ def _summarize_streams(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any
             level["added_itl_p50_ms"] = _added(runs, f"stream/{n}/full", f"stream/{n}/envoy", "itl_p50_ms")
             level["added_itl_p99_ms"] = _added(runs, f"stream/{n}/full", f"stream/{n}/envoy", "itl_p99_ms")
             level["added_ttft_p50_ms"] = _added(runs, f"stream/{n}/full", f"stream/{n}/envoy", "ttft_p50_ms")
+        if lua and alone:
+            level["lua_added_itl_p99_ms"] = _added(runs, f"stream/{n}/tally", f"stream/{n}/envoy", "itl_p99_ms")
         if full:
             level["gateway_cpu_us_per_token"] = _per(full, "gateway", "tokens_sent")
             level["gateway_cpu_share"] = median(r.cpu_s.get("gateway", 0) / r.elapsed_s for r in full)
@@ -250,9 +253,10 @@ def _summarize_streams(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any
             level["tally_missing"] = max(r.tokens_sent - r.tally for r in full)
             level["running_after"] = max(r.running_after for r in full)
             level["usage_leaked"] = sum(r.usage_leaked for r in full)
-        level["upstream_late_max_ms"] = max(r.upstream_late_max_ms for r in full + alone)
-        level["upstream_cpu_us_per_token"] = _per(full + alone, "upstream", "tokens_sent")
-        level["client_cpu_us_per_token"] = _per(full + alone, "client", "tokens_sent")
+        everything = full + alone + lua
+        level["upstream_late_max_ms"] = max(r.upstream_late_max_ms for r in everything)
+        level["upstream_cpu_us_per_token"] = _per(everything, "upstream", "tokens_sent")
+        level["client_cpu_us_per_token"] = _per(everything, "client", "tokens_sent")
         levels.append(level)
     passing = [lv for lv in levels if lv.get("tally_ok") and lv.get("added_itl_p99_ms", 1e9) <= ITL_BUDGET_MS
                and not lv.get("gateway_errors")]

@@ -56,7 +56,7 @@ def requests_table(summary: dict[str, Any], concurrencies: tuple[int, ...]) -> s
 def streams_table(summary: dict[str, Any]) -> str:
     lines = [f"{'streams':>7} {'tok/s (a)':>9} {'tok/s (c)':>9} {'ITL p99 a':>9} {'ITL p99 c':>9} "
              f"{'+ITL p50':>8} {'+ITL p99':>8} {'TTFT p50 a/c ms':>16} {'tally':>6} {'gw us/tok':>9} "
-             f"{'envoy us/tok a/c':>17} {'gw core':>7}"]
+             f"{'envoy us/tok a/c':>17} {'gw core':>7} {'+ITL p99 lua':>12}"]
     for lv in summary["stream"]["levels"]:
         tally = "ok" if lv.get("tally_ok") else f"-{lv.get('tally_missing', 0):.0f}" if "tally_ok" in lv else "-"
         lines.append(
@@ -66,7 +66,7 @@ def streams_table(summary: dict[str, Any]) -> str:
             f"{_f(lv.get('direct_ttft_p50_ms')) + '/' + _f(lv.get('gateway_ttft_p50_ms')):>16} {tally:>6} "
             f"{_f(lv.get('gateway_cpu_us_per_token'), 1):>9} "
             f"{_f(lv.get('direct_envoy_cpu_us_per_token'), 1) + '/' + _f(lv.get('gateway_envoy_cpu_us_per_token'), 1):>17} "
-            f"{_f(lv.get('gateway_cpu_share')):>7}")
+            f"{_f(lv.get('gateway_cpu_share')):>7} {_f(lv.get('lua_added_itl_p99_ms')):>12}")
     return "\n".join(lines)
 
 

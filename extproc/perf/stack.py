@@ -4,6 +4,8 @@
     envoy   (a) client -> Envoy -> upstream; the client sets the destination header itself
     routed  (b) client -> Envoy + gateway routing (ext_proc, request side) -> upstream
     full    (c) the product: routing + Lua tally + gRPC access log back to the gateway
+    tally   diagnostic: (a) + the Lua tally, no gateway (a stub Lua filter marks each request as
+            routed, with usage to strip, as the gateway would): Envoy's share of (c)'s cost
 
 Every Envoy runs the same bootstrap generator with filters removed, so the differences between
 paths are the gateway's parts and nothing else. (b) and (c) have a gateway process each, so the
@@ -24,23 +26,37 @@ from extproc.config import DEFAULT_DESTINATION_HEADER
 from extproc.envoy_bootstrap import BootstrapOptions, bootstrap
 from extproc.localstack import VENV_BIN, Proc, free_port, http_get, port_open, start_envoy
 from extproc.perf.load import Target
+from extproc.server.responses import GATEWAY_METADATA_NAMESPACE, POD, STRIP_USAGE
 
 MODEL = "bench"
-PATHS = ("direct", "envoy", "routed", "full")
+PATHS = ("direct", "envoy", "routed", "full", "tally")
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 LUA_FILTER = "envoy.filters.http.lua"
 GRPC_ACCESS_LOG = "envoy.access_loggers.http_grpc"
+# What the gateway's routing reply leaves in metadata for tally.lua (server/responses.py).
+_MARK_ROUTED = ('function envoy_on_request(h) local m = h:streamInfo():dynamicMetadata() '
+                f'm:set("{GATEWAY_METADATA_NAMESPACE}", "{POD}", "upstream-0") '
+                f'm:set("{GATEWAY_METADATA_NAMESPACE}", "{STRIP_USAGE}", true) end')
 
 
-def envoy_variant(options: BootstrapOptions, *, ext_proc: bool, tally: bool) -> str:
-    """The product bootstrap minus the gateway's parts: ext_proc, and/or the Lua tally + access log."""
+def envoy_variant(options: BootstrapOptions, *, ext_proc: bool, tally: bool, mark: bool = False) -> str:
+    """The product bootstrap minus the gateway's parts: ext_proc, and/or the Lua tally + access log.
+
+    `mark`: a stub Lua filter stands in for the gateway's routing metadata, so the tally runs
+    without a gateway (the access log, which has no one to go to, is removed too).
+    """
     config = bootstrap(options)
     hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     drop = set() if ext_proc else {EXT_PROC_FILTER}
     if not tally:
         drop.add(LUA_FILTER)
+    if not tally or mark:
         hcm["access_log"] = [a for a in hcm["access_log"] if a["name"] != GRPC_ACCESS_LOG]
     hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] not in drop]
+    if mark:
+        hcm["http_filters"].insert(0, {"name": "mark_routed", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+            "default_source_code": {"inline_string": _MARK_ROUTED}}})
     return yaml.safe_dump(config, sort_keys=False)
 
 
@@ -113,6 +129,12 @@ class Stack:
             envoy = self._envoy("envoy", envoy_port, gateway_port=free_port(), ext_proc=False, tally=False)
             self.paths["envoy"] = BenchPath(
                 "envoy", Target(envoy_port, ((DEFAULT_DESTINATION_HEADER, address),)), envoy)
+        if "tally" in paths:
+            envoy_port = free_port()
+            envoy = self._envoy("tally", envoy_port, gateway_port=free_port(), ext_proc=False, tally=True,
+                                mark=True)
+            self.paths["tally"] = BenchPath("tally", Target(
+                envoy_port, ((DEFAULT_DESTINATION_HEADER, address),), include_usage=True), envoy)
         for name, tally in (("routed", False), ("full", True)):
             if name not in paths:
                 continue
@@ -136,11 +158,12 @@ class Stack:
                         and port_open(grpc_port))
         return Gateway(proc, admin_port), grpc_port
 
-    def _envoy(self, name: str, port: int, gateway_port: int, *, ext_proc: bool, tally: bool) -> Proc:
+    def _envoy(self, name: str, port: int, gateway_port: int, *, ext_proc: bool, tally: bool,
+               mark: bool = False) -> Proc:
         options = BootstrapOptions(listen_port=port, listen_address="127.0.0.1", admin_port=free_port(),
                                    extproc_port=gateway_port)
-        proc = self._proc(start_envoy(f"envoy-{name}", envoy_variant(options, ext_proc=ext_proc,
-                                                                      tally=tally), self.log_dir))
+        proc = self._proc(start_envoy(f"envoy-{name}", envoy_variant(
+            options, ext_proc=ext_proc, tally=tally, mark=mark), self.log_dir))
         proc.wait_ready(lambda: port_open(port))
         return proc
 

@@ -105,10 +105,12 @@ def live_upstream():
     ready = threading.Event()
     holder: dict[str, object] = {}
 
+    pacer = upstream.Pacer(loop)
+
     def serve() -> None:
         asyncio.set_event_loop(loop)
         server = loop.run_until_complete(loop.create_server(
-            lambda: upstream.Upstream(stats, itl=0.002), "127.0.0.1", 0))
+            lambda: upstream.Upstream(stats, 0.002, pacer), "127.0.0.1", 0))
         holder["port"] = server.sockets[0].getsockname()[1]
         ready.set()
         loop.run_forever()
