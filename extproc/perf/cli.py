@@ -34,13 +34,15 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--rounds", type=int, default=3, help="rounds of the JSON runs")
     o.add_argument("--stream-rounds", type=int, default=2, help="rounds of the streaming sweep")
     o.add_argument("--concurrency", type=_ints, default=(1, 16, 64), help="JSON concurrencies, e.g. 1,16,64")
-    o.add_argument("--streams", type=_ints, default=(128, 256, 384, 512, 768),
+    o.add_argument("--streams", type=_ints, default=(64, 128, 256, 384, 512),
                    help="concurrent streams of the sweep, e.g. 64,256,512 (empty: no streaming)")
     o.add_argument("--stream-tokens", type=int, default=64, help="output tokens per streamed request")
     o.add_argument("--itl-ms", type=float, default=20.0, help="upstream pace: ms between tokens of a stream")
     o.add_argument("--paths", type=lambda t: tuple(t.split(",")), default=("direct", "envoy", "routed", "full"),
-                   help="subset of direct,envoy,routed,full,tally (tally: Envoy + the Lua tally without a "
-                        "gateway, in the streaming sweep: the Lua's share of (c))")
+                   help="subset of direct,envoy,routed,full,tally (processes to start)")
+    o.add_argument("--stream-paths", type=lambda t: tuple(t.split(",")), default=("envoy", "full"),
+                   help="paths of the streaming sweep, of envoy,routed,full,tally (tally: Envoy + the Lua "
+                        "tally without a gateway: the Lua's share of (c); needs it in --paths too)")
     o.add_argument("--decisions", type=int, default=3000, help="routing decisions timed per pool size")
     o.add_argument("--json", type=Path, help="write the summary (and every run) here")
     o.add_argument("--profile", type=Path, metavar="DIR",
@@ -80,7 +82,8 @@ def _overhead(args: argparse.Namespace) -> int:
 
     s = Settings(duration=args.duration, rounds=args.rounds, stream_rounds=args.stream_rounds,
                  concurrencies=args.concurrency, streams=args.streams, stream_tokens=args.stream_tokens,
-                 itl_ms=args.itl_ms, paths=args.paths, profile_dir=args.profile)
+                 itl_ms=args.itl_ms, paths=args.paths, stream_paths=args.stream_paths,
+                 profile_dir=args.profile)
     strategy = strategy_for_bench()
     if strategy != "load-balance":
         print("note: load-balance is not registered; routing with least-request", file=sys.stderr)
@@ -110,13 +113,18 @@ def _overhead(args: argparse.Namespace) -> int:
 
 
 def _print_profiles(directory: Path) -> None:
-    from extproc.perf.profile import top_frames
+    from extproc.perf.profile import top_frames, top_self
 
     for path in sorted(directory.glob("*.txt")):
-        rows = top_frames(path.read_text(), n=15)
-        print(f"\npy-spy, gateway during {path.stem} ({path}): self% incl% function")
-        for frame, own, incl in rows:
-            print(f"  {own * 100:5.1f} {incl * 100:5.1f}  {frame}")
+        text = path.read_text()
+        print(f"\npy-spy, gateway during {path.stem} ({path}); share of samples, self:")
+        for frame, own in top_self(text, 10):
+            print(f"  {own * 100:5.1f}  {frame}")
+        print("  the gateway's own code (self, inclusive):")
+        for frame, own, incl in top_frames(text, 10_000):
+            if "extproc/" in frame and incl >= 0.01 and not frame.endswith(("(extproc/cli.py)",
+                                                                            "(extproc/server/app.py)")):
+                print(f"  {own * 100:5.1f} {incl * 100:5.1f}  {frame}")
 
 
 def _memory(args: argparse.Namespace) -> int:
@@ -125,12 +133,14 @@ def _memory(args: argparse.Namespace) -> int:
     curve = run(args.requests, args.every, progress=lambda line: print(line, flush=True))
     slope = curve.slope()
     print(f"\n{args.requests} requests in {curve.seconds:.1f} s; RSS {curve.rss[0] / 2**20:.1f} -> "
-          f"{curve.rss[-1] / 2**20:.1f} MiB; slope over the second half: {slope:.3f} bytes/request")
+          f"{curve.rss[-1] / 2**20:.1f} MiB; slope over the second half: {slope:.3f} bytes/request; "
+          f"routed {curve.routed}, still open {curve.open_after}")
     if plot(curve, args.png):
         print(f"plot: {args.png}")
     if args.json:
         args.json.write_text(json.dumps({"requests": curve.requests, "rss": curve.rss,
-                                         "slope_bytes_per_request": _clean(slope), "seconds": curve.seconds}))
+                                         "slope_bytes_per_request": _clean(slope), "seconds": curve.seconds,
+                                         "routed": curve.routed, "open_after": curve.open_after}))
     return 0
 
 

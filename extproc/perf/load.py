@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import random
 import select
 import socket
 import time
@@ -70,15 +71,16 @@ class _Conn:
     """One keep-alive connection and the response being read on it."""
 
     __slots__ = ("sock", "fd", "sent_at", "buf", "status", "chunked", "need", "in_body", "first",
-                 "last", "carry", "n_tokens", "start_at")
+                 "last", "carry", "n_tokens", "start_at", "expect")
 
     def __init__(self, start_at: float) -> None:
         self.sock: socket.socket | None = None
         self.fd = -1
         self.start_at = start_at  # when this connection sends its first request
-        self.reset(0.0)
+        self.reset(0.0, 0)
 
-    def reset(self, now: float) -> None:
+    def reset(self, now: float, expect: int) -> None:
+        self.expect = expect  # output tokens asked for
         self.sent_at = now
         self.buf = b""
         self.status = 0
@@ -91,16 +93,20 @@ class _Conn:
         self.n_tokens = 0
 
 
-def run_load(target: Target, *, concurrency: int, duration: float, stream: bool, max_tokens: int,
-             warmup: float = 0.0, stagger: float = 0.0, model: str = "bench",
-             drain_timeout: float = 30.0) -> LoadResult:
+def run_load(target: Target, *, concurrency: int, duration: float, stream: bool,
+             max_tokens: int | tuple[int, int], warmup: float = 0.0, stagger: float = 0.0,
+             model: str = "bench", drain_timeout: float = 30.0, seed: int = 1) -> LoadResult:
     """Closed loop: each of `concurrency` connections sends its next request when the last ends.
 
     No new request starts after `warmup + duration`; those in flight are drained (their tokens count
     in `tokens`, for tally checks). Connection i starts at i * stagger / concurrency, so paced streams
-    do not all tick in the same millisecond.
+    do not all tick in the same millisecond. `max_tokens` as (low, high) draws each request's length
+    uniformly: equal lengths at a fixed pace keep streams in lock-step cohorts that all end, and all
+    ask to be routed again, in the same few milliseconds.
     """
-    payload = request_bytes(target, model, stream, max_tokens)
+    low, high = (max_tokens, max_tokens) if isinstance(max_tokens, int) else max_tokens
+    payloads = {t: request_bytes(target, model, stream, t) for t in range(low, high + 1)}
+    rng = random.Random(seed)
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     w0, deadline = t0 + warmup, t0 + warmup + duration
@@ -121,7 +127,9 @@ def run_load(target: Target, *, concurrency: int, duration: float, stream: bool,
             conn.sock, conn.fd = sock, sock.fileno()
             conns[conn.fd] = conn
             ep.register(conn.fd, select.EPOLLIN)
-        conn.reset(now)
+        tokens = rng.randint(low, high)
+        payload = payloads[tokens]
+        conn.reset(now, tokens)
         try:
             # A request is < 1 KB: it always fits the socket buffer of an idle keep-alive connection.
             if conn.sock.send(payload) != len(payload):
@@ -209,7 +217,7 @@ def run_load(target: Target, *, concurrency: int, duration: float, stream: bool,
             conn.need = -1
 
     def finish(conn: _Conn, now: float) -> None:
-        if conn.status == 200 and stream and conn.n_tokens != max_tokens:
+        if conn.status == 200 and stream and conn.n_tokens != conn.expect:
             error("short stream")
         elif conn.status == 200:
             result.completed += 1

@@ -27,6 +27,8 @@ class Curve:
     requests: list[int] = field(default_factory=list)
     rss: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    routed: int = 0  # requests that got a pod (the rest were answered by the gateway: a bench bug)
+    open_after: int = -1  # requests the gateway still holds open at the end (should be 0)
 
     def slope(self) -> float:
         """Least-squares bytes per request over the second half of the samples."""
@@ -79,6 +81,7 @@ def run(requests: int = 1_000_000, every: int = 50_000, pods: int = 16,
         stream.close(False)
         decision = stream.decision
         if decision is not None:
+            curve.routed += 1
             gw.complete(decision.key, status=200, output_tokens=rng.randint(1, 512), token_source="usage")
         if i % every == 0:
             curve.requests.append(i)
@@ -88,6 +91,7 @@ def run(requests: int = 1_000_000, every: int = 50_000, pods: int = 16,
         if i % 100_000 == 0:
             gw.refresh()  # the capacity loop's work, so its structures are exercised too
     curve.seconds = time.perf_counter() - start
+    curve.open_after = len(gw.open)
     return curve
 
 

@@ -31,12 +31,13 @@ class Settings:
     rounds: int = 3
     stream_rounds: int = 2
     concurrencies: tuple[int, ...] = (1, 16, 64)
-    streams: tuple[int, ...] = (128, 256, 384, 512, 768)
+    streams: tuple[int, ...] = (64, 128, 256, 384, 512)
     json_tokens: int = 16
-    stream_tokens: int = 64               # per streamed request: 64 x 20 ms = 1.28 s per generation
+    stream_tokens: int = 64               # mean per streamed request (uniform 0.5x-1.5x): 1.28 s at 20 ms
     itl_ms: float = 20.0
     warmup: float = 0.5
     paths: tuple[str, ...] = ("direct", "envoy", "routed", "full")
+    stream_paths: tuple[str, ...] = ("envoy", "full")
     profile_dir: Path | None = None       # py-spy the gateways during the heaviest runs of round 1
 
     @property
@@ -47,7 +48,7 @@ class Settings:
     def stream_warmup(self) -> float:
         # Streams start staggered over one ITL; the first generations end after stream_tokens * ITL,
         # and from then on requests start at spread-out times: measure after that.
-        return min(self.stream_tokens * self.itl_ms / 1e3, 2.0)
+        return min(1.5 * self.stream_tokens * self.itl_ms / 1e3, 2.0)
 
 
 @dataclass(slots=True)
@@ -125,7 +126,8 @@ def request_run(stack: Stack, path: BenchPath, concurrency: int, s: Settings) ->
 def stream_run(stack: Stack, path: BenchPath, streams: int, s: Settings) -> Run:
     return _measure(stack, path, streams, lambda: run_load(
         path.target, concurrency=streams, duration=s.stream_window, stream=True,
-        max_tokens=s.stream_tokens, warmup=s.stream_warmup, stagger=s.itl_ms / 1e3))
+        max_tokens=(max(1, s.stream_tokens // 2), s.stream_tokens * 3 // 2), warmup=s.stream_warmup,
+        stagger=s.itl_ms / 1e3))
 
 
 def _rotate(items: tuple[str, ...], n: int) -> tuple[str, ...]:
@@ -159,7 +161,7 @@ def run_all(stack: Stack, s: Settings, progress: Callable[[str], None] = print) 
                 runs.setdefault(f"req/{c}/{name}", []).append(run)
                 progress(f"round {r + 1} c={c:<4} {name:7} p50 {run.p50_ms:6.2f} ms  p99 {run.p99_ms:6.2f} ms"
                          f"  {run.rps:7.0f} req/s  {_errors(run)}")
-    stream_paths = tuple(p for p in ("envoy", "tally", "full") if p in stack.paths and p in s.paths)
+    stream_paths = tuple(p for p in s.stream_paths if p in stack.paths)
     for r in range(s.stream_rounds):
         for n in s.streams:
             for name in _rotate(stream_paths, r + n):
@@ -226,11 +228,11 @@ def _summarize_streams(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any
     levels = []
     for n in s.streams:
         full, alone = runs.get(f"stream/{n}/full", []), runs.get(f"stream/{n}/envoy", [])
-        lua = runs.get(f"stream/{n}/tally", [])
+        lua, routed = runs.get(f"stream/{n}/tally", []), runs.get(f"stream/{n}/routed", [])
         if not full and not alone:
             continue
         level: dict[str, Any] = {"streams": n}
-        for label, rs in (("direct", alone), ("gateway", full), ("lua", lua)):
+        for label, rs in (("direct", alone), ("gateway", full), ("lua", lua), ("routed", routed)):
             if rs:
                 level |= {f"{label}_tokens_per_s": _med(rs, "tokens_per_s"),
                           f"{label}_itl_p50_ms": _med(rs, "itl_p50_ms"),
@@ -243,8 +245,10 @@ def _summarize_streams(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any
             level["added_itl_p50_ms"] = _added(runs, f"stream/{n}/full", f"stream/{n}/envoy", "itl_p50_ms")
             level["added_itl_p99_ms"] = _added(runs, f"stream/{n}/full", f"stream/{n}/envoy", "itl_p99_ms")
             level["added_ttft_p50_ms"] = _added(runs, f"stream/{n}/full", f"stream/{n}/envoy", "ttft_p50_ms")
-        if lua and alone:
-            level["lua_added_itl_p99_ms"] = _added(runs, f"stream/{n}/tally", f"stream/{n}/envoy", "itl_p99_ms")
+        for label, rs, name in (("lua_", lua, "tally"), ("routed_", routed, "routed")):
+            if rs and alone:
+                level[f"{label}added_itl_p99_ms"] = _added(runs, f"stream/{n}/{name}", f"stream/{n}/envoy",
+                                                           "itl_p99_ms")
         if full:
             level["gateway_cpu_us_per_token"] = _per(full, "gateway", "tokens_sent")
             level["gateway_cpu_share"] = median(r.cpu_s.get("gateway", 0) / r.elapsed_s for r in full)
@@ -253,7 +257,7 @@ def _summarize_streams(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any
             level["tally_missing"] = max(r.tokens_sent - r.tally for r in full)
             level["running_after"] = max(r.running_after for r in full)
             level["usage_leaked"] = sum(r.usage_leaked for r in full)
-        everything = full + alone + lua
+        everything = full + alone + lua + routed
         level["upstream_late_max_ms"] = max(r.upstream_late_max_ms for r in everything)
         level["upstream_cpu_us_per_token"] = _per(everything, "upstream", "tokens_sent")
         level["client_cpu_us_per_token"] = _per(everything, "client", "tokens_sent")

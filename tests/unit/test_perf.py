@@ -135,9 +135,9 @@ def test_client_and_upstream_agree_on_json_requests(live_upstream) -> None:
 
 def test_streams_are_paced_counted_and_usage_is_seen_when_sent(live_upstream) -> None:
     port, stats = live_upstream
-    result = run_load(Target(port), concurrency=3, duration=0.2, stream=True, max_tokens=10, stagger=0.002)
-    assert not result.errors
-    assert result.tokens == stats.tokens == 10 * result.completed
+    result = run_load(Target(port), concurrency=3, duration=0.2, stream=True, max_tokens=(5, 15), stagger=0.002)
+    assert not result.errors  # every stream brought exactly the tokens its request asked for
+    assert result.tokens == stats.tokens and 5 * result.completed <= result.tokens <= 15 * result.completed
     # Each token is written 2 ms after the previous one: most gaps are about that (zero when coalesced).
     assert 0.001 < percentile(result.gaps, 0.5) < 0.02
     assert result.usage_leaked == 0  # the client did not ask for usage, the upstream sent none
