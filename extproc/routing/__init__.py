@@ -1,13 +1,18 @@
 """Pure scheduling core: (Request, [PodView], now) -> Pod. Importing this package registers strategies."""
 
-from extproc.routing import least_request, random_pick  # noqa: F401  (registration side effects)
+from extproc.routing import least_request, load_balance, random_pick, round_robin  # noqa: F401  (registration)
+from extproc.routing.blend import StrategySpec
 from extproc.routing.framework import (
     PodView,
     Profile,
-    RoutingSettings,
+    StrategySpecError,
     UnknownStrategy,
     build,
     strategy_names,
 )
+from extproc.routing.router import Router
+from extproc.routing.settings import RoutingSettings, SettingError
+from extproc.routing.state import RoutingState
 
-__all__ = ["PodView", "Profile", "RoutingSettings", "UnknownStrategy", "build", "strategy_names"]
+__all__ = ["PodView", "Profile", "Router", "RoutingSettings", "RoutingState", "SettingError", "StrategySpec",
+           "StrategySpecError", "UnknownStrategy", "build", "strategy_names"]

@@ -9,13 +9,15 @@ module that calls `register`. Everything here is pure: time comes in as `now`, n
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from extproc.openai import Request
 from extproc.pool.pod import Pod
+from extproc.routing.settings import RoutingSettings
 from extproc.state.record import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -42,12 +44,16 @@ class PodView:
         return self.pod.deployment
 
 
-@dataclass(slots=True)
-class RoutingSettings:
-    """Knobs strategies are built from (config file + environment)."""
-
-    seed: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+def capacities(pods: Sequence[PodView]) -> list[float]:
+    """Each pod's capacity for scoring: a pod with no usable estimate gets the mean of those that have
+    one (it competes as an average replica); with no estimate anywhere every pod gets 1.0, so scores
+    reduce to load (x KV penalty). The gateway mean-fills already; this covers every other caller."""
+    caps = [p.capacity for p in pods]
+    known = [c for c in caps if c is not None and c > 0 and c < math.inf]
+    if len(known) == len(caps):
+        return caps  # type: ignore[return-value]  # the common case: every pod has an estimate
+    fill = sum(known) / len(known) if known else 1.0
+    return [c if c is not None and 0 < c < math.inf else fill for c in caps]
 
 
 class Filter(Protocol):
@@ -55,6 +61,10 @@ class Filter(Protocol):
 
 
 class Scorer(Protocol):
+    """Rates every pod. Routing alone, a strategy's own Picker reads the raw scores. Blended, each
+    scorer's scores are normalised per request (blend.normalize): a scorer whose lower scores are
+    better says so with a class attribute `lower_is_better = True`; NaN or ±Inf means "not scored"."""
+
     def score(self, request: Request, pods: Sequence[PodView], now: float) -> Sequence[float]: ...
 
 
@@ -98,26 +108,50 @@ class RandomPicker:
 
 @dataclass(slots=True)
 class Profile:
+    """A strategy: filters narrow, scorers rate, the picker chooses.
+
+    `exclusive` strategies (the slo* family, round-robin) manage their own pod selection: they route
+    alone whatever else a header names, are never auto-blended and never narrowed by the imbalance gate.
+    `hooks_of` lists plugins that learn but are not called by `pick` (a blend's member strategies)."""
+
     name: str
     picker: Picker
     scorers: list[tuple[Scorer, float]] = field(default_factory=list)
     filters: list[Filter] = field(default_factory=list)
+    exclusive: bool = False
+    hooks_of: list[object] = field(default_factory=list)
+
+    @property
+    def blendable(self) -> bool:
+        """Can be one voice of a weighted blend: it scores pods and does not insist on routing alone."""
+        return bool(self.scorers) and not self.exclusive
 
     def plugins(self) -> list[object]:
-        return [*self.filters, *(s for s, _ in self.scorers), self.picker]
+        return [*self.filters, *(s for s, _ in self.scorers), self.picker, *self.hooks_of]
 
-    def pick(self, request: Request, pods: Sequence[PodView], now: float) -> PodView | None:
+    def candidates(self, request: Request, pods: Sequence[PodView], now: float) -> Sequence[PodView]:
         for f in self.filters:
             pods = f.filter(request, pods, now)
+        return pods
+
+    def totals(self, request: Request, pods: Sequence[PodView], now: float) -> list[float]:
+        """Each pod's weighted score (the picker's input)."""
+        scorers = self.scorers
+        if len(scorers) == 1 and scorers[0][1] == 1.0:  # one scorer routing alone: its raw scores
+            return list(scorers[0][0].score(request, pods, now))
+        totals = [0.0] * len(pods)
+        for scorer, weight in scorers:
+            for i, s in enumerate(scorer.score(request, pods, now)):
+                totals[i] += weight * s
+        return totals
+
+    def pick(self, request: Request, pods: Sequence[PodView], now: float) -> PodView | None:
+        pods = self.candidates(request, pods, now)
         if not pods:
             return None
         if len(pods) == 1:
             return pods[0]
-        totals = [0.0] * len(pods)
-        for scorer, weight in self.scorers:
-            for i, s in enumerate(scorer.score(request, pods, now)):
-                totals[i] += weight * s
-        return self.picker.pick(pods, totals)
+        return self.picker.pick(pods, self.totals(request, pods, now) if self.scorers else [])
 
 
 class Hooks:
@@ -154,8 +188,20 @@ Factory = Callable[[RoutingSettings], Profile]
 _REGISTRY: dict[str, Factory] = {}
 
 
-class UnknownStrategy(KeyError):
-    pass
+class StrategySpecError(ValueError):
+    """A `routing-strategy` value (or default_strategy) is invalid; the message names the bad part.
+    The server answers it with a 400."""
+
+
+class UnknownStrategy(StrategySpecError, KeyError):
+    """A strategy name that is not registered."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+    def __str__(self) -> str:  # KeyError would repr() the name
+        return f"unknown routing strategy {self.name!r}; valid: {', '.join(strategy_names())}"
 
 
 def register(name: str) -> Callable[[Factory], Factory]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
 from extproc.openai import Request
@@ -19,5 +18,5 @@ class LeastRequestScorer:
 
 @register("least-request")
 def build(settings: RoutingSettings) -> Profile:
-    return Profile("least-request", MaxScorePicker(random.Random(settings.seed)),
+    return Profile("least-request", MaxScorePicker(settings.rng()),
                    scorers=[(LeastRequestScorer(), 1.0)])

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import random
-
 from extproc.routing.framework import Profile, RandomPicker, RoutingSettings, register
 
 
 @register("random")
 def build(settings: RoutingSettings) -> Profile:
-    return Profile("random", RandomPicker(random.Random(settings.seed)))
+    return Profile("random", RandomPicker(settings.rng()))

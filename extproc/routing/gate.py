@@ -1,0 +1,71 @@
+"""The load-imbalance gate: a hotspot guard ahead of every non-exclusive strategy, made capacity-aware.
+
+AIBrix's rule (`AIBRIX_LOAD_BALANCE_IMBALANCE_FACTOR` 2.0, `..._MIN_GAP` 8): the gate fires when
+max − min ≥ min-gap and, with three or more pods, max > factor × (mean of the others + 1); it then keeps
+only the least-loaded pods. Two pods skip the factor test (with factor 2 it would never hold).
+
+AIBrix compares raw running counts, which the spec lists as a known limitation: a fast pod that rightly
+carries more requests looks like a hotspot and is excluded before any capacity-aware score runs. Ours
+compares running × mean capacity / capacity: still in "requests" (so min-gap keeps its meaning and its
+default), but a pod twice as fast as the mean counts each request as half.
+
+Pure: a firing is counted in `counts[model]` (RoutingState.imbalance_total), which the gateway exports
+as `extproc_load_imbalance_total{model}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping, Sequence
+
+from extproc.openai import Request
+from extproc.routing.framework import PodView, capacities
+from extproc.routing.settings import LoadBalanceSettings
+
+# Normalised loads are floats: pods within this relative distance of the minimum count as tied.
+TIE = 1e-9
+
+
+def loads(pods: Sequence[PodView], capacity_aware: bool = True) -> list[float]:
+    """Each pod's running count, in requests of a mean-capacity pod when `capacity_aware`."""
+    if not capacity_aware:
+        return [float(p.running) for p in pods]
+    caps = capacities(pods)
+    mean = sum(caps) / len(caps)
+    return [p.running * mean / c for p, c in zip(pods, caps)]
+
+
+def least_loaded(values: Sequence[float], factor: float, min_gap: float) -> list[int] | None:
+    """Indices of the least-loaded pods when load is severely skewed, else None."""
+    n = len(values)
+    if n < 2:
+        return None
+    low, high = min(values), max(values)
+    if high - low < min_gap:
+        return None
+    if n > 2 and high <= factor * ((sum(values) - high) / (n - 1) + 1):
+        return None
+    limit = low + TIE * max(1.0, abs(low))
+    keep = [i for i, v in enumerate(values) if v <= limit]
+    return keep if len(keep) < n else None  # all tied (min-gap 0): nothing to exclude, nothing to count
+
+
+class ImbalanceGate:
+    """A Filter. `capacity_aware=False` is AIBrix's raw-count gate (kept for comparison and tests)."""
+
+    __slots__ = ("settings", "counts", "capacity_aware")
+
+    def __init__(self, settings: LoadBalanceSettings, counts: MutableMapping[str, int],
+                 capacity_aware: bool = True) -> None:
+        self.settings = settings
+        self.counts = counts
+        self.capacity_aware = capacity_aware
+
+    def filter(self, request: Request, pods: Sequence[PodView], now: float) -> Sequence[PodView]:
+        if len(pods) < 2:
+            return pods
+        keep = least_loaded(loads(pods, self.capacity_aware), self.settings.imbalance_factor,
+                            self.settings.imbalance_min_gap)
+        if keep is None:
+            return pods
+        self.counts[request.model] = self.counts.get(request.model, 0) + 1
+        return [pods[i] for i in keep]

@@ -1,0 +1,95 @@
+"""`load-balance`: capacity-aware routing for fleets of mixed GPU speeds (the spec's central feature).
+
+    score = (running + λ·queued) / capacity × (1 + α·(1 − kvFree)²)        lower is better
+
+Capacity (learned output tokens/s) only sets the denominator: a busy GPU shows high throughput because it
+is busy, so throughput is never read as load. Edge cases, as the spec lists them:
+  * no capacity estimate → the mean of the pods that have one (all equal when none has one);
+  * KV usage not reported, or NaN → fully free: no penalty and no guardrail;
+  * kvFree < kvCritical → +Inf: skipped when load-balance routes alone, a strong penalty when blended;
+  * every pod at +Inf → the request still routes, to the pod with the most KV headroom;
+  * idle (no load) → 0 whatever the capacity, so idle pods are preferred;
+  * ties → least combined GPU + CPU KV usage, then at random.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+from extproc.openai import Request
+from extproc.routing.framework import PodView, Profile, RoutingSettings, capacities, register
+from extproc.routing.settings import LoadBalanceSettings
+
+INF = math.inf
+
+
+def load_balance_score(load: float, capacity: float, kv_free: float | None, alpha: float,
+                       kv_critical: float) -> float:
+    """One pod's score. `kv_free` None or NaN means the engine does not report KV usage."""
+    if kv_free is None or kv_free != kv_free:  # NaN != NaN
+        kv_free = 1.0
+    elif kv_free < kv_critical:
+        return INF
+    if load <= 0:
+        return 0.0  # idle: 0 whatever the capacity (and 0/0 never happens)
+    used = 1.0 - kv_free
+    return load / capacity * (1.0 + alpha * used * used)
+
+
+class LoadBalanceScorer:
+    lower_is_better = True
+
+    __slots__ = ("settings",)
+
+    def __init__(self, settings: LoadBalanceSettings) -> None:
+        self.settings = settings
+
+    def score(self, request: Request, pods: Sequence[PodView], now: float) -> list[float]:
+        s = self.settings
+        alpha, critical, weight = s.kv_pressure_alpha, s.kv_critical_free, s.queued_weight
+        caps = capacities(pods)
+        if weight > 0:  # `queued` is read only when λ > 0, as the spec says
+            loads = [p.running + weight * q if (q := p.queued) == q else p.running for p in pods]
+        else:
+            loads = [p.running for p in pods]
+        return [load_balance_score(load, cap, p.kv_free, alpha, critical)
+                for load, cap, p in zip(loads, caps, pods)]
+
+
+def kv_usage(pod: PodView) -> float:
+    """Combined GPU + CPU KV-cache usage (the tie-break); unreported parts count as empty."""
+    gpu = 0.0 if pod.kv_free is None or pod.kv_free != pod.kv_free else 1.0 - pod.kv_free
+    cpu = pod.cpu_kv_usage
+    return gpu + (cpu if cpu is not None and cpu == cpu else 0.0)
+
+
+class LowestScorePicker:
+    """Load-balance routing alone: the lowest finite score wins; +Inf pods are passed over unless every
+    pod is +Inf (cluster-wide KV pressure must not become an outage). Ties go to the least combined KV
+    usage, then at random."""
+
+    __slots__ = ("_rng",)
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+
+    def pick(self, pods: Sequence[PodView], scores: Sequence[float]) -> PodView:
+        best = min(scores)
+        if best != best or best == INF:  # NaN only from a foreign scorer; treat as unusable
+            tied: Sequence[PodView] = pods
+        else:
+            tied = [p for p, s in zip(pods, scores) if s == best]
+            if len(tied) == 1:
+                return tied[0]
+        usage = [kv_usage(p) for p in tied]
+        least = min(usage)
+        tied = [p for p, u in zip(tied, usage) if u == least]
+        return tied[0] if len(tied) == 1 else self._rng.choice(tied)
+
+
+@register("load-balance")
+def build(settings: RoutingSettings) -> Profile:
+    return Profile("load-balance", LowestScorePicker(settings.rng()),
+                   scorers=[(LoadBalanceScorer(settings.load_balance), 1.0)])

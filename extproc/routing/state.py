@@ -1,0 +1,34 @@
+"""Routing state that outlives config reloads: the tie-break RNG, round-robin positions, gate counts.
+
+A reload rebuilds every Profile from new settings; anything a strategy learns or must remember across
+decisions lives here instead, so the gateway keeps one RoutingState for its lifetime and hands it to
+each new Router. Plain data, no clock, no I/O: the fleet simulation shares the same objects.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class RoutingState:
+    rng: random.Random = field(default_factory=random.Random)
+    round_robin: dict[str, int] = field(default_factory=dict)        # model -> next position
+    imbalance_total: dict[str, int] = field(default_factory=dict)    # model -> gate firings
+    store: dict[Hashable, object] = field(default_factory=dict)      # other strategies' learned state
+
+    @classmethod
+    def seeded(cls, seed: int | None) -> RoutingState:
+        return cls(rng=random.Random(seed))
+
+    def slot(self, key: Hashable, factory: Callable[[], T]) -> T:
+        """A strategy's own learned state (a prefix table, a predictor), created once, kept across reloads."""
+        value = self.store.get(key)
+        if value is None:
+            value = self.store[key] = factory()
+        return value  # type: ignore[return-value]
