@@ -4,7 +4,7 @@
       llama2-7b:
         pods:
           - {name: a100-0, address: 127.0.0.1:8001, deployment: llama2-7b-a100, labels: {gpu: A100}}
-    routing: {default_strategy: least-request}
+    routing: {default_strategy: load-balance}
     gateway: {destination_header: x-gateway-destination-endpoint, max_body_bytes: 8388608}
 """
 
@@ -16,11 +16,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from extproc.pool.pod import ENGINE_LABEL, ENGINES, METRIC_PORT_LABEL, Pod
+
+if TYPE_CHECKING:
+    from extproc.routing.settings import RoutingSettings
 
 DEFAULT_DESTINATION_HEADER = "x-gateway-destination-endpoint"
 # Inference endpoints routed to a pod; anything else (engine admin endpoints included) gets a 404.
@@ -41,10 +44,14 @@ def _bool(text: str) -> bool:
     raise ValueError(text)
 
 
-# Environment variable -> (section, key, type). ROUTING_ALGORITHM is the AIBrix gateway's name.
+# Environment variable -> (section, key, type), applied in order: a later entry wins, so AIBrix's names
+# (ROUTING_ALGORITHM, AIBRIX_ROUTING_ALGORITHM) come before our own. The routing knobs' variables
+# (AIBRIX_LOAD_BALANCE_*, AIBRIX_ROUTING_AUTO_BLEND_* and their EXTPROC_* twins) are read by
+# extproc.routing.settings.merge_env.
 ENV_OVERRIDES: dict[str, tuple[str, str, type]] = {
-    "EXTPROC_DEFAULT_STRATEGY": ("routing", "default_strategy", str),
     "ROUTING_ALGORITHM": ("routing", "default_strategy", str),
+    "AIBRIX_ROUTING_ALGORITHM": ("routing", "default_strategy", str),
+    "EXTPROC_DEFAULT_STRATEGY": ("routing", "default_strategy", str),
     "EXTPROC_DESTINATION_HEADER": ("gateway", "destination_header", str),
     "EXTPROC_MAX_BODY_BYTES": ("gateway", "max_body_bytes", int),
     "EXTPROC_DRAIN_TIMEOUT_SECONDS": ("gateway", "drain_timeout_seconds", float),
@@ -65,7 +72,7 @@ class ConfigError(ValueError):
 class Config:
     pods: tuple[Pod, ...] = ()
     models: tuple[str, ...] = ()
-    default_strategy: str = "least-request"
+    default_strategy: str = "load-balance"
     destination_header: str = DEFAULT_DESTINATION_HEADER
     model_paths: frozenset[str] = frozenset(DEFAULT_MODEL_PATHS)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -82,6 +89,15 @@ class Config:
     metrics_refresh_seconds: float = 1.0
     metrics_timeout_seconds: float = 0.5
     redis_url: str | None = None
+    # Each model's `routingConfig` (loadBalance.*, autoBlend.*), validated with `routing` at load.
+    model_routing: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @property
+    def routing_settings(self) -> RoutingSettings:
+        """Typed routing settings for `extproc.routing.Router` (derived, so a replaced `routing` counts)."""
+        from extproc.routing.settings import parse_settings
+
+        return parse_settings(self.routing, self.model_routing)
 
 
 def load(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
@@ -116,11 +132,10 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
     paths = gateway.get("model_paths", list(DEFAULT_MODEL_PATHS))
     if not isinstance(paths, list) or not all(isinstance(p, str) and p.startswith("/") for p in paths):
         raise ConfigError("model_paths must be a list of absolute paths")
-    strategy = str(routing.get("default_strategy", "least-request"))
-    from extproc.routing import strategy_names  # late: routing imports nothing from config
-    if strategy not in strategy_names():
-        raise ConfigError(f"default_strategy {strategy!r} is not one of {', '.join(strategy_names())}")
-    return Config(pods=pods, models=tuple(models), default_strategy=strategy,
+    model_routing = {name: spec["routingConfig"] for name, spec in models.items()
+                     if isinstance(spec, dict) and spec.get("routingConfig") is not None}
+    routing, strategy = _routing(routing, model_routing, tuple(models), env)
+    return Config(pods=pods, models=tuple(models), default_strategy=strategy, model_routing=model_routing,
                   destination_header=header, model_paths=frozenset(paths),
                   max_body_bytes=int(_number(gateway, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)),
                   drain_timeout_seconds=_number(gateway, "drain_timeout_seconds", 30.0, minimum=0),
@@ -130,6 +145,22 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
                   metrics_refresh_seconds=_number(telemetry, "refresh_seconds", 1.0, minimum=0.05),
                   metrics_timeout_seconds=_number(telemetry, "timeout_seconds", 0.5, minimum=0.01),
                   redis_url=_optional_str(redis, "url"))
+
+
+def _routing(routing: dict[str, Any], model_routing: dict[str, Any], models: tuple[str, ...],
+             env: Mapping[str, str]) -> tuple[dict[str, Any], str]:
+    """Every routing setting and strategy checked now, so a bad one refuses the (re)load."""
+    # late: importing extproc.routing registers every strategy; routing never imports config
+    from extproc.routing import Router, SettingError, StrategySpecError
+    from extproc.routing.settings import merge_env, parse_settings
+
+    try:
+        routing = merge_env(routing, env)
+        settings = parse_settings(routing, model_routing)
+        Router(settings).validate(models)
+    except (SettingError, StrategySpecError) as exc:
+        raise ConfigError(str(exc)) from None
+    return routing, settings.default_strategy
 
 
 def _flag(section: dict[str, Any], key: str, default: bool) -> bool:

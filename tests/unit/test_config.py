@@ -7,7 +7,7 @@ BASE = {"models": {"m": {"pods": [{"name": "p0", "address": "10.0.0.1:8000", "la
 
 def test_defaults_and_pods():
     c = parse(BASE, {})
-    assert c.default_strategy == "least-request"
+    assert c.default_strategy == "load-balance"
     assert c.destination_header == "x-gateway-destination-endpoint"
     (pod,) = c.pods
     assert (pod.model, pod.name, pod.address, pod.gpu) == ("m", "p0", "10.0.0.1:8000", "A100")
