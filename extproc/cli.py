@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     from extproc.perf.cli import add_parser as add_bench
 
     add_bench(sub)  # `extproc bench overhead|memory`
+    __import__("extproc.routing.score_cli").routing.score_cli.add_parser(sub)  # `extproc score`
     return parser
 
 

@@ -49,9 +49,10 @@ def capacities(pods: Sequence[PodView]) -> list[float]:
     one (it competes as an average replica); with no estimate anywhere every pod gets 1.0, so scores
     reduce to load (x KV penalty). The gateway mean-fills already; this covers every other caller."""
     caps = [p.capacity for p in pods]
-    known = [c for c in caps if c is not None and c > 0 and c < math.inf]
-    if len(known) == len(caps):
-        return caps  # type: ignore[return-value]  # the common case: every pod has an estimate
+    # The common case, at C speed: every pod has an estimate (a NaN anywhere makes the sum NaN).
+    if None not in caps and 0 < min(caps) and max(caps) < math.inf and sum(caps) == sum(caps):  # type: ignore
+        return caps  # type: ignore[return-value]
+    known = [c for c in caps if c is not None and 0 < c < math.inf]
     fill = sum(known) / len(known) if known else 1.0
     return [c if c is not None and 0 < c < math.inf else fill for c in caps]
 

@@ -31,7 +31,7 @@ def loads(pods: Sequence[PodView], capacity_aware: bool = True) -> list[float]:
         return [float(p.running) for p in pods]
     caps = capacities(pods)
     mean = sum(caps) / len(caps)
-    return [p.running * mean / c for p, c in zip(pods, caps)]
+    return [p.running / c * mean for p, c in zip(pods, caps)]
 
 
 def least_loaded(values: Sequence[float], factor: float, min_gap: float) -> list[int] | None:

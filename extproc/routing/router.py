@@ -89,24 +89,29 @@ class Router:
         for profile in self._members.values():
             yield from profile.plugins()
 
-    def _compile(self, spec: StrategySpec, model: str) -> Profile:
-        settings = self.settings.for_model(model)
-        members = {name: self.member(name, model) for name in spec.names}
-        exclusive = next((n for n in spec.names if members[n].exclusive), None)
+    def resolve(self, spec: StrategySpec, model: str) -> StrategySpec:
+        """What `spec` routes as for `model`: an exclusive strategy alone, else the auto-blended spec."""
+        members = [self.member(name, model) for name in spec.names]
+        exclusive = next((m for m in members if m.exclusive), None)
         if exclusive is not None:  # routes alone, whatever else was named (as AIBrix does)
-            alone = members[exclusive]
-            return replace(alone, name=spec.label)
-        blended = auto_blend(spec, settings.auto_blend,
-                             lambda n: self.member(n, model).blendable if n in self._known else False)
-        gate = ImbalanceGate(settings.load_balance, self.state.imbalance_total)
-        if len(blended.items) == 1:
-            alone = members[blended.items[0][0]]
-            return replace(alone, name=spec.label, filters=[gate, *alone.filters],
-                           hooks_of=[*alone.hooks_of])
-        profiles = [(self.member(n, model), w) for n, w in blended.items]
-        profile = compose(spec.label, profiles, self.state.rng)
-        profile.filters.insert(0, gate)
+            return StrategySpec(((exclusive.name, 1),), frozenset({exclusive.name}))
+        return auto_blend(spec, self.settings.for_model(model).auto_blend,
+                          lambda name: self.member(name, model).blendable)
+
+    def _compile(self, spec: StrategySpec, model: str) -> Profile:
+        routed = self.resolve(spec, model)
+        if len(routed.items) == 1:
+            alone = self.member(routed.items[0][0], model)
+            if alone.exclusive:  # manages its own pod selection: no gate
+                return replace(alone, name=spec.label)
+            gate = self._gate(model)
+            return replace(alone, name=spec.label, filters=[gate, *alone.filters])
+        profile = compose(spec.label, [(self.member(n, model), w) for n, w in routed.items], self.state.rng)
+        profile.filters.insert(0, self._gate(model))
         return profile
+
+    def _gate(self, model: str) -> ImbalanceGate:
+        return ImbalanceGate(self.settings.for_model(model).load_balance, self.state.imbalance_total)
 
     def validate(self, models: tuple[str, ...] | list[str]) -> None:
         """Build the default strategy and every registered one for each model; raise StrategySpecError
