@@ -43,12 +43,17 @@ class StrategySpec:
         return tuple(name for name, _ in self.items)
 
     @property
-    def text(self) -> str:
-        """Canonical form: what two spellings of the same blend have in common (cache key)."""
-        if len(self.items) == 1 and self.mentioned == {self.items[0][0]}:
+    def weighted(self) -> str:
+        """The strategies with weights, as a header would name them (a lone strategy without one)."""
+        if len(self.items) == 1:
             return self.items[0][0]
+        return ",".join(f"{n}:{w}" for n, w in self.items)
+
+    @property
+    def text(self) -> str:
+        """Canonical form, `:0` names included since they change auto-blend: the cache key."""
         zeros = sorted(self.mentioned - set(self.names))
-        return ",".join([*(f"{n}:{w}" for n, w in self.items), *(f"{n}:0" for n in zeros)])
+        return ",".join([self.weighted, *(f"{n}:0" for n in zeros)])
 
     @property
     def label(self) -> str:

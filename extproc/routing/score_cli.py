@@ -85,7 +85,7 @@ def score(raw: Any, strategy: str | None, env: Mapping[str, str]) -> Scored:
     lower = len(profile.scorers) == 1 and bool(getattr(profile.scorers[0][0], "lower_is_better", False))
     return Scored(chosen.pod.name, {v.pod.name: s for v, s in zip(candidates, totals)},
                   [v.pod.name for v in views if v.pod.name not in kept], lower,
-                  router.resolve(spec, MODEL).text)
+                  router.resolve(spec, MODEL).weighted)
 
 
 def pod_views(raw: Any) -> list:
