@@ -134,31 +134,32 @@ def normalize(scores: Sequence[float], lower_is_better: bool) -> list[float]:
     is better). All equal → 1.0. Non-finite (unscored, or load-balance's +Inf) → 0, the worst: a strong
     penalty, not an exclusion.
     """
-    finite = [s for s in scores if -math.inf < s < math.inf]  # drops NaN too
+    total = sum(scores)
+    if total - total == 0:  # every score finite (inf - inf and NaN are NaN): checked at C speed
+        finite = list(scores)
+    else:
+        finite = [s for s in scores if -math.inf < s < math.inf]  # drops NaN too
     if not finite:
         return [0.0] * len(scores)
     low, high = min(finite), max(finite)
-    clip = len(finite) >= 3 and low != high
-    if clip:
+    if len(finite) >= 3 and low != high:
         ordered = sorted(finite)
         median = _median(ordered)
-        mad = _median(sorted(abs(s - median) for s in ordered))
-        if mad > 0:
+        mad = _median(sorted([abs(s - median) for s in ordered]))
+        if mad > 0 and (low < median - MAD_CLIP * mad or high > median + MAD_CLIP * mad):
             low, high = max(low, median - MAD_CLIP * mad), min(high, median + MAD_CLIP * mad)
-        else:
-            clip = False
+            finite = [low if s < low else high if s > high else s for s in finite]
     if low == high:
         return [1.0 if -math.inf < s < math.inf else 0.0 for s in scores]
-    span = high - low
-    out = []
-    for s in scores:
-        if not -math.inf < s < math.inf:
-            out.append(0.0)
-            continue
-        if clip:
-            s = low if s < low else high if s > high else s
-        out.append((high - s) / span if lower_is_better else (s - low) / span)
-    return out
+    scale = 1.0 / (high - low)
+    if lower_is_better:
+        out = [(high - s) * scale for s in finite]
+    else:
+        out = [(s - low) * scale for s in finite]
+    if len(finite) == len(scores):  # the common case: every pod scored
+        return out
+    it = iter(out)
+    return [next(it) if -math.inf < s < math.inf else 0.0 for s in scores]
 
 
 def _median(ordered: Sequence[float]) -> float:

@@ -1,9 +1,10 @@
 """The scheduling framework, after the Gateway API Inference Extension's plugin roles.
 
-A strategy is a Profile: Filters narrow the candidates, Scorers rate each in [0, 1] (higher is better)
-and are blended by weight, a Picker chooses. Lifecycle hooks let plugins learn: `post_choice` runs
-after a pod is chosen, `post_response` when the request's record arrives. Adding a strategy is one
-module that calls `register`. Everything here is pure: time comes in as `now`, nothing does I/O.
+A strategy is a Profile: Filters narrow the candidates, Scorers rate each pod, a Picker chooses. Routing
+alone, a strategy's picker reads its raw scores; blended (blend.py), each scorer's scores are normalised
+to [0, 1] per request and weighted. Lifecycle hooks let plugins learn: `post_choice` runs after a pod is
+chosen, `post_response` when the request's record arrives. Adding a strategy is one module that calls
+`register`. Everything here is pure: time comes in as `now`, nothing does I/O.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Protocol, runtime_checkable
 
 from extproc.openai import Request
@@ -48,13 +50,16 @@ def capacities(pods: Sequence[PodView]) -> list[float]:
     """Each pod's capacity for scoring: a pod with no usable estimate gets the mean of those that have
     one (it competes as an average replica); with no estimate anywhere every pod gets 1.0, so scores
     reduce to load (x KV penalty). The gateway mean-fills already; this covers every other caller."""
-    caps = [p.capacity for p in pods]
+    caps = list(map(_capacity, pods))
     # The common case, at C speed: every pod has an estimate (a NaN anywhere makes the sum NaN).
-    if None not in caps and 0 < min(caps) and max(caps) < math.inf and sum(caps) == sum(caps):  # type: ignore
+    if None not in caps and 0 < min(caps) and (total := sum(caps)) == total and max(caps) < math.inf:  # type: ignore
         return caps  # type: ignore[return-value]
     known = [c for c in caps if c is not None and 0 < c < math.inf]
     fill = sum(known) / len(known) if known else 1.0
     return [c if c is not None and 0 < c < math.inf else fill for c in caps]
+
+
+_capacity = attrgetter("capacity")
 
 
 class Filter(Protocol):
@@ -142,8 +147,7 @@ class Profile:
             return list(scorers[0][0].score(request, pods, now))
         totals = [0.0] * len(pods)
         for scorer, weight in scorers:
-            for i, s in enumerate(scorer.score(request, pods, now)):
-                totals[i] += weight * s
+            totals = [t + weight * s for t, s in zip(totals, scorer.score(request, pods, now))]
         return totals
 
     def pick(self, request: Request, pods: Sequence[PodView], now: float) -> PodView | None:

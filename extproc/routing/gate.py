@@ -16,6 +16,7 @@ as `extproc_load_imbalance_total{model}`.
 from __future__ import annotations
 
 from collections.abc import MutableMapping, Sequence
+from operator import attrgetter
 
 from extproc.openai import Request
 from extproc.routing.framework import PodView, capacities
@@ -27,11 +28,12 @@ TIE = 1e-9
 
 def loads(pods: Sequence[PodView], capacity_aware: bool = True) -> list[float]:
     """Each pod's running count, in requests of a mean-capacity pod when `capacity_aware`."""
+    running = list(map(_running, pods))
     if not capacity_aware:
-        return [float(p.running) for p in pods]
+        return running
     caps = capacities(pods)
     mean = sum(caps) / len(caps)
-    return [p.running / c * mean for p, c in zip(pods, caps)]
+    return [r / c * mean for r, c in zip(running, caps)]
 
 
 def least_loaded(values: Sequence[float], factor: float, min_gap: float) -> list[int] | None:
@@ -47,6 +49,9 @@ def least_loaded(values: Sequence[float], factor: float, min_gap: float) -> list
     limit = low + TIE * max(1.0, abs(low))
     keep = [i for i, v in enumerate(values) if v <= limit]
     return keep if len(keep) < n else None  # all tied (min-gap 0): nothing to exclude, nothing to count
+
+
+_running = attrgetter("running")
 
 
 class ImbalanceGate:

@@ -1,7 +1,8 @@
 """Per-decision cost of routing strategies, in process: `python -m extproc.routing.timing [STRATEGY ...]`.
 
 Times `Profile.pick` on a fixed, uneven snapshot (mixed capacities, KV levels, running counts), the way
-the gateway calls it per request. A script, not a test: timings on a shared machine are not assertions.
+the gateway calls it per request; best of five rounds of this process's CPU time. A script, not a test:
+timings on a shared machine are not assertions.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ def per_decision_us(strategy: str, n: int, budget_s: float = 0.5) -> float:
     assert not router.imbalance_total, "the gate fired: the snapshot would not score every pod"
     best = float("inf")
     for _ in range(5):  # best of five rounds: the least disturbed by other work on the machine
-        count, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < budget_s / 5:
+        # CPU time, not wall time: on a shared machine other processes' work is not ours
+        count, start = 0, time.process_time()
+        while (elapsed := time.process_time() - start) < budget_s / 5:
             for _ in range(20):
                 profile.pick(request, views, 0.0)
             count += 20

@@ -124,3 +124,18 @@ def test_score_function_edge_values():
     assert load_balance_score(0, 0.0, None, 2.0, 0.1) == 0.0  # idle with a zero capacity: no 0/0
     assert load_balance_score(5, 100.0, 0.1, 2.0, 0.1) < math.inf  # exactly at kvCritical: not below
     assert build("load-balance").scorers[0][0].lower_is_better
+
+
+def test_the_scorer_agrees_with_the_formula_function():
+    import random
+    rng = random.Random(4)
+    knobs = LoadBalanceSettings(queued_weight=0.3, kv_pressure_alpha=1.7, kv_critical_free=0.2)
+    pods = [view(f"p{i}", rng.choice((0, 0, 3, 17)), queued=rng.choice((0.0, 2.0, math.nan)),
+                 kv_free=rng.choice((None, math.nan, 0.0, 0.15, 0.2, 0.6, 1.0)), capacity=rng.choice((None, 500.0, 4000.0)))
+            for i in range(200)]
+    got = LoadBalanceScorer(knobs).score(REQ, pods, 0.0)
+    known = [p.capacity for p in pods if p.capacity]
+    caps = [p.capacity or sum(known) / len(known) for p in pods]
+    want = [load_balance_score(p.running + (0.3 * p.queued if p.queued == p.queued else 0), c, p.kv_free, 1.7, 0.2)
+            for p, c in zip(pods, caps)]
+    assert got == pytest.approx(want)
