@@ -16,7 +16,7 @@ as `extproc_load_imbalance_total{model}`.
 from __future__ import annotations
 
 from collections.abc import MutableMapping, Sequence
-from operator import attrgetter
+from operator import attrgetter, truediv
 
 from extproc.openai import Request
 from extproc.routing.framework import PodView, capacities
@@ -28,25 +28,31 @@ TIE = 1e-9
 
 def loads(pods: Sequence[PodView], capacity_aware: bool = True) -> list[float]:
     """Each pod's running count, in requests of a mean-capacity pod when `capacity_aware`."""
+    ratios, scale = _ratios(pods, capacity_aware)
+    return [r * scale for r in ratios]
+
+
+def _ratios(pods: Sequence[PodView], capacity_aware: bool) -> tuple[list[float], float]:
+    """running / capacity per pod (map over a builtin: no Python per pod) and the scale (the mean
+    capacity) that turns them into requests; raw counts and 1.0 when not capacity-aware."""
     running = list(map(_running, pods))
     if not capacity_aware:
-        return running
+        return running, 1.0
     caps = capacities(pods)
-    mean = sum(caps) / len(caps)
-    return [r / c * mean for r, c in zip(running, caps)]
+    return list(map(truediv, running, caps)), sum(caps) / len(caps)
 
 
-def least_loaded(values: Sequence[float], factor: float, min_gap: float) -> list[int] | None:
-    """Indices of the least-loaded pods when load is severely skewed, else None."""
+def least_loaded(values: Sequence[float], factor: float, min_gap: float, scale: float = 1.0) -> list[int] | None:
+    """Indices of the least-loaded pods when load (values × scale) is severely skewed, else None."""
     n = len(values)
     if n < 2:
         return None
     low, high = min(values), max(values)
-    if high - low < min_gap:
+    if (high - low) * scale < min_gap:
         return None
-    if n > 2 and high <= factor * ((sum(values) - high) / (n - 1) + 1):
+    if n > 2 and high * scale <= factor * ((sum(values) - high) * scale / (n - 1) + 1):
         return None
-    limit = low + TIE * max(1.0, abs(low))
+    limit = low + TIE * max(abs(low), 1.0 / scale if scale > 0 else 1.0)
     keep = [i for i, v in enumerate(values) if v <= limit]
     return keep if len(keep) < n else None  # all tied (min-gap 0): nothing to exclude, nothing to count
 
@@ -68,8 +74,8 @@ class ImbalanceGate:
     def filter(self, request: Request, pods: Sequence[PodView], now: float) -> Sequence[PodView]:
         if len(pods) < 2:
             return pods
-        keep = least_loaded(loads(pods, self.capacity_aware), self.settings.imbalance_factor,
-                            self.settings.imbalance_min_gap)
+        ratios, scale = _ratios(pods, self.capacity_aware)
+        keep = least_loaded(ratios, self.settings.imbalance_factor, self.settings.imbalance_min_gap, scale)
         if keep is None:
             return pods
         self.counts[request.model] = self.counts.get(request.model, 0) + 1
