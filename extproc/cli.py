@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("engine-sim", help="run a simulated vLLM/SGLang engine (or a fleet of them)")
     add_arguments(sim)
     sim.set_defaults(func=_engine_sim)
+    __import__("extproc.profiling.cli").profiling.cli.add_commands(sub)  # `extproc benchmark`, `gen-profile`
     __import__("extproc.fleetsim.cli").fleetsim.cli.register(sub)  # `extproc fleet-sim`
 
     from extproc.perf.cli import add_parser as add_bench

@@ -1,0 +1,63 @@
+"""A finished cell's requests → its five AIBrix metric lines. Pure."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from extproc.profiling.client import RequestResult
+from extproc.profiling.records import MetricLine
+from extproc.profiling.stats import Summary
+from extproc.profiling.workload import Cell
+
+
+@dataclass(slots=True)
+class CellOutcome:
+    cell: Cell
+    planned: int  # requests the cell was to send
+    results: list[RequestResult]  # finished requests, successful or not
+    duration: float  # seconds from the first send to the last completion (or to the cut-off)
+    unfinished: int = 0  # cancelled or never sent because the cell was cut off
+    overloaded: str = ""  # why the cell was cut off: it could not keep up with its rate
+    errors: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def ok(self) -> list[RequestResult]:
+        return [r for r in self.results if r.ok]
+
+    @property
+    def failed(self) -> int:
+        return len(self.results) - len(self.ok)
+
+
+def cell_lines(outcome: CellOutcome, model: str, seed: int, temperature: float = 0.0) -> list[MetricLine]:
+    """TPUT and TT over the cell's wall time (as AIBrix: completions / duration); latencies over successes.
+
+    TPOT pools every gap between consecutive tokens of every request, as AIBrix does (a request that streamed
+    one token adds none; with no gaps at all TPOT is 0.0, again as AIBrix). With no successful request the
+    latency lines have null statistics: nothing was measured, and gen-profile lets such a rate pass nothing.
+    """
+    c, ok = outcome.cell, outcome.ok
+    duration = max(outcome.duration, 1e-9)
+    extra: dict[str, object] = {"seed": seed, "model": model, "temperature": temperature,
+                                "samples": outcome.planned, "failed": outcome.failed,
+                                "unfinished": outcome.unfinished}
+    if outcome.overloaded:
+        extra["overloaded"] = outcome.overloaded
+
+    def line(metric: str, stats: dict[str, float | None]) -> MetricLine:
+        return MetricLine(c.input_tokens, c.output_tokens, c.rate, metric, stats, extra)
+
+    def summary(values: Sequence[float]) -> dict[str, float | None]:
+        if not ok:
+            return dict.fromkeys(("mean", "P50", "P90", "P99"))
+        return Summary.of(values or [0.0]).as_fields()
+
+    return [
+        line("TPUT", {"mean": len(ok) / duration}),
+        line("TT", {"mean": sum(r.output_tokens for r in ok) / duration}),
+        line("E2E", summary([r.e2e for r in ok])),
+        line("TTFT", summary([r.ttft for r in ok if r.ttft is not None])),
+        line("TPOT", summary([g for r in ok for g in r.gaps])),
+    ]

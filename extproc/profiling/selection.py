@@ -1,0 +1,165 @@
+"""AIBrix's gen_profile selection rule: for each (output, input) cell, the request rate whose measurements
+meet every SLO, and what the profile records there. Pure.
+
+The rule (python/aibrix/aibrix/gpu_optimizer/optimizer/profiling/gen_profile.py), so profiles agree across tools:
+- TPAT = E2E / (input + output tokens) is derived from every E2E line, for every statistic.
+- A rate passes when, for each of TPUT, TT, E2E, TTFT, TPAT, TPOT, its line exists and meets the SLO: time
+  metrics at the chosen statistic (P50/P90/P99, or the mean for percentile 0) strictly below the target,
+  throughput metrics by their mean at or above it. An unset SLO is +inf (time) or 0 (throughput), so a
+  rate missing any metric's line, or with a null statistic, passes nothing.
+- Of the passing rates, the highest whose mean TPUT ≥ 0.9 × rate (it kept up with its arrivals); when none
+  kept up, the lowest passing rate.
+- tputs = mean TPUT there, 0 when no rate passes; e2e = mean E2E there, or at the cell's first (lowest) rate
+  with an E2E measurement when none passes; ttft likewise, recorded only when a TTFT SLO is set.
+
+Where AIBrix is undefined we choose: a line repeated for the same cell, rate and metric (an --append re-run)
+replaces the earlier one; a cell with no E2E measurement at all gets e2e 0.0 and a warning, not a crash.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from extproc.profiling.records import METRICS, THROUGHPUT_METRICS, BenchmarkError, MetricLine
+
+SLO_METRICS = ("TPUT", "TT", "E2E", "TTFT", "TPAT", "TPOT")  # AIBrix's order; options are the lower-case names
+SLO_HELP = {
+    "TPUT": "throughput SLO: mean completed requests/s at least this",
+    "TT": "token throughput SLO: mean output tokens/s at least this",
+    "E2E": "end-to-end latency SLO, seconds (strictly below)",
+    "TTFT": "time-to-first-token SLO, seconds (strictly below)",
+    "TPAT": "time per token of input + output (E2E / tokens) SLO, seconds (strictly below)",
+    "TPOT": "time per output token SLO, seconds (strictly below)",
+}
+PERCENTILES = (0, 50, 90, 99)
+TPUT_TOLERANCE = 0.9  # a rate "kept up" when it completed at least 90% of its arrival rate
+
+
+@dataclass(frozen=True, slots=True)
+class SLOs:
+    percentile: int = 0  # 0: compare means
+    targets: Mapping[str, float] | None = None  # lower-case metric name → target; only the SLOs set
+
+    def __post_init__(self) -> None:
+        if self.percentile not in PERCENTILES:
+            raise ValueError(f"percentile must be one of {PERCENTILES}, not {self.percentile}")
+        for name, value in (self.targets or {}).items():
+            if name.upper() not in SLO_METRICS or name != name.lower():
+                raise ValueError(f"unknown SLO {name!r}; known: {', '.join(m.lower() for m in SLO_METRICS)}")
+            if math.isnan(value) or value < 0 or (value == 0 and name.upper() not in THROUGHPUT_METRICS):
+                raise ValueError(f"SLO {name} must be a positive number, not {value}")
+
+    def target(self, metric: str) -> float:
+        """The bound a metric is checked against; unset SLOs are AIBrix's defaults (inf for time, 0 for rates)."""
+        default = 0.0 if metric in THROUGHPUT_METRICS else math.inf
+        return (self.targets or {}).get(metric.lower(), default)
+
+    def is_set(self, metric: str) -> bool:
+        default = 0.0 if metric in THROUGHPUT_METRICS else math.inf
+        return self.target(metric) != default
+
+    @property
+    def stat_key(self) -> str:
+        return f"P{self.percentile}" if self.percentile else "mean"
+
+    def passes(self, metric: str, line: MetricLine | None) -> bool:
+        if line is None:
+            return False
+        if metric in THROUGHPUT_METRICS:
+            value = line.stat("mean")
+            return value is not None and value >= self.target(metric)
+        value = line.stat(self.stat_key)
+        return value is not None and value < self.target(metric)
+
+    def as_profile(self) -> dict[str, float]:
+        """The profile's `slos`: the percentile, then each SLO that is set, in AIBrix's order."""
+        out: dict[str, float] = {"percentile": self.percentile}
+        out.update((m.lower(), self.target(m)) for m in SLO_METRICS if self.is_set(m))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Grid:
+    """Per (output index, input index), as the profile stores them."""
+
+    outputs: tuple[int, ...]
+    inputs: tuple[int, ...]
+    tputs: tuple[tuple[float, ...], ...]
+    e2e: tuple[tuple[float, ...], ...]
+    ttft: tuple[tuple[float, ...], ...] | None
+    rates: tuple[tuple[float | None, ...], ...]  # the chosen request rate; None when no rate passed
+    warnings: tuple[str, ...] = ()
+
+
+Key = tuple[int, int, float, str]  # input, output, rate, metric
+
+
+def index_lines(lines: Iterable[MetricLine]) -> dict[Key, MetricLine]:
+    """Lines by (input, output, rate, metric), later lines replacing earlier ones, plus the derived TPAT."""
+    table: dict[Key, MetricLine] = {}
+    for line in lines:
+        table[(line.input_tokens, line.output_tokens, line.request_rate, line.metric)] = line
+    for (i, o, r, metric), line in list(table.items()):
+        if metric == "E2E" and i + o > 0:
+            stats = {k: (None if v is None else v / (i + o)) for k, v in line.stats.items()}
+            table[(i, o, r, "TPAT")] = MetricLine(i, o, r, "TPAT", stats, line.extra)
+    return table
+
+
+def check_metrics(lines: Sequence[MetricLine], source: str) -> None:
+    """Every rate needs all five measured metrics to pass; a file without one of them cannot yield a profile."""
+    present = {line.metric for line in lines}
+    missing = [m for m in METRICS if m not in present]
+    if missing:
+        raise BenchmarkError(f"{source}: no {', '.join(missing)} lines; every rate needs "
+                             f"{', '.join(METRICS)} (as AIBrix's benchmark writes them)")
+
+
+def select(lines: Sequence[MetricLine], slos: SLOs, source: str = "benchmark") -> Grid:
+    check_metrics(lines, source)
+    table = index_lines(lines)
+    inputs = tuple(sorted({line.input_tokens for line in lines}))
+    outputs = tuple(sorted({line.output_tokens for line in lines}))
+    rates_of: dict[tuple[int, int], set[float]] = {}
+    for i, o, r, _ in table:
+        rates_of.setdefault((i, o), set()).add(r)
+    warnings: list[str] = []
+
+    def mean(i: int, o: int, r: float, metric: str) -> float | None:
+        line = table.get((i, o, r, metric))
+        return None if line is None else line.stat("mean")
+
+    def first_measured(i: int, o: int, metric: str) -> float:
+        for r in sorted(rates_of.get((i, o), ())):
+            if (value := mean(i, o, r, metric)) is not None:
+                return value
+        warnings.append(f"input {i}, output {o}: no {metric} measurement; {metric.lower()} recorded as 0")
+        return 0.0
+
+    tputs, e2es, ttfts, chosen = [], [], [], []
+    for o in outputs:
+        row_t, row_e, row_f, row_r = [], [], [], []
+        for i in inputs:
+            rates = sorted(rates_of.get((i, o), ()))
+            passing = [r for r in rates if all(slos.passes(m, table.get((i, o, r, m))) for m in SLO_METRICS)]
+            if passing:
+                kept_up = [r for r in passing if (mean(i, o, r, "TPUT") or 0.0) >= r * TPUT_TOLERANCE]
+                rate = max(kept_up) if kept_up else min(passing)
+                row_t.append(mean(i, o, rate, "TPUT") or 0.0)
+                row_e.append(mean(i, o, rate, "E2E") or 0.0)
+                row_f.append(mean(i, o, rate, "TTFT") or 0.0)
+                row_r.append(rate)
+            else:
+                row_t.append(0.0)
+                row_e.append(first_measured(i, o, "E2E"))
+                row_f.append(first_measured(i, o, "TTFT") if slos.is_set("TTFT") else 0.0)
+                row_r.append(None)
+        tputs.append(tuple(row_t))
+        e2es.append(tuple(row_e))
+        ttfts.append(tuple(row_f))
+        chosen.append(tuple(row_r))
+    return Grid(outputs, inputs, tuple(tputs), tuple(e2es), tuple(ttfts) if slos.is_set("TTFT") else None,
+                tuple(chosen), tuple(warnings))
+
