@@ -1,0 +1,145 @@
+"""gen-profile's selection rule on hand-written benchmarks whose answers are computed by hand, and on
+AIBrix's shipped A40 benchmark against the profiles AIBrix's own gen_profile.py produced from it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from extproc.profiling.records import BenchmarkError, MetricLine, read_benchmark
+from extproc.profiling.selection import SLOs, select
+
+AIBRIX_DATA = Path(__file__).resolve().parents[4] / "shared" / "data" / "aibrix"
+REFERENCE = Path(__file__).parent / "aibrix_reference"
+
+
+def rate_lines(i: int, o: int, rate: float, tput: float, e2e: float, *, ttft: float = 0.05,
+               tpot: float = 0.01, e2e_p99: float | None = None, skip: tuple[str, ...] = ()) -> list[MetricLine]:
+    def times(mean: float, p99: float | None = None) -> dict[str, float | None]:
+        return {"mean": mean, "P50": mean, "P90": mean, "P99": mean if p99 is None else p99}
+
+    lines = [MetricLine(i, o, rate, "TPUT", {"mean": tput}), MetricLine(i, o, rate, "TT", {"mean": tput * o}),
+             MetricLine(i, o, rate, "E2E", times(e2e, e2e_p99)), MetricLine(i, o, rate, "TTFT", times(ttft)),
+             MetricLine(i, o, rate, "TPOT", times(tpot))]
+    return [line for line in lines if line.metric not in skip]
+
+
+def hand_benchmark() -> list[MetricLine]:
+    return [
+        # (in 100, out 10): rates 1 and 2 meet E2E < 1; both kept up (TPUT ≥ 0.9 × rate) → rate 2.
+        *rate_lines(100, 10, 1, 1.0, 0.5), *rate_lines(100, 10, 2, 1.9, 0.8), *rate_lines(100, 10, 4, 3.9, 1.5),
+        # (in 200, out 10): both pass, neither kept up (0.85 < 0.9, 1.5 < 1.8) → the lowest passing, rate 1.
+        *rate_lines(200, 10, 1, 0.85, 0.6), *rate_lines(200, 10, 2, 1.5, 0.7),
+        # (in 100, out 20): nothing passes (E2E 1.0 is not strictly below 1.0) → tputs 0, e2e at the first rate.
+        *rate_lines(100, 20, 2, 1.9, 1.2), *rate_lines(100, 20, 1, 1.0, 1.0),
+        # (in 200, out 20): rate 1 would win but has no TTFT line, so it passes nothing → rate 2 (not kept up).
+        *rate_lines(200, 20, 1, 0.95, 0.5, skip=("TTFT",)), *rate_lines(200, 20, 2, 1.7, 0.9),
+    ]
+
+
+def test_hand_computed_cells_under_an_e2e_slo() -> None:
+    grid = select(hand_benchmark(), SLOs(0, {"e2e": 1.0}))
+    assert grid.outputs == (10, 20) and grid.inputs == (100, 200)
+    assert grid.rates == ((2, 1), (None, 2))
+    assert grid.tputs == ((1.9, 0.85), (0.0, 1.7))
+    assert grid.e2e == ((0.8, 0.6), (1.0, 0.9))  # (100, 20): mean E2E at its lowest rate, 1
+    assert grid.ttft is None  # only recorded when a TTFT SLO is set
+
+
+def test_without_slos_every_complete_rate_passes() -> None:
+    grid = select(hand_benchmark(), SLOs())
+    # (100, 20): rate 2 kept up (1.9 ≥ 1.8); (200, 20): rate 1 still lacks its TTFT line
+    assert grid.rates == ((4, 1), (2, 2))
+    assert grid.tputs == ((3.9, 0.85), (1.9, 1.7))
+
+
+def test_percentile_is_checked_on_that_statistic() -> None:
+    lines = [*rate_lines(100, 10, 1, 1.0, 0.5, e2e_p99=3.0), *rate_lines(100, 10, 2, 1.9, 0.6, e2e_p99=0.9)]
+    assert select(lines, SLOs(0, {"e2e": 1.0})).rates == ((2,),)
+    assert select(lines, SLOs(99, {"e2e": 1.0})).rates == ((2,),)
+    assert select(lines, SLOs(99, {"e2e": 0.8})).rates == ((None,),)
+    assert select(lines, SLOs(50, {"e2e": 0.55})).rates == ((1,),)
+
+
+def test_throughput_slos_are_at_least_and_tpat_is_derived() -> None:
+    lines = [*rate_lines(100, 10, 1, 1.0, 0.5), *rate_lines(100, 10, 2, 1.9, 1.0)]
+    assert select(lines, SLOs(0, {"tput": 1.0})).rates == ((2,),)  # mean ≥ value: 1.0 passes too
+    assert select(lines, SLOs(0, {"tput": 1.95})).rates == ((None,),)
+    assert select(lines, SLOs(0, {"tt": 19.0})).rates == ((2,),)  # TT = 1.9 × 10
+    # TPAT = E2E / (100 + 10): 0.5/110 ≈ 0.0045, 1.0/110 ≈ 0.0091
+    assert select(lines, SLOs(0, {"tpat": 0.005})).rates == ((1,),)
+    assert select(lines, SLOs(0, {"tpat": 0.01})).rates == ((2,),)
+
+
+def test_ttft_slo_records_ttft_at_the_chosen_rate() -> None:
+    lines = [*rate_lines(100, 10, 1, 1.0, 0.5, ttft=0.02), *rate_lines(100, 10, 2, 1.9, 0.6, ttft=0.2)]
+    grid = select(lines, SLOs(0, {"ttft": 0.1}))
+    assert grid.rates == ((1,),) and grid.ttft == ((0.02,),)
+    none = select(lines, SLOs(0, {"ttft": 0.01}))
+    assert none.tputs == ((0.0,),) and none.ttft == ((0.02,),)  # first rate's mean TTFT
+
+
+def test_null_statistics_pass_nothing_and_a_repeated_line_replaces_the_earlier() -> None:
+    nulls = {"mean": None, "P50": None, "P90": None, "P99": None}
+    lines = [*rate_lines(100, 10, 1, 1.0, 0.5), *rate_lines(100, 10, 2, 1.9, 0.6),
+             MetricLine(100, 10, 2, "E2E", nulls)]  # an --append re-run where every request failed
+    assert select(lines, SLOs()).rates == ((1,),)
+
+
+def test_a_cell_without_e2e_measurements_warns() -> None:
+    nulls = {"mean": None, "P50": None, "P90": None, "P99": None}
+    lines = [*rate_lines(100, 10, 1, 1.0, 0.5), MetricLine(200, 10, 1, "TPUT", {"mean": 0.0}),
+             MetricLine(200, 10, 1, "E2E", nulls)]
+    grid = select(lines, SLOs())
+    assert grid.tputs == ((1.0, 0.0),) and grid.e2e == ((0.5, 0.0),)
+    assert any("input 200, output 10" in w for w in grid.warnings)
+
+
+def test_a_metric_absent_from_the_whole_file_is_an_error() -> None:
+    lines = [line for line in hand_benchmark() if line.metric != "TPOT"]
+    with pytest.raises(BenchmarkError, match="no TPOT lines"):
+        select(lines, SLOs())
+
+
+@pytest.mark.parametrize("slos", [{"bogus": 1.0}, {"E2E": 1.0}, {"e2e": 0.0}, {"e2e": -1.0}, {"tput": -1.0}])
+def test_bad_slos_are_refused(slos: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        SLOs(0, slos)
+    with pytest.raises(ValueError, match="percentile"):
+        SLOs(95)
+
+
+def test_slos_in_the_profile_in_aibrix_order() -> None:
+    assert SLOs(99, {"tpot": 0.05, "e2e": 2.0}).as_profile() == {"percentile": 99, "e2e": 2.0, "tpot": 0.05}
+    assert SLOs(0, {"tput": 0.0}).as_profile() == {"percentile": 0}  # 0 is AIBrix's "not set"
+
+
+@pytest.mark.parametrize("name, pct, targets", [
+    ("noslo", 0, {}),
+    ("e2e05", 0, {"e2e": 0.5}),
+    ("e2e2ttft001percentile99", 99, {"e2e": 2.0, "ttft": 0.01}),
+    ("tpat0001percentile90", 90, {"tpat": 0.001}),
+    ("tput8tpot005percentile50", 50, {"tput": 8.0, "tpot": 0.05}),
+])
+def test_same_profile_as_aibrix_gen_profile(name: str, pct: int, targets: dict[str, float]) -> None:
+    """References: AIBrix's gen_profile.py (pandas) run on its shipped A40 benchmark with these SLOs."""
+    reference = json.loads((REFERENCE / f"a40_{name}.json").read_text())
+    grid = select(read_benchmark(AIBRIX_DATA / "simulator-llama2-7b-a40.jsonl"), SLOs(pct, targets))
+    assert [list(grid.outputs), list(grid.inputs)] == reference["indexes"]
+    assert [list(row) for row in grid.tputs] == reference["tputs"]
+    assert [list(row) for row in grid.e2e] == reference["e2e"]
+    assert (None if grid.ttft is None else [list(r) for r in grid.ttft]) == reference.get("ttft")
+    assert SLOs(pct, targets).as_profile() == reference["slos"]
+    zeros = sum(v == 0 for row in grid.tputs for v in row)
+    assert (zeros > 0) == bool(targets)  # each SLO case really excludes some cells
+
+
+def test_aibrix_a100_benchmark_reads_whole() -> None:
+    lines = read_benchmark(AIBRIX_DATA / "simulator-llama2-7b-a100.jsonl")
+    assert len(lines) == 1400 and {line.metric for line in lines} == {"TPUT", "TT", "E2E", "TTFT", "TPOT"}
+    grid = select(lines, SLOs())
+    assert grid.inputs == (128, 256, 512, 1024, 2048) and grid.outputs == (4, 8, 16, 32, 64, 128, 256, 512)
+    assert all(v > 0 and not math.isnan(v) for row in grid.tputs for v in row)
