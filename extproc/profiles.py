@@ -1,0 +1,151 @@
+"""AIBrix's per-GPU profile JSON: what one deployment (GPU type) sustains per (input, output) cell.
+
+The format is AIBrix's (`aibrix_gen_profile`, python/aibrix/aibrix/gpu_optimizer/optimizer/types.py), so
+profiles move freely between AIBrix and us:
+
+    {"gpu": "<deployment>", "cost": 1.0,
+     "tputs": [[rps, ...], ...],            # [output index][input index], requests/s that meet the SLO
+     "indexes": [[outputs...], [inputs...]],
+     "created": <unix seconds>,
+     "e2e": [[s, ...], ...], "ttft": [[s, ...], ...],   # newer files only
+     "slos": {"percentile": 99, "e2e": 2.0}}             # newer files only
+
+A throughput of 0 means the deployment cannot meet the SLO in that cell at any rate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+Matrix = tuple[tuple[float, ...], ...]
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used; the message names the offending key."""
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    gpu: str  # the deployment name (AIBrix's key "gpu")
+    cost: float  # per replica-hour, relative units
+    outputs: tuple[int, ...]  # indexes[0]: output lengths
+    inputs: tuple[int, ...]  # indexes[1]: input lengths
+    tputs: Matrix  # [output index][input index]: requests/s at the SLO; 0 = cannot meet it
+    e2e: Matrix | None  # same shape, seconds; None when absent (older AIBrix files)
+    ttft: Matrix | None
+    slos: dict[str, float]  # e.g. {"percentile": 99, "e2e": 2.0}; {} when absent
+    created: float
+
+    def cell(self, input_tokens: int, output_tokens: int) -> tuple[int, int]:
+        """(out_idx, in_idx) of the cell nearest in log2 space, clamped to the grid's edges.
+
+        Profiles are measured on power-of-two grids, so "nearest" means nearest ratio, not nearest
+        difference: 6 tokens is closer to 8 than to 4."""
+        return nearest_index(self.outputs, output_tokens), nearest_index(self.inputs, input_tokens)
+
+    def tput(self, input_tokens: int, output_tokens: int) -> float:
+        o, i = self.cell(input_tokens, output_tokens)
+        return self.tputs[o][i]
+
+
+def nearest_index(ticks: Sequence[int], tokens: float) -> int:
+    """Index of the tick nearest to `tokens` in log2 space (first one on a tie); tokens < 1 count as 1."""
+    x = math.log2(max(float(tokens), 1.0))
+    best, best_d = 0, math.inf
+    for k, t in enumerate(ticks):
+        d = abs(math.log2(t) - x)
+        if d < best_d:
+            best, best_d = k, d
+    return best
+
+
+def _number(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProfileError(f"{key}: expected a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v < 0:
+        raise ProfileError(f"{key}: expected a finite non-negative number, got {value!r}")
+    return v
+
+
+def _ticks(value: Any, key: str) -> tuple[int, ...]:
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)) or not value:
+        raise ProfileError(f"{key}: expected a non-empty list of token counts")
+    out: list[int] = []
+    for k, v in enumerate(value):
+        n = _number(v, f"{key}[{k}]")
+        if n < 1 or n != int(n):
+            raise ProfileError(f"{key}[{k}]: expected a positive whole token count, got {v!r}")
+        out.append(int(n))
+    if any(b <= a for a, b in zip(out, out[1:])):
+        raise ProfileError(f"{key}: token counts must be strictly increasing, got {out}")
+    return tuple(out)
+
+
+def _matrix(value: Any, key: str, rows: int, cols: int) -> Matrix:
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)) or len(value) != rows:
+        got = len(value) if isinstance(value, Sequence) else type(value).__name__
+        raise ProfileError(f"{key}: expected {rows} rows (one per output length), got {got}")
+    out = []
+    for r, row in enumerate(value):
+        if not isinstance(row, Sequence) or isinstance(row, (str, bytes)) or len(row) != cols:
+            got = len(row) if isinstance(row, Sequence) else type(row).__name__
+            raise ProfileError(f"{key}[{r}]: expected {cols} columns (one per input length), got {got}")
+        out.append(tuple(_number(v, f"{key}[{r}][{c}]") for c, v in enumerate(row)))
+    return tuple(out)
+
+
+def parse_profile(data: Mapping[str, Any]) -> Profile:
+    """Validate AIBrix profile JSON (already decoded) into a Profile."""
+    if not isinstance(data, Mapping):
+        raise ProfileError(f"profile: expected a JSON object, got {type(data).__name__}")
+    for key in ("gpu", "cost", "tputs", "indexes"):
+        if key not in data:
+            raise ProfileError(f"{key}: missing")
+    gpu = data["gpu"]
+    if not isinstance(gpu, str) or not gpu:
+        raise ProfileError(f"gpu: expected the deployment name, got {gpu!r}")
+    indexes = data["indexes"]
+    if not isinstance(indexes, Sequence) or isinstance(indexes, (str, bytes)) or len(indexes) != 2:
+        raise ProfileError("indexes: expected [[output lengths...], [input lengths...]]")
+    outputs = _ticks(indexes[0], "indexes[0]")
+    inputs = _ticks(indexes[1], "indexes[1]")
+    shape = (len(outputs), len(inputs))
+    optional = {k: _matrix(data[k], k, *shape) if data.get(k) is not None else None for k in ("e2e", "ttft")}
+    slos_raw = data.get("slos") or {}
+    if not isinstance(slos_raw, Mapping):
+        raise ProfileError(f"slos: expected an object, got {slos_raw!r}")
+    slos = {str(k): _number(v, f"slos.{k}") for k, v in slos_raw.items()}
+    return Profile(gpu=gpu, cost=_number(data["cost"], "cost"), outputs=outputs, inputs=inputs,
+                   tputs=_matrix(data["tputs"], "tputs", *shape), e2e=optional["e2e"], ttft=optional["ttft"],
+                   slos=slos, created=_number(data.get("created", 0.0), "created"))
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read one profile file; errors name the file and the key."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ProfileError(f"{path}: {e}") from e
+    try:
+        return parse_profile(data)
+    except ProfileError as e:
+        raise ProfileError(f"{path}: {e}") from e
+
+
+def dump_profile(p: Profile) -> dict[str, Any]:
+    """AIBrix's JSON, in the key order aibrix_gen_profile writes; e2e/ttft/slos only when present."""
+    out: dict[str, Any] = {"gpu": p.gpu, "cost": p.cost, "tputs": [list(r) for r in p.tputs],
+                           "indexes": [list(p.outputs), list(p.inputs)], "created": p.created}
+    if p.e2e is not None:
+        out["e2e"] = [list(r) for r in p.e2e]
+    if p.ttft is not None:
+        out["ttft"] = [list(r) for r in p.ttft]
+    if p.slos:
+        out["slos"] = dict(p.slos)
+    return out
