@@ -69,7 +69,7 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         "processing_mode": {
             "request_header_mode": "SEND",
             "request_body_mode": "BUFFERED",
-            "request_trailer_mode": "SKIP",
+            "request_trailer_mode": "SEND",  # HTTP/2 headers + trailers without a body: a 400
             "response_header_mode": "SKIP",
             "response_body_mode": "NONE",
             "response_trailer_mode": "SKIP",

@@ -107,7 +107,9 @@ def parse_request(path: str, body: bytes, header_model: str | None = None) -> Re
         param = found.group(1) if found else None
         if param == "max_completion_tokens":
             param = "max_tokens"
-        raise bad_request(f"invalid request: {exc}", param=param) from None
+        # No field path: the body itself is not a JSON object.
+        raise bad_request(f"invalid request: {exc}", param=param,
+                          code=None if found else "invalid_json") from None
     except (msgspec.DecodeError, RecursionError) as exc:
         # JSON on the wire is UTF-8 (RFC 8259): other encodings are malformed here, as they would
         # be at the engine.

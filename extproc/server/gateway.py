@@ -25,12 +25,13 @@ from extproc.state.accounting import Accounting
 from extproc.state.inflight import OpenRequest, OpenRequests
 from extproc.state.record import RequestRecord
 from extproc.state.shared import LocalState, SharedState
-from extproc.telemetry.health import routable
 
 log = logging.getLogger(__name__)
 
 # Headers that steer Envoy's ORIGINAL_DST or AIBrix-style gateways: never accepted from clients.
-CLIENT_FORBIDDEN_HEADERS = frozenset({DEFAULT_DESTINATION_HEADER, "target-pod", "x-envoy-original-dst-host"})
+# (x-envoy-* headers need no stripping here: Envoy refuses their mutation and ORIGINAL_DST follows only
+# the configured header.)
+CLIENT_FORBIDDEN_HEADERS = frozenset({DEFAULT_DESTINATION_HEADER, "target-pod"})
 
 disable_created_metrics()  # *_created series double the scrape for no routing value
 
@@ -66,6 +67,7 @@ class Gateway:
         # let clients set the one Envoy still follows.
         self._destination_header = config.destination_header
         self._profiles: dict[str, Profile] = {}
+        self._extra_hooks: list[object] = []  # the gateway's own learners (traces, ...), kept across rebuilds
         self.apply(config)
 
     def apply(self, config: Config) -> None:
@@ -82,10 +84,18 @@ class Gateway:
         self._rebuild_hooks()
         live = {p.key for p in config.pods} | {o.pod.key for o in self.open}
         self.accounting.forget(live)
+        self.accounting.shared.track(config.pods)
+
+    def add_hook(self, plugin: object) -> None:
+        """Register a post_choice / post_response hook that is not part of any strategy."""
+        self._extra_hooks.append(plugin)
+        self.hooks.add(plugin)
 
     def _rebuild_hooks(self) -> None:
         hooks = Hooks()
         hooks.add(self.accounting)
+        for plugin in self._extra_hooks:
+            hooks.add(plugin)
         for profile in self._profiles.values():
             for plugin in profile.plugins():
                 hooks.add(plugin)
@@ -104,10 +114,13 @@ class Gateway:
     def route(self, request: Request, profile: Profile, request_id: str) -> Decision | None:
         """Choose a pod; the request counts as in flight until `complete` or `abort`."""
         now = self.clock()
-        pods = routable(self.pool.ready_pods(request.model), self.accounting.health)
-        if not pods:
+        views = self.accounting.views(request.model, self.pool.ready_pods(request.model), now)
+        if not views:
             return None
-        chosen = profile.pick(request, self.accounting.views(pods, now), now)
+        # Unhealthy pods are left out, unless that leaves none: a health signal must never cause a
+        # total outage.
+        candidates = [v for v in views if v.healthy] or views
+        chosen = profile.pick(request, candidates, now)
         if chosen is None:
             return None
         self.hooks.post_choice(request, chosen, now)

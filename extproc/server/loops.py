@@ -10,11 +10,27 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from prometheus_client import Gauge
+
 from extproc.server.gateway import Gateway
 from extproc.telemetry.scraper import HealthProber, MetricsScraper
 
 log = logging.getLogger(__name__)
 EXPIRY_INTERVAL_SECONDS = 10.0
+LAG_PROBE_SECONDS = 0.05
+
+
+async def watch_loop_lag(gauge: Gauge) -> None:
+    """How late the event loop wakes up: anything that blocks it (a long parse) shows here."""
+    loop = asyncio.get_running_loop()
+    worst = 0.0
+    while True:
+        start = loop.time()
+        await asyncio.sleep(LAG_PROBE_SECONDS)
+        lag = loop.time() - start - LAG_PROBE_SECONDS
+        if lag > worst:
+            worst = lag
+            gauge.set(lag)
 
 
 async def every(interval: Callable[[], float], step: Callable[[], None | Awaitable[None]], name: str) -> None:
@@ -43,6 +59,9 @@ def start(gateway: Gateway, scraper: MetricsScraper, prober: HealthProber) -> li
         asyncio.create_task(every(lambda: gateway.config.metrics_refresh_seconds, gateway.refresh,
                                   "capacity refresh"), name="refresh"),
         asyncio.create_task(every(lambda: EXPIRY_INTERVAL_SECONDS, gateway.expire, "expiry"), name="expiry"),
+        asyncio.create_task(watch_loop_lag(Gauge(
+            "extproc_event_loop_max_lag_seconds", "Largest delay seen in waking the event loop",
+            registry=gateway.registry)), name="loop-lag"),
     ]
     run = getattr(gateway.accounting.shared, "run", None)
     if run is not None:

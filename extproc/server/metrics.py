@@ -39,7 +39,7 @@ class PodMetricsCollector:
         tokens = CounterMetricFamily("extproc_output_tokens", "Output tokens tallied by this gateway",
                                      labels=LABELS)
         pods = gw.pool.all_pods()
-        for view in acc.views(pods, now):
+        for view in acc.build_views(pods, now):
             labels = [view.pod.model, view.pod.name]
             key = view.pod.key
             running.add_metric(labels, view.running)

@@ -48,7 +48,7 @@ def parse_body(path: str, body: bytes, header_model: str | None) -> Request | Op
 
 class Stream:
     __slots__ = ("_gw", "_path", "_strategy", "_request_id", "_header_model", "_has_length",
-                 "_decision", "_done")
+                 "_decision", "_done", "_expect_trailers")
 
     def __init__(self, gateway: Gateway) -> None:
         self._gw = gateway
@@ -59,10 +59,16 @@ class Stream:
         self._has_length = False
         self._decision: Decision | None = None
         self._done = False  # answered by the gateway, or routed
+        self._expect_trailers = False  # an HTTP/2 body followed by trailers: reply to those too
 
     @property
     def decision(self) -> Decision | None:
         return self._decision
+
+    @property
+    def finished(self) -> bool:
+        """Routed or answered: nothing more to do for this request (trailers are passed through)."""
+        return self._done and not self._expect_trailers
 
     def handle(self, msg: ProcessingRequest, parsed: Request | OpenAIError | None = None) -> ProcessingResponse:
         """One ext_proc message in, one reply out. `parsed` is the body already parsed off the loop."""
@@ -73,6 +79,7 @@ class Stream:
             if kind == "request_body":
                 return self._on_request_body(msg.request_body, parsed)
             if kind == "request_trailers":
+                self._expect_trailers = False
                 if not self._done:  # HTTP/2 headers then trailers, no body
                     raise openai.bad_request("request body is required", code="missing_body")
                 return responses.CONTINUE_REQUEST_TRAILERS
@@ -165,6 +172,7 @@ class Stream:
                               type="service_unavailable", code="no_ready_pod")
         self._decision = decision
         self._done = True
+        self._expect_trailers = not http_body.end_of_stream
         new_body = openai.with_usage_requested(body, request) if gw.config.include_usage else None
         return responses.route(gw.config.destination_header, decision.pod, decision.key,
                                self._request_id, self._strategy, new_body, self._has_length)
@@ -200,6 +208,10 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
                     parsed = await asyncio.get_running_loop().run_in_executor(
                         self._pool, parse_body, *stream.parse_args(msg.request_body.body))
                 yield stream.handle(msg, parsed)
+                if stream.finished:
+                    # Close our side now: Envoy would otherwise hold this stream open for the whole
+                    # response, and a gateway crash would then cut every running generation.
+                    return
         except asyncio.CancelledError:
             cancelled = True
             raise

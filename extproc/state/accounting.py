@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from extproc.openai import Request
 from extproc.pool.pod import Pod, PodKey
@@ -27,6 +28,20 @@ def _no_samples(key: PodKey, now: float) -> EngineSample | None:
     return None
 
 
+# Routing reads cached views: rebuilt from samples and capacity at most this often, running counts
+# re-read from the shared state at most this often; this gateway's own changes apply at once.
+VIEW_REBUILD_SECONDS = 0.25
+RUNNING_RESYNC_SECONDS = 0.05
+
+
+@dataclass(slots=True)
+class _Cached:
+    pods: Sequence[Pod]
+    views: list[PodView]
+    built: float
+    synced: float
+
+
 class Accounting:
     def __init__(self, shared: SharedState, capacity: CapacityEstimator | None = None,
                  health: PodHealth | None = None, samples: SampleSource = _no_samples) -> None:
@@ -35,16 +50,26 @@ class Accounting:
         self.health = health or PodHealth()
         self.samples = samples
         self.output_tokens: dict[PodKey, int] = {}  # this gateway's own tally, for /metrics
+        self._cache: dict[str, _Cached] = {}  # per model
+        self._live: dict[PodKey, PodView] = {}  # the cached view of each pod, for in-place updates
 
     # -- hooks -----------------------------------------------------------------------------------
 
     def post_choice(self, request: Request, chosen: PodView, now: float) -> None:
         self.shared.add_running(chosen.pod, 1)
+        view = self._live.get(chosen.pod.key)
+        if view is not None:
+            view.running += 1
 
     def post_response(self, record: RequestRecord, now: float) -> None:
+        key = record.pod.key
         self.shared.add_running(record.pod, -1)
         self.credit(record.pod, record.output_tokens)
-        self.health.observe_response(record.pod.key, record.status, record.connect_failure, now)
+        self.health.observe_response(key, record.status, record.connect_failure, now)
+        view = self._live.get(key)
+        if view is not None:
+            view.running = max(0, view.running - 1)
+            view.healthy = self.health.healthy(key)
 
     def credit(self, pod: Pod, tokens: int | None) -> None:
         """Completed output tokens of one request (also for a request this gateway did not route,
@@ -67,6 +92,8 @@ class Accounting:
 
     def forget(self, live: Iterable[PodKey]) -> None:
         live = set(live)
+        self._cache.clear()
+        self._live.clear()
         self.capacity.forget(live)
         self.health.forget(live)
         self.shared.forget(live)
@@ -75,7 +102,24 @@ class Accounting:
 
     # -- what routing reads -----------------------------------------------------------------------
 
-    def views(self, pods: Sequence[Pod], now: float) -> list[PodView]:
+    def views(self, model: str, pods: Sequence[Pod], now: float) -> list[PodView]:
+        """The model's pods as routing sees them: cached, see VIEW_REBUILD_SECONDS."""
+        cached = self._cache.get(model)
+        if cached is None or cached.pods is not pods or now - cached.built >= VIEW_REBUILD_SECONDS:
+            views = self.build_views(pods, now)
+            self._cache[model] = _Cached(pods, views, now, now)
+            for view in views:
+                self._live[view.pod.key] = view
+            return views
+        if now - cached.synced >= RUNNING_RESYNC_SECONDS:
+            running = self.shared.running
+            for view in cached.views:
+                view.running = running(view.pod.key)
+            cached.synced = now
+        return cached.views
+
+    def build_views(self, pods: Sequence[Pod], now: float) -> list[PodView]:
+        """Fresh views from every source (also what /metrics shows)."""
         capacities = self.capacity.capacities(p.key for p in pods)
         views = []
         for pod in pods:

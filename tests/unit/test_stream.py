@@ -41,15 +41,6 @@ def req_body(body, eos=True) -> ProcessingRequest:
     return ProcessingRequest(request_body=HttpBody(body=raw, end_of_stream=eos))
 
 
-def resp_headers(status="200", eos=False) -> ProcessingRequest:
-    return ProcessingRequest(response_headers=HttpHeaders(end_of_stream=eos, headers=HeaderMap(
-        headers=[HeaderValue(key=":status", raw_value=status.encode())])))
-
-
-def resp_body(eos: bool) -> ProcessingRequest:
-    return ProcessingRequest(response_body=HttpBody(body=b"data: {}\n\n", end_of_stream=eos))
-
-
 def header_map(mutation) -> dict[str, str]:
     return {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers}
 
@@ -57,6 +48,18 @@ def header_map(mutation) -> dict[str, str]:
 def error_of(resp) -> tuple[int, dict]:
     imm = resp.immediate_response
     return imm.status.code, json.loads(imm.body)["error"]
+
+
+def in_flight(gw: Gateway) -> int:
+    return len(gw.open)
+
+
+def running(gw: Gateway) -> int:
+    return sum(gw.accounting.shared.local_running(p.key) for p in gw.pool.all_pods())
+
+
+def finish(gw: Gateway, s: Stream, status: int = 200, tokens: int | None = 5) -> None:
+    gw.complete(s.decision.key, status=status, output_tokens=tokens, token_source="usage")
 
 
 def test_routes_and_sets_destination_header_and_metadata(gw: Gateway):
@@ -71,17 +74,46 @@ def test_routes_and_sets_destination_header_and_metadata(gw: Gateway):
     assert r.request_body.response.clear_route_cache
     lb = r.dynamic_metadata.fields["envoy.lb"].struct_value.fields
     assert lb["x-gateway-destination-endpoint"].string_value == dest
-    assert gw.inflight.total() == 1
-    r = s.handle(resp_headers())
-    added = header_map(r.response_headers.response.header_mutation)
-    assert added == {"request-id": "rid-1", "routing-strategy": "least-request", "target-pod": s.pod.name}
-    s.handle(resp_body(eos=False))
-    assert gw.inflight.total() == 1
-    s.handle(resp_body(eos=True))
-    assert gw.inflight.total() == 0
-    s.close()
-    assert gw.inflight.total() == 0
-    assert gw.requests_total.labels("m", s.pod.name, "least-request", "200")._value.get() == 1
+    ours = r.dynamic_metadata.fields["extproc"].struct_value.fields
+    assert ours["pod"].string_value == s.decision.pod.name and ours["key"].string_value == s.decision.key
+    assert ours["request_id"].string_value == "rid-1" and ours["strategy"].string_value == "least-request"
+    assert not r.request_body.response.HasField("body_mutation")  # not streaming: body untouched
+    assert in_flight(gw) == 1 and running(gw) == 1
+    s.close(cancelled=False)  # Envoy closes the routing stream; the request is still in flight
+    assert in_flight(gw) == 1
+    finish(gw, s)
+    assert in_flight(gw) == 0 and running(gw) == 0
+    finish(gw, s)  # a duplicate record changes nothing
+    assert running(gw) == 0
+    assert gw.requests_total.labels("m", s.decision.pod.name, "least-request", "200")._value.get() == 1
+    assert gw.accounting.output_tokens[s.decision.pod.key] == 5
+
+
+def test_streaming_requests_ask_for_usage_and_mark_it_for_stripping(gw: Gateway):
+    s = Stream(gw)
+    s.handle(req_headers(**{"content-length": "99"}))
+    r = s.handle(req_body({**CHAT, "stream": True}))
+    body = r.request_body.response.body_mutation.body
+    assert json.loads(body)["stream_options"] == {"include_usage": True}
+    assert json.loads(body)["messages"] == CHAT["messages"]
+    assert header_map(r.request_body.response.header_mutation)["content-length"] == str(len(body))
+    assert r.dynamic_metadata.fields["extproc"].struct_value.fields["strip_usage"].bool_value
+
+
+def test_a_client_asking_for_usage_gets_its_body_untouched(gw: Gateway):
+    s = Stream(gw)
+    s.handle(req_headers())
+    r = s.handle(req_body({**CHAT, "stream": True, "stream_options": {"include_usage": True}}))
+    assert not r.request_body.response.HasField("body_mutation")
+    assert "strip_usage" not in r.dynamic_metadata.fields["extproc"].struct_value.fields
+
+
+def test_other_stream_options_are_kept(gw: Gateway):
+    s = Stream(gw)
+    s.handle(req_headers())
+    r = s.handle(req_body({**CHAT, "stream": True, "stream_options": {"continuous_usage_stats": True}}))
+    opts = json.loads(r.request_body.response.body_mutation.body)["stream_options"]
+    assert opts == {"continuous_usage_stats": True, "include_usage": True}
 
 
 def test_least_request_spreads_concurrent_requests(gw: Gateway):
@@ -89,39 +121,37 @@ def test_least_request_spreads_concurrent_requests(gw: Gateway):
     for s in streams:
         s.handle(req_headers())
         s.handle(req_body(CHAT))
-    assert sorted(s.pod.name for s in streams) == ["p0", "p0", "p1", "p1"]
+    assert sorted(s.decision.pod.name for s in streams) == ["p0", "p0", "p1", "p1"]
     for s in streams:
-        s.close()
-    assert gw.inflight.total() == 0
+        finish(gw, s)
+    assert in_flight(gw) == 0 and running(gw) == 0
 
 
-def test_abort_before_response_releases_once(gw: Gateway):
+def test_cancelled_routing_stream_releases_once(gw: Gateway):
     s = Stream(gw)
     s.handle(req_headers())
     s.handle(req_body(CHAT))
-    s.close()
-    s.close()
-    assert gw.inflight.total() == 0
-    assert gw.requests_total.labels("m", s.pod.name, "least-request", "aborted")._value.get() == 1
+    s.close(cancelled=True)
+    assert in_flight(gw) == 0 and running(gw) == 0
+    finish(gw, s)  # its record may still come: it must not release twice
+    assert running(gw) == 0
+    assert gw.requests_total.labels("m", s.decision.pod.name, "least-request", "aborted")._value.get() == 1
 
 
-def test_response_without_body_ends_at_headers(gw: Gateway):
+def test_a_record_that_never_comes_expires(gw: Gateway):
     s = Stream(gw)
     s.handle(req_headers())
     s.handle(req_body(CHAT))
-    s.handle(resp_headers("204", eos=True))
-    assert gw.inflight.total() == 0
+    now = gw.clock()
+    gw.clock = lambda: now + gw.config.request_timeout_seconds + 1
+    assert gw.expire() == 1
+    assert in_flight(gw) == 0 and running(gw) == 0
 
 
-def test_response_ending_in_trailers_is_complete(gw: Gateway):
-    s = Stream(gw)
-    s.handle(req_headers())
-    s.handle(req_body(CHAT))
-    s.handle(resp_headers())
-    s.handle(resp_body(eos=False))
-    s.handle(ProcessingRequest(response_trailers=HttpTrailers()))
-    assert gw.inflight.total() == 0
-    assert gw.requests_total.labels("m", s.pod.name, "least-request", "200")._value.get() == 1
+def test_a_record_from_before_a_restart_still_credits_the_pod(gw: Gateway):
+    gw.complete("unknown-key", status=200, output_tokens=7, upstream="10.0.0.2:8000")
+    assert gw.accounting.output_tokens[("m", "p1", "10.0.0.2:8000")] == 7
+    assert running(gw) == 0
 
 
 def test_body_followed_by_trailers_is_routed(gw: Gateway):
@@ -130,8 +160,15 @@ def test_body_followed_by_trailers_is_routed(gw: Gateway):
     s.handle(req_headers())
     r = s.handle(req_body(CHAT, eos=False))
     assert header_map(r.request_body.response.header_mutation)["x-gateway-destination-endpoint"]
-    assert gw.inflight.total() == 1
-    s.close()
+    assert in_flight(gw) == 1
+    assert s.handle(ProcessingRequest(request_trailers=HttpTrailers())).HasField("request_trailers")
+
+
+def test_headers_then_trailers_without_body_is_a_400(gw: Gateway):
+    s = Stream(gw)
+    s.handle(req_headers())
+    r = s.handle(ProcessingRequest(request_trailers=HttpTrailers()))
+    assert error_of(r) [0] == 400 and error_of(r)[1]["code"] == "missing_body"
 
 
 @pytest.mark.parametrize("msgs,status,code", [
@@ -152,7 +189,7 @@ def test_errors_are_immediate_openai_responses(gw: Gateway, msgs, status, code):
         r = s.handle(m)
     assert error_of(r)[0] == status
     assert error_of(r)[1]["code"] == code
-    assert s.done and gw.inflight.total() == 0
+    assert s.decision is None and in_flight(gw) == 0
 
 
 def test_deeply_nested_json_is_a_400_not_a_crash():
@@ -169,36 +206,48 @@ def test_models_listing(gw: Gateway):
     assert [m["id"] for m in json.loads(r.immediate_response.body)["data"]] == ["down", "m"]
 
 
-def test_reload_keeps_in_flight_tickets(gw: Gateway):
+def test_reload_keeps_in_flight_requests_and_learned_state(gw: Gateway):
     s = Stream(gw)
     s.handle(req_headers())
     s.handle(req_body(CHAT))
     gw.apply(parse({"models": {"m": {"pods": [{"name": "p9", "address": "10.0.0.9:1"}]}}}, {}))
-    s.handle(resp_headers())
-    s.handle(resp_body(eos=True))
-    assert gw.inflight.total() == 0
+    finish(gw, s)
+    assert in_flight(gw) == 0 and gw.accounting.shared.local_running(s.decision.pod.key) == 0
 
 
-async def test_processor_releases_on_cancellation(gw: Gateway):
-    routed = asyncio.Event()
+async def test_processor_cancelled_before_routing_leaves_nothing_in_flight(gw: Gateway):
+    headers_seen = asyncio.Event()
 
     async def envoy():
         yield req_headers()
-        yield req_body(CHAT)
-        routed.set()
-        await asyncio.Event().wait()  # the client hangs; Envoy will cancel the stream
+        headers_seen.set()
+        await asyncio.Event().wait()  # the client never sends its body; Envoy will cancel the stream
 
     async def consume():
         async for _ in Processor(gw).Process(envoy(), None):
             pass
 
     task = asyncio.create_task(consume())
-    await routed.wait()
-    assert gw.inflight.total() == 1 and gw.open_streams == 1
+    await headers_seen.wait()
+    assert gw.open_streams == 1
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert gw.inflight.total() == 0 and gw.open_streams == 0
+    assert in_flight(gw) == 0 and running(gw) == 0 and gw.open_streams == 0
+    assert gw.requests_total.labels("", "", "least-request", "aborted")._value.get() == 1
+
+
+async def test_processor_closes_its_side_once_routed(gw: Gateway):
+    """Envoy would hold the stream open for the whole response; the gateway ends it after routing, so
+    a gateway crash cannot cut a running generation."""
+    async def envoy():
+        yield req_headers()
+        yield req_body(CHAT)
+        raise AssertionError("the processor must not wait for more messages once routed")
+
+    replies = [r async for r in Processor(gw).Process(envoy(), None)]
+    assert len(replies) == 2 and gw.open_streams == 0
+    assert in_flight(gw) == 1  # until its access-log record arrives
 
 
 def test_client_input_never_becomes_a_metric_label(gw: Gateway):
@@ -222,17 +271,17 @@ def test_destination_header_cannot_change_on_reload(gw: Gateway):
     assert gw.config.destination_header == "x-gateway-destination-endpoint"
 
 
-def test_removed_pods_leave_the_metrics_once_idle(gw: Gateway):
+def test_removed_pods_leave_the_metrics(gw: Gateway):
     s = Stream(gw)
     s.handle(req_headers())
     s.handle(req_body(CHAT))
-    busy = s.pod.name
 
     def series() -> set[str]:
         (family,) = [m for m in gw.registry.collect() if m.name == "extproc_pod_running_requests"]
         return {x.labels["pod"] for x in family.samples}
 
+    assert series() == {"p0", "p1", "d0"}
     gw.apply(parse({"models": {"m": {"pods": [{"name": "new", "address": "10.0.0.9:1"}]}}}, {}))
-    assert series() == {busy}  # still in flight: kept until it ends
-    s.close()
-    assert series() == set() and gw.inflight.total() == 0
+    assert series() == {"new"}
+    finish(gw, s)
+    assert in_flight(gw) == 0 and gw.accounting.shared.local_running(s.decision.pod.key) == 0

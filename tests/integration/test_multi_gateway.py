@@ -1,0 +1,107 @@
+"""Two gateway processes sharing one real redis-server: the same running counts and the same learned
+capacity, even for a pod only one of them routes to; Redis going away never stops routing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from extproc.localstack import LocalStack, wait_until
+from tests.integration.sim_fixtures import SimProcess, start_sim
+from tests.support.redis_server import RedisServer
+
+MODEL = "llama2-7b"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Say this is a test!"}]}
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("multi-gateway")
+
+
+@pytest.fixture(scope="module")
+def redis(log_dir: Path) -> Iterator[list[RedisServer]]:
+    box = [RedisServer(log_dir)]
+    yield box
+    box[0].stop()
+
+
+@pytest.fixture(scope="module")
+def sim(log_dir: Path) -> Iterator[SimProcess]:
+    s = start_sim(["--gpu", "A100-80GB", "--model", MODEL, "--time-scale", "2"], log_dir)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def gateways(log_dir: Path, redis: list[RedisServer], sim: SimProcess) -> Iterator[list[LocalStack]]:
+    stacks = []
+    for name in ("a", "b"):
+        d = log_dir / name
+        d.mkdir()
+        s = LocalStack(config_path=d / "gateway.yaml", log_dir=d, env={"EXTPROC_REDIS_URL": redis[0].url})
+        s.write_config({"models": {MODEL: {"pods": [{"name": "a100-0", "address": f"127.0.0.1:{sim.port}"}]}},
+                        "routing": {"default_strategy": "least-request"}})
+        s.start_gateway()
+        s.start_envoy()
+        stacks.append(s)
+    yield stacks
+    for s in stacks:
+        s.stop()
+
+
+async def stream_through(stack: LocalStack, n: int, max_tokens: int) -> None:
+    c = openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key="sk-test", max_retries=0)
+
+    async def one() -> None:
+        stream = await c.chat.completions.create(stream=True, max_tokens=max_tokens, **CHAT)
+        async for _ in stream:
+            pass
+
+    await asyncio.gather(*(one() for _ in range(n)))
+
+
+async def test_running_counts_and_capacity_are_shared(gateways: list[LocalStack]):
+    a, b = gateways
+    wait_until(lambda: a.sample("extproc_redis_up") == 1 and b.sample("extproc_redis_up") == 1, 10, "redis up")
+    load = asyncio.create_task(stream_through(a, 8, 400))  # long streams through gateway a only
+
+    def both_see_eight() -> bool:
+        return a.running(MODEL, "a100-0") == 8 and b.running(MODEL, "a100-0") == 8
+
+    await asyncio.to_thread(wait_until, both_see_eight, 15, "8 running, seen by both gateways")
+    assert b.sample("extproc_pod_local_running_requests", pod="a100-0") == 0
+    await load
+    await stream_through(a, 16, 100)
+
+    def capacities() -> tuple[float, float]:
+        return (a.sample("extproc_pod_capacity_tokens_per_second", pod="a100-0"),
+                b.sample("extproc_pod_capacity_tokens_per_second", pod="a100-0"))
+
+    def agree() -> bool:
+        ca, cb = capacities()
+        return ca > 0 and cb > 0 and abs(ca - cb) <= 0.05 * ca
+
+    await asyncio.to_thread(wait_until, agree, 15, "both gateways learn the same capacity")
+    assert b.sample("extproc_output_tokens_total", pod="a100-0") == 0  # b tallied nothing itself
+    await asyncio.to_thread(wait_until, lambda: a.running(MODEL, "a100-0") == 0
+                            and b.running(MODEL, "a100-0") == 0, 10, "running back to 0")
+
+
+async def test_redis_down_routing_continues_and_sharing_resumes(gateways: list[LocalStack],
+                                                                redis: list[RedisServer], log_dir: Path):
+    a, b = gateways
+    redis[0].stop()
+    await asyncio.to_thread(wait_until, lambda: a.sample("extproc_redis_up") == 0, 10, "redis down seen")
+    await stream_through(a, 4, 20)  # routing does not depend on Redis
+    await stream_through(b, 4, 20)
+    redis[0] = RedisServer(log_dir, redis[0].port)
+    await asyncio.to_thread(wait_until, lambda: a.sample("extproc_redis_up") == 1
+                            and b.sample("extproc_redis_up") == 1, 20, "redis back")
+    load = asyncio.create_task(stream_through(b, 5, 400))
+    await asyncio.to_thread(wait_until, lambda: a.running(MODEL, "a100-0") == 5, 15, "sharing resumed")
+    await load
