@@ -13,7 +13,8 @@ def plot_grid(grid: Grid, path: str | Path, title: str) -> None:
     matplotlib.use("Agg")  # files only: no display on servers and in CI
     import matplotlib.pyplot as plt
 
-    panels = [("throughput at SLO (requests/s)", grid.tputs, "viridis"), ("E2E mean (s)", grid.e2e, "magma_r")]
+    panels = [("throughput at SLO, requests/s (hatched: no rate meets it)", grid.tputs, "viridis"),
+              ("E2E mean at the chosen rate, s", grid.e2e, "magma_r")]
     width = max(8.0, 1.1 * len(grid.inputs) * len(panels) + 3)
     height = max(4.0, 0.55 * len(grid.outputs) + 2)
     fig, axes = plt.subplots(1, len(panels), figsize=(width, height), squeeze=False)
