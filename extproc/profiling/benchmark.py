@@ -143,7 +143,8 @@ async def run_cell(session: aiohttp.ClientSession, opts: BenchmarkOptions, cell:
         if not overloaded and (pending := [t for t in tasks if not t.done()]):
             _, still = await asyncio.wait(pending, timeout=opts.drain_timeout)
             if still:
-                overloaded = f"{len(still)} requests unfinished {opts.drain_timeout:g}s after the last arrival"
+                overloaded = (f"{len(still)} requests unfinished "
+                              f"{opts.drain_timeout:g}s after the last arrival")
     finally:  # on a cut-off or Ctrl-C, nothing outlives the cell
         for task in tasks:
             task.cancel()
@@ -194,7 +195,7 @@ class Progress:
 
 
 async def run_benchmark(opts: BenchmarkOptions, stop: asyncio.Event, stream: TextIO = sys.stderr) -> Report:
-    """Runs every cell until done or `stop` is set; a cell interrupted half-way is dropped, finished ones kept."""
+    """Runs every cell until done or `stop` is set; a cell stopped half-way is dropped, finished ones kept."""
     cells = opts.cells()
     report = Report()
     async with new_session() as session:

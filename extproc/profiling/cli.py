@@ -95,7 +95,8 @@ def _benchmark(args: argparse.Namespace) -> int:
         max_backlog=args.max_backlog, drain_timeout=args.drain_timeout)
     cells = opts.cells()
     sys.stderr.write(f"benchmark {opts.model} at {public_url(opts.url())}: {len(cells)} cells × "
-                     f"{opts.num_prompts} requests, at least {sum(opts.num_prompts / c.rate for c in cells):.0f}s "
+                     f"{opts.num_prompts} requests, at least "
+                     f"{sum(opts.num_prompts / c.rate for c in cells):.0f}s "
                      f"→ {opts.output}\n")
 
     async def main() -> int:

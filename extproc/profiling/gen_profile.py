@@ -7,7 +7,7 @@ from typing import Any
 
 from extproc.profiles import Profile, dump_profile
 from extproc.profiling.records import read_benchmark
-from extproc.profiling.selection import SLOs, Grid, select
+from extproc.profiling.selection import Grid, SLOs, select
 
 
 def build_profile(deployment: str, grid: Grid, cost: float, slos: SLOs, created: float) -> Profile:

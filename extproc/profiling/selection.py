@@ -1,7 +1,8 @@
 """AIBrix's gen_profile selection rule: for each (output, input) cell, the request rate whose measurements
 meet every SLO, and what the profile records there. Pure.
 
-The rule (python/aibrix/aibrix/gpu_optimizer/optimizer/profiling/gen_profile.py), so profiles agree across tools:
+The rule of AIBrix's python/aibrix/aibrix/gpu_optimizer/optimizer/profiling/gen_profile.py, so profiles
+agree across tools:
 - TPAT = E2E / (input + output tokens) is derived from every E2E line, for every statistic.
 - A rate passes when, for each of TPUT, TT, E2E, TTFT, TPAT, TPOT, its line exists and meets the SLO: time
   metrics at the chosen statistic (P50/P90/P99, or the mean for percentile 0) strictly below the target,
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 from extproc.profiling.records import METRICS, THROUGHPUT_METRICS, BenchmarkError, MetricLine
 
-SLO_METRICS = ("TPUT", "TT", "E2E", "TTFT", "TPAT", "TPOT")  # AIBrix's order; options are the lower-case names
+SLO_METRICS = ("TPUT", "TT", "E2E", "TTFT", "TPAT", "TPOT")  # AIBrix's order; options: lower-case
 SLO_HELP = {
     "TPUT": "throughput SLO: mean completed requests/s at least this",
     "TT": "token throughput SLO: mean output tokens/s at least this",
@@ -52,7 +53,7 @@ class SLOs:
                 raise ValueError(f"SLO {name} must be a positive number, not {value}")
 
     def target(self, metric: str) -> float:
-        """The bound a metric is checked against; unset SLOs are AIBrix's defaults (inf for time, 0 for rates)."""
+        """The bound a metric is checked against; unset: AIBrix's defaults (inf for time, 0 for rates)."""
         default = 0.0 if metric in THROUGHPUT_METRICS else math.inf
         return (self.targets or {}).get(metric.lower(), default)
 
@@ -109,7 +110,7 @@ def index_lines(lines: Iterable[MetricLine]) -> dict[Key, MetricLine]:
 
 
 def check_metrics(lines: Sequence[MetricLine], source: str) -> None:
-    """Every rate needs all five measured metrics to pass; a file without one of them cannot yield a profile."""
+    """Every rate needs all five measured metrics to pass; a file lacking one cannot yield a profile."""
     present = {line.metric for line in lines}
     missing = [m for m in METRICS if m not in present]
     if missing:

@@ -1,4 +1,4 @@
-"""Summary statistics as AIBrix's benchmark computes them (numpy's default linear-interpolation percentile)."""
+"""Summary statistics as AIBrix's benchmark computes them (numpy's default, linear percentile)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ assert all(len(w) == CHARS_PER_TOKEN for w in WORDS)
 
 @dataclass(frozen=True, slots=True)
 class Cell:
-    """One benchmark point: prompts of `input_tokens`, answers of `output_tokens`, Poisson arrivals at `rate`/s."""
+    """One benchmark point: prompts of `input_tokens`, answers of `output_tokens`, arrivals at `rate`/s."""
 
     input_tokens: int
     output_tokens: int

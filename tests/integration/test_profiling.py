@@ -158,7 +158,8 @@ def test_failed_requests_are_counted_per_cell(log_dir: Path) -> None:
                      "--seed", "3"], log_dir)
     try:
         out = log_dir / "errors.jsonl"
-        result = extproc("benchmark", "-m", MODEL, "--endpoint", sim.url, "-o", str(out), "--input-lens", "64",
+        result = extproc("benchmark", "-m", MODEL, "--endpoint", sim.url, "-o", str(out),
+                         "--input-lens", "64",
                          "--output-lens", "8", "--rates", "40", "--num-prompts", "40")
     finally:
         sim.stop()
@@ -174,7 +175,8 @@ def test_a_cell_that_cannot_keep_up_is_cut_off_and_higher_rates_skipped(log_dir:
     sim = start_sim(["--gpu", "V100", "--model", MODEL, "--time-scale", "1"], log_dir)
     try:
         out = log_dir / "overload.jsonl"
-        result = extproc("benchmark", "-m", MODEL, "--endpoint", sim.url, "-o", str(out), "--input-lens", "512",
+        result = extproc("benchmark", "-m", MODEL, "--endpoint", sim.url, "-o", str(out),
+                         "--input-lens", "512",
                          "--output-lens", "256", "--rates", "50,100", "--num-prompts", "100",
                          "--max-backlog", "8", timeout=30)
     finally:
@@ -207,7 +209,8 @@ def test_ctrl_c_keeps_finished_cells(log_dir: Path, fast_sim: SimProcess) -> Non
 
 def test_unreachable_endpoint_is_a_clear_error(log_dir: Path) -> None:
     out = log_dir / "never.jsonl"
-    result = extproc("benchmark", "-m", MODEL, "--endpoint", f"http://127.0.0.1:{free_port()}", "-o", str(out),
+    result = extproc("benchmark", "-m", MODEL, "--endpoint", f"http://127.0.0.1:{free_port()}",
+                     "-o", str(out),
                      "--api-key", SECRET, "--input-lens", "8", "--output-lens", "8", "--rates", "1")
     assert result.returncode == 1 and "cannot benchmark" in result.stderr
     assert SECRET not in result.stdout + result.stderr and not out.exists()
@@ -246,4 +249,5 @@ def test_aibrix_files_parse_and_turn_into_profiles(log_dir: Path) -> None:
     profile = parse_profile(json.loads(result.stdout))
     assert profile.inputs == old.inputs and profile.outputs == old.outputs
     assert profile.e2e is not None and profile.slos == {"percentile": 0, "e2e": 2.0}
-    assert any(v == 0 for row in profile.tputs for v in row) and any(v > 0 for row in profile.tputs for v in row)
+    values = [v for row in profile.tputs for v in row]
+    assert 0 in values and any(v > 0 for v in values)

@@ -66,7 +66,8 @@ def test_stream_reader_times_tokens_and_prefers_usage() -> None:
     reader.feed(b"data: [DONE]\n", 11.1)
     r = reader.finish(11.2)
     assert r.ok and r.output_tokens == 3
-    assert r.ttft == pytest.approx(0.5) and r.gaps == pytest.approx([0.2, 0.3]) and r.e2e == pytest.approx(1.2)
+    assert r.ttft == pytest.approx(0.5) and r.gaps == pytest.approx([0.2, 0.3])
+    assert r.e2e == pytest.approx(1.2)
 
 
 @pytest.mark.parametrize("lines, error", [
@@ -98,9 +99,11 @@ def test_cell_lines_are_aibrix_lines_with_failures_counted() -> None:
     assert by["E2E"].stat("mean") == pytest.approx(0.35) and by["TTFT"].stat("P50") == pytest.approx(0.2)
     assert by["TPOT"].stat("mean") == pytest.approx(0.075)  # pooled gaps 0.05, 0.05, 0.1, 0.1
     first = json.loads(lines[0].to_json())
-    assert list(first)[:9] == ["input_tokens", "output_tokens", "request_rate", "seed", "model", "temperature",
+    assert list(first)[:9] == ["input_tokens", "output_tokens", "request_rate", "seed", "model",
+                               "temperature",
                                "samples", "metric", "mean"]
-    assert first["failed"] == 1 and first["unfinished"] == 1 and first["overloaded"] == "1 requests unfinished"
+    assert first["failed"] == 1 and first["unfinished"] == 1
+    assert first["overloaded"] == "1 requests unfinished"
 
 
 def test_a_cell_with_no_success_writes_null_latencies_that_round_trip() -> None:
@@ -116,7 +119,8 @@ def test_a_cell_with_no_success_writes_null_latencies_that_round_trip() -> None:
     ("\n\n", "no benchmark lines"),
     ("{not json}\n", "mem:1: not JSON"),
     ('{"input_tokens": 1, "output_tokens": 1, "request_rate": 1, "mean": 1}\n', "'metric' is missing"),
-    ('{"input_tokens": "a", "output_tokens": 1, "request_rate": 1, "metric": "TT", "mean": 1}\n', "input_tokens"),
+    ('{"input_tokens": "a", "output_tokens": 1, "request_rate": 1, "metric": "TT", "mean": 1}\n',
+     "input_tokens"),
     ('{"input_tokens": 1, "output_tokens": 1, "request_rate": 1, "metric": "TT"}\n', "'mean' is missing"),
 ])
 def test_bad_benchmark_files(text: str, error: str) -> None:

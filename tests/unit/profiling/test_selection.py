@@ -17,7 +17,8 @@ REFERENCE = Path(__file__).parent / "aibrix_reference"
 
 
 def rate_lines(i: int, o: int, rate: float, tput: float, e2e: float, *, ttft: float = 0.05,
-               tpot: float = 0.01, e2e_p99: float | None = None, skip: tuple[str, ...] = ()) -> list[MetricLine]:
+               tpot: float = 0.01, e2e_p99: float | None = None,
+               skip: tuple[str, ...] = ()) -> list[MetricLine]:
     def times(mean: float, p99: float | None = None) -> dict[str, float | None]:
         return {"mean": mean, "P50": mean, "P90": mean, "P99": mean if p99 is None else p99}
 
@@ -30,12 +31,13 @@ def rate_lines(i: int, o: int, rate: float, tput: float, e2e: float, *, ttft: fl
 def hand_benchmark() -> list[MetricLine]:
     return [
         # (in 100, out 10): rates 1 and 2 meet E2E < 1; both kept up (TPUT ≥ 0.9 × rate) → rate 2.
-        *rate_lines(100, 10, 1, 1.0, 0.5), *rate_lines(100, 10, 2, 1.9, 0.8), *rate_lines(100, 10, 4, 3.9, 1.5),
+        *rate_lines(100, 10, 1, 1.0, 0.5), *rate_lines(100, 10, 2, 1.9, 0.8),
+        *rate_lines(100, 10, 4, 3.9, 1.5),
         # (in 200, out 10): both pass, neither kept up (0.85 < 0.9, 1.5 < 1.8) → the lowest passing, rate 1.
         *rate_lines(200, 10, 1, 0.85, 0.6), *rate_lines(200, 10, 2, 1.5, 0.7),
-        # (in 100, out 20): nothing passes (E2E 1.0 is not strictly below 1.0) → tputs 0, e2e at the first rate.
+        # (in 100, out 20): nothing passes (E2E 1.0 is not strictly below 1.0) → tputs 0, e2e at rate 1.
         *rate_lines(100, 20, 2, 1.9, 1.2), *rate_lines(100, 20, 1, 1.0, 1.0),
-        # (in 200, out 20): rate 1 would win but has no TTFT line, so it passes nothing → rate 2 (not kept up).
+        # (in 200, out 20): rate 1 would win but has no TTFT line, so it passes nothing → rate 2.
         *rate_lines(200, 20, 1, 0.95, 0.5, skip=("TTFT",)), *rate_lines(200, 20, 2, 1.7, 0.9),
     ]
 
