@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, disable_created_metric
 from extproc.config import DEFAULT_DESTINATION_HEADER, Config, ConfigError
 from extproc.openai import Request
 from extproc.pool import Pod, Pool
-from extproc.routing import Profile, RoutingSettings, build
+from extproc.routing import Profile, Router, SettingError, StrategySpec, StrategySpecError
 from extproc.routing.framework import Hooks
 from extproc.server.metrics import PodMetricsCollector
 from extproc.state.accounting import Accounting
@@ -66,8 +66,9 @@ class Gateway:
         # Envoy's bootstrap names the header ORIGINAL_DST follows; changing only ours on a reload would
         # let clients set the one Envoy still follows.
         self._destination_header = config.destination_header
-        self._profiles: dict[str, Profile] = {}
         self._extra_hooks: list[object] = []  # the gateway's own learners (traces, ...), kept across rebuilds
+        self.hooks = Hooks()
+        self.router: Router | None = None
         self.apply(config)
 
     def apply(self, config: Config) -> None:
@@ -75,12 +76,17 @@ class Gateway:
         if config.destination_header != self._destination_header:
             raise ConfigError("destination_header cannot change without a restart "
                               f"(Envoy follows {self._destination_header!r})")
-        profiles = {name: build(name, RoutingSettings(seed=config.routing.get("seed")))
-                    for name in self._profiles}
+        try:
+            router = (Router(config.routing_settings) if self.router is None
+                      else self.router.reconfigured(config.routing_settings))
+            router.on_plugin = None
+            router.validate(config.models)  # every strategy built now: a bad setting refuses the reload
+        except (StrategySpecError, SettingError, ValueError) as exc:
+            raise ConfigError(f"routing: {exc}") from None
+        self.router = router
         self.pool = Pool(config.pods, config.models)
         self.config = config
         self.client_forbidden_headers = sorted(CLIENT_FORBIDDEN_HEADERS | {config.destination_header})
-        self._profiles = profiles
         self._rebuild_hooks()
         live = {p.key for p in config.pods} | {o.pod.key for o in self.open}
         self.accounting.forget(live)
@@ -96,18 +102,18 @@ class Gateway:
         hooks.add(self.accounting)
         for plugin in self._extra_hooks:
             hooks.add(plugin)
-        for profile in self._profiles.values():
-            for plugin in profile.plugins():
-                hooks.add(plugin)
+        for plugin in self.router.plugins():
+            hooks.add(plugin)
+        self.router.on_plugin = hooks.add  # strategies built later (per model, per blend) learn too
         self.hooks = hooks
 
-    def profile(self, name: str) -> Profile:
-        """The strategy's Profile, built once per config; raises UnknownStrategy."""
-        profile = self._profiles.get(name)
-        if profile is None:
-            profile = self._profiles[name] = build(name, RoutingSettings(seed=self.config.routing.get("seed")))
-            self._rebuild_hooks()
-        return profile
+    def strategy(self, header: str | None) -> StrategySpec:
+        """The routing-strategy header value parsed (None: the default); raises StrategySpecError."""
+        return self.router.parse(header)
+
+    def profile(self, spec: StrategySpec | str | None, model: str = "") -> Profile:
+        """The compiled Profile for a strategy spec and model (blends, auto-blend, gate included)."""
+        return self.router.profile_for(spec, model)
 
     # -- the request path -------------------------------------------------------------------------
 

@@ -51,4 +51,8 @@ class PodMetricsCollector:
                 capacity.add_metric(labels, view.capacity)
             healthy.add_metric(labels, 1.0 if view.healthy else 0.0)
             tokens.add_metric(labels, acc.output_tokens.get(key, 0))
-        yield from (running, local, queued, kv_free, capacity, healthy, tokens)
+        imbalance = CounterMetricFamily("extproc_load_imbalance", "Times the load-imbalance gate kept only "
+                                        "the least-loaded pods", labels=["model"])
+        for model, n in gw.router.imbalance_total.items():
+            imbalance.add_metric([model], n)
+        yield from (running, local, queued, kv_free, capacity, healthy, tokens, imbalance)

@@ -18,7 +18,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, 
 
 from extproc import openai
 from extproc.openai import OpenAIError, Request
-from extproc.routing import UnknownStrategy, strategy_names
+from extproc.routing import StrategySpec, StrategySpecError, strategy_names
 from extproc.server import responses
 from extproc.server.gateway import Decision, Gateway
 
@@ -48,12 +48,13 @@ def parse_body(path: str, body: bytes, header_model: str | None) -> Request | Op
 
 class Stream:
     __slots__ = ("_gw", "_path", "_strategy", "_request_id", "_header_model", "_has_length",
-                 "_decision", "_done", "_expect_trailers")
+                 "_decision", "_done", "_expect_trailers", "_spec")
 
     def __init__(self, gateway: Gateway) -> None:
         self._gw = gateway
         self._path = ""
         self._strategy = ""
+        self._spec: StrategySpec | None = None
         self._request_id = ""
         self._header_model: str | None = None
         self._has_length = False
@@ -131,15 +132,15 @@ class Stream:
             raise OpenAIError(405, f"{method} {path}: only POST is allowed", code="method_not_allowed")
         if http_headers.end_of_stream:
             raise openai.bad_request("request body is required", code="missing_body")
-        strategy = (headers.get(STRATEGY_HEADER) or gw.config.default_strategy).strip().lower()
         try:
-            gw.profile(strategy)
-        except UnknownStrategy:
-            raise openai.bad_request(
-                f"unknown routing strategy {strategy!r}; valid: {', '.join(strategy_names())}",
-                param=STRATEGY_HEADER, code="unknown_routing_strategy") from None
-        # Only now: metric labels and reply headers must carry known names, never raw client input.
-        self._strategy = strategy
+            spec = gw.strategy(headers.get(STRATEGY_HEADER))
+        except StrategySpecError as exc:
+            raise openai.bad_request(f"{exc}; valid strategies: {', '.join(strategy_names())}",
+                                     param=STRATEGY_HEADER, code="unknown_routing_strategy") from None
+        # Only now: metric labels and reply headers carry known names (sorted, no weights), never raw
+        # client input.
+        self._spec = spec
+        self._strategy = spec.label
         # A client must never choose the upstream: strip any destination header it sent.
         return responses.request_headers(gw.client_forbidden_headers)
 
@@ -166,7 +167,7 @@ class Stream:
         if not gw.pool.has_model(request.model):
             raise OpenAIError(404, f"the model {request.model!r} does not exist", param="model",
                               code="model_not_found")
-        decision = gw.route(request, gw.profile(self._strategy), self._request_id)
+        decision = gw.route(request, gw.profile(self._spec, request.model), self._request_id)
         if decision is None:
             raise OpenAIError(503, f"no ready pod for model {request.model!r}",
                               type="service_unavailable", code="no_ready_pod")

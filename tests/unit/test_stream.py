@@ -21,7 +21,7 @@ from extproc.server.processor import Processor, Stream
 CONFIG = {"models": {
     "m": {"pods": [{"name": "p0", "address": "10.0.0.1:8000"}, {"name": "p1", "address": "10.0.0.2:8000"}]},
     "down": {"pods": [{"name": "d0", "address": "10.0.0.3:8000", "ready": False}]},
-}, "gateway": {"max_body_bytes": 1000}}
+}, "gateway": {"max_body_bytes": 1000}, "routing": {"default_strategy": "least-request"}}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 

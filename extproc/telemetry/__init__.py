@@ -1,0 +1,1 @@
+"""Engine metrics scraping (vLLM, SGLang, TensorRT-LLM names) and pod health."""

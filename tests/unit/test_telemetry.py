@@ -1,0 +1,82 @@
+"""Engine metric name maps and the pod health state machine (fake clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from extproc.telemetry.engine_metrics import MetricsParseError, parse_metrics
+from extproc.telemetry.health import PodHealth
+
+KEY = ("m", "p0", "10.0.0.1:8000")
+
+VLLM = """# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="a"} 3
+vllm:num_requests_running{model_name="b"} 2
+vllm:num_requests_waiting{model_name="a"} 4
+vllm:kv_cache_usage_perc{model_name="a"} 0.25
+vllm:kv_cache_usage_perc{model_name="b"} 0.75
+vllm:cpu_cache_usage_perc{model_name="a"} 0.1
+"""
+
+
+def test_vllm_counts_sum_and_usage_averages():
+    s = parse_metrics(VLLM, "vllm", at=1.0)
+    assert (s.running, s.waiting, s.kv_usage, s.cpu_kv_usage, s.at) == (5, 4, 0.5, 0.1, 1.0)
+
+
+def test_older_vllm_name_and_nan():
+    s = parse_metrics("vllm:gpu_cache_usage_perc 0.4\nvllm:num_requests_running 1\n", "vllm", 0)
+    assert s.kv_usage == 0.4 and s.waiting is None
+    assert parse_metrics("vllm:kv_cache_usage_perc NaN\n", "vllm", 0).kv_usage is None
+
+
+def test_sglang_names():
+    s = parse_metrics("sglang:num_running_reqs 7\nsglang:num_queue_reqs 2\nsglang:token_usage 0.9\n", "sglang", 0)
+    assert (s.running, s.waiting, s.kv_usage) == (7, 2, 0.9)
+
+
+def test_trtllm_kv():
+    assert parse_metrics("trtllm_kv_cache_utilization 0.3\n", "trtllm", 0).kv_usage == 0.3
+
+
+def test_garbage_is_an_error():
+    with pytest.raises(MetricsParseError):
+        parse_metrics("this is { not prometheus\n", "vllm", 0)
+
+
+def test_connect_failure_ejects_at_once_and_a_probe_brings_it_back():
+    h = PodHealth(probe_initial=0.5, probe_max=4)
+    h.observe_response(KEY, 0, connect_failure=True, now=10.0)
+    assert not h.healthy(KEY)
+    assert h.due_probes(10.2) == [] and h.due_probes(10.5) == [KEY]
+    h.probe_result(KEY, False, 10.5)
+    assert h.due_probes(11.0) == [] and h.due_probes(11.5) == [KEY]  # backoff doubled to 1 s
+    for t in (12, 14, 16, 18):
+        h.probe_result(KEY, False, t)
+    assert h.due_probes(21.9) == [] and h.due_probes(22.0) == [KEY]  # capped at 4 s
+    h.probe_result(KEY, True, 22.0)
+    assert h.healthy(KEY) and h.due_probes(30) == []
+
+
+def test_repeated_5xx_eject_and_a_success_resets_the_streak():
+    h = PodHealth(failures_to_eject=3)
+    for status in (500, 503, 200, 500, 502):
+        h.observe_response(KEY, status, False, 0)
+    assert h.healthy(KEY)
+    h.observe_response(KEY, 500, False, 0)
+    assert not h.healthy(KEY)
+
+
+def test_scrapes_refused_eject_now_timeouts_after_three():
+    h = PodHealth()
+    h.observe_scrape(KEY, ok=False, connect_refused=False, now=0)
+    h.observe_scrape(KEY, ok=False, connect_refused=False, now=1)
+    assert h.healthy(KEY)
+    h.observe_scrape(KEY, ok=False, connect_refused=False, now=2)
+    assert not h.healthy(KEY)
+    h.observe_scrape(KEY, ok=True, connect_refused=False, now=3)
+    assert h.healthy(KEY)
+    h.observe_scrape(KEY, ok=False, connect_refused=True, now=4)
+    assert not h.healthy(KEY)
+    h.forget([])
+    assert h.healthy(KEY)
