@@ -1,0 +1,16 @@
+"""Request traces for the GPU optimizer, written to Redis exactly as AIBrix's gateway writes them."""
+
+from extproc.tracing.flusher import TRACE_TTL_SECONDS, TraceFlusher, windows_dropped
+from extproc.tracing.window import (
+    INTERVAL_SEC,
+    PRECISION,
+    TRACE_VERSION,
+    TraceRecorder,
+    bucket,
+    trace_key,
+    trace_key_prefix,
+    tracing_enabled,
+)
+
+__all__ = ["INTERVAL_SEC", "PRECISION", "TRACE_TTL_SECONDS", "TRACE_VERSION", "TraceFlusher", "TraceRecorder",
+           "bucket", "trace_key", "trace_key_prefix", "tracing_enabled", "windows_dropped"]

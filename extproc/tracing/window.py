@@ -1,0 +1,107 @@
+"""Per-model 10-second request-trace windows, as AIBrix's gateway keeps them (pure: the caller passes `now`).
+
+AIBrix (pkg/cache/trace.go, cache_trace.go) counts completed requests per (input, output) bucket, where a
+bucket is log2(tokens) rounded to 0.1 and written as an integer in tenths: "<in>:<out>". Every 10 s it
+writes the closed window to Redis at `aibrix:<model>_request_trace_<window end>` with meta fields the
+optimizer reads (python/aibrix/aibrix/gpu_optimizer/load_monitor/load_reader.py). We write the same
+keys and values, so AIBrix's optimizer reads our traces and ours reads AIBrix's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+TRACE_VERSION = 4  # v3 added meta_total_reqs/meta_pending_reqs, v4 meta_queueing_reqs
+INTERVAL_SEC = 10
+PRECISION = 10  # buckets per doubling of the token count (AIBrix: 1 / RequestTracePrecision)
+FLAG_ENV = "AIBRIX_GPU_OPTIMIZER_TRACING_FLAG"
+
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})  # Go's strconv.ParseBool, as AIBrix reads it
+
+
+def tracing_enabled(env: Mapping[str, str]) -> bool:
+    """AIBRIX_GPU_OPTIMIZER_TRACING_FLAG, read the way AIBrix reads it: anything unparsable is off."""
+    return env.get(FLAG_ENV, "false").strip() in _TRUE
+
+
+def bucket(tokens: int, precision: int = PRECISION) -> int:
+    """round(log2(tokens) × precision); tokens ≤ 1 → 0. Half rounds up, as Go's math.Round does."""
+    if tokens <= 1:
+        return 0
+    return math.floor(math.log2(tokens) * precision + 0.5)
+
+
+def trace_key_prefix(model: str) -> str:
+    return f"aibrix:{model}_request_trace_"
+
+
+def trace_key(model: str, window_end: int) -> str:
+    return f"{trace_key_prefix(model)}{window_end}"
+
+
+def window_end(now_wall: float, interval: int = INTERVAL_SEC) -> int:
+    """The end of the window holding `now_wall`: windows are [k·interval, (k+1)·interval) of unix time."""
+    return (int(now_wall) // interval + 1) * interval
+
+
+@dataclass(slots=True)
+class _Window:
+    counts: dict[str, int] = field(default_factory=dict)
+    arrived: int = 0
+
+
+class TraceRecorder:
+    """Counts arrivals and completions per model and window; `due` hands closed windows to the writer.
+
+    Called from the request path, so each call is a couple of dict operations and never does I/O."""
+
+    def __init__(self, interval: int = INTERVAL_SEC, precision: int = PRECISION) -> None:
+        self.interval = interval
+        self.precision = precision
+        self._windows: dict[tuple[str, int], _Window] = {}
+        self._gauges: dict[str, tuple[int, int]] = {}  # model -> (pending, queueing), latest snapshot
+
+    def _window(self, model: str, now_wall: float) -> _Window:
+        key = (model, window_end(now_wall, self.interval))
+        w = self._windows.get(key)
+        if w is None:
+            w = self._windows[key] = _Window()
+        return w
+
+    def arrived(self, model: str, now_wall: float) -> None:
+        """A request of `model` was routed (AIBrix's meta_total_reqs counts these)."""
+        self._window(model, now_wall).arrived += 1
+
+    def completed(self, model: str, prompt_tokens: int, output_tokens: int, now_wall: float) -> None:
+        """A request finished: count it in its (input, output) bucket of the window it finished in."""
+        counts = self._window(model, now_wall).counts
+        key = f"{bucket(prompt_tokens, self.precision)}:{bucket(output_tokens, self.precision)}"
+        counts[key] = counts.get(key, 0) + 1
+
+    def snapshot(self, model: str, pending: int, queueing: int) -> None:
+        """The model's in-flight count and SLO-queue length, reported with the next window written."""
+        self._gauges[model] = (int(pending), int(queueing))
+
+    def due(self, now_wall: float) -> list[tuple[str, str]]:
+        """Closed windows as (redis key, JSON value), removed from the recorder; empty windows never exist."""
+        closed = [k for k in self._windows if k[1] <= now_wall]
+        out = []
+        for model, end in sorted(closed, key=lambda k: (k[1], k[0])):
+            w = self._windows.pop((model, end))
+            pending, queueing = self._gauges.get(model, (0, 0))
+            out.append((trace_key(model, end), json.dumps(self._value(w, pending, queueing),
+                                                          separators=(",", ":"))))
+        return out
+
+    def _value(self, w: _Window, pending: int, queueing: int) -> dict[str, int]:
+        value = dict(sorted(w.counts.items()))
+        value.update(meta_v=TRACE_VERSION, meta_interval_sec=self.interval, meta_precision=self.precision,
+                     meta_total_reqs=w.arrived, meta_pending_reqs=pending, meta_queueing_reqs=queueing)
+        return value
+
+    def __len__(self) -> int:
+        """Open (not yet written) windows, across models."""
+        return len(self._windows)
