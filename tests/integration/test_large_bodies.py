@@ -31,7 +31,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack
 
 
 def huge_body() -> bytes:
-    parts = [{"type": "text", "text": "x" * 50} for _ in range(130_000)]  # ~8 MB, 130k content parts
+    parts = [{"type": "text", "text": "x" * 40} for _ in range(100_000)]  # ~7 MB, 100k content parts
     return json.dumps({"model": MODEL, "max_tokens": 1,
                        "messages": [{"role": "user", "content": parts}]}).encode()
 
