@@ -239,6 +239,9 @@ async def _unless_stopped(work, stop: asyncio.Event) -> CellOutcome | None:  # t
     waiter = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()  # cancelled from outside: the cell's requests go too
+        raise
     finally:
         waiter.cancel()
     if task.done():

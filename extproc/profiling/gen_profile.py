@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from extproc.profiles import Profile, dump_profile
+from extproc.profiles import Profile, dump_profile, parse_profile
 from extproc.profiling.records import read_benchmark
 from extproc.profiling.selection import Grid, SLOs, select
 
@@ -20,4 +20,6 @@ def generate(deployment: str, benchmark: str | Path, cost: float, slos: SLOs,
     if not deployment:
         raise ValueError("the deployment name is empty")
     grid = select(read_benchmark(benchmark), slos, str(benchmark))
-    return dump_profile(build_profile(deployment, grid, cost, slos, created)), grid
+    profile = dump_profile(build_profile(deployment, grid, cost, slos, created))
+    parse_profile(profile)  # what we write must load where it is read (e.g. a negative --cost fails here)
+    return profile, grid
