@@ -73,14 +73,19 @@ def main(argv: list[str] | None = None) -> int:
               f"request-id={headers['request-id']}")
         print(f"  usage={answer['usage']}\n")
 
-        for strategy in ("random", "least-request"):
+        # least-request alone (AIBrix's auto-blend would add load-balance to it), then load-balance
+        for strategy in ("round-robin", "least-request,load-balance:0", "load-balance"):
             start = time.monotonic()
             with ThreadPoolExecutor(16) as pool:
                 results = list(pool.map(lambda i: chat(stack.url, "x" * 400, 128, strategy)[0]["target-pod"],
                                         range(args.requests)))
             split = {name: results.count(name) for name, _ in REPLICAS}
-            print(f"{args.requests} concurrent requests, {strategy:13}: {split} "
+            print(f"{args.requests} requests, 16 at a time, {strategy:28}: {split} "
                   f"in {time.monotonic() - start:.1f}s wall")
+        print("\nlearned capacity (output tokens/s), from the gateway's own token tally:")
+        for name, gpu in REPLICAS:
+            cap = stack.sample("extproc_pod_capacity_tokens_per_second", pod=name)
+            print(f"  {name:8} {gpu:10} {cap:8.0f}")
         print("\nrequests per pod (extproc_requests_total):")
         for line in stack.metrics().splitlines():
             if line.startswith("extproc_requests_total"):

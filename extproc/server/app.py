@@ -25,10 +25,12 @@ from extproc.server.access_log import AccessLogService
 from extproc.server.admin import admin_app
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor, parse_body
+from extproc.server.traces import run_tracing
 from extproc.state.accounting import Accounting
 from extproc.state.shared import LocalState, RedisState, redis_url_from_env
 from extproc.telemetry.health import PodHealth
 from extproc.telemetry.scraper import HealthProber, MetricsScraper
+from extproc.tracing.window import FLAG_ENV, tracing_enabled
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,11 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     await server.start()
     watcher = asyncio.create_task(ConfigWatcher(path, gateway).run())
     background = loops.start(gateway, scraper, prober)
+    if tracing_enabled(os.environ):
+        if redis_url:
+            background.append(asyncio.create_task(run_tracing(gateway, redis_url), name="traces"))
+        else:
+            log.warning("%s is set but no Redis is configured: no request traces", FLAG_ENV)
     log.info("ext_proc on %s:%d, admin on http://%s:%d, strategy %s", host, port, admin_host,
              admin_port, gateway.config.default_strategy)
 

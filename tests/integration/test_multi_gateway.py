@@ -43,7 +43,8 @@ def gateways(log_dir: Path, redis: list[RedisServer], sim: SimProcess) -> Iterat
     for name in ("a", "b"):
         d = log_dir / name
         d.mkdir()
-        s = LocalStack(config_path=d / "gateway.yaml", log_dir=d, env={"EXTPROC_REDIS_URL": redis[0].url})
+        s = LocalStack(config_path=d / "gateway.yaml", log_dir=d, env={
+            "EXTPROC_REDIS_URL": redis[0].url, "AIBRIX_GPU_OPTIMIZER_TRACING_FLAG": "true"})
         s.write_config({"models": {MODEL: {"pods": [{"name": "a100-0", "address": f"127.0.0.1:{sim.port}"}]}},
                         "routing": {"default_strategy": "least-request"}})
         s.start_gateway()
@@ -105,3 +106,28 @@ async def test_redis_down_routing_continues_and_sharing_resumes(gateways: list[L
     load = asyncio.create_task(stream_through(b, 5, 400))
     await asyncio.to_thread(wait_until, lambda: a.running(MODEL, "a100-0") == 5, 15, "sharing resumed")
     await load
+
+
+async def test_request_traces_reach_redis_in_aibrix_format(gateways: list[LocalStack], redis: list[RedisServer]):
+    import json
+
+    from redis import asyncio as aioredis
+
+    await stream_through(gateways[0], 3, 8)
+    client = aioredis.Redis.from_url(redis[0].url)
+    try:
+        async def traces() -> list[bytes]:
+            return [k async for k in client.scan_iter(match=f"aibrix:{MODEL}_request_trace_*")]
+
+        deadline = asyncio.get_running_loop().time() + 20  # a 10 s window must close first
+        keys = await traces()
+        while not keys and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.2)
+            keys = await traces()
+        assert keys, "no request trace written"
+        values = [json.loads(await client.get(k)) for k in keys]
+        assert sum(v["meta_total_reqs"] for v in values) >= 3
+        assert all(v["meta_v"] == 4 and v["meta_interval_sec"] == 10 for v in values)
+        assert 0 < await client.ttl(keys[0]) <= 600
+    finally:
+        await client.aclose()

@@ -1,0 +1,53 @@
+"""Request traces for the GPU optimizer (AIBRIX_GPU_OPTIMIZER_TRACING_FLAG=true): the gateway's hooks
+feed `tracing.TraceRecorder`, a background task writes closed windows to Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+
+from extproc.openai import Request
+from extproc.routing.framework import PodView
+from extproc.server.gateway import Gateway
+from extproc.state.record import RequestRecord
+from extproc.tracing.flusher import TraceFlusher
+from extproc.tracing.window import TraceRecorder
+
+log = logging.getLogger(__name__)
+
+
+class TraceHooks:
+    """Wall-clock windows, so traces written by several gateways line up in Redis."""
+
+    def __init__(self, recorder: TraceRecorder) -> None:
+        self.recorder = recorder
+
+    def post_choice(self, request: Request, chosen: PodView, now: float) -> None:
+        self.recorder.arrived(request.model, time.time())
+
+    def post_response(self, record: RequestRecord, now: float) -> None:
+        if record.ok and record.output_tokens is not None:
+            self.recorder.completed(record.model, record.prompt_tokens or 0, record.output_tokens, time.time())
+
+
+async def run_tracing(gateway: Gateway, redis_url: str) -> None:
+    from redis import asyncio as aioredis
+
+    recorder = TraceRecorder()
+    gateway.add_hook(TraceHooks(recorder))
+    client = aioredis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+    flusher = TraceFlusher(client, recorder)
+    try:
+        while True:
+            try:
+                pending = Counter(o.request.model for o in gateway.open)
+                for model in gateway.pool.models():
+                    recorder.snapshot(model, pending.get(model, 0), 0)
+                await flusher.flush()  # a Redis failure drops (and counts) that window, nothing more
+            except Exception:
+                log.exception("request traces failed")
+            await asyncio.sleep(1.0)
+    finally:
+        await client.aclose()
