@@ -1,0 +1,159 @@
+"""The plan: the cheapest integer replica count per GPU type that serves every cell's rate within its SLO.
+
+    minimise   Σ_g cost_g · n_g
+    subject to Σ_g s_cg = 1                       for every cell c   (each cell's rate is fully served)
+               Σ_c r_c · s_cg / tput_cg ≤ n_g      for every type g   (a replica's load is at most 1)
+               n_g ∈ ℤ≥0,  s_cg ∈ [0, 1],  s_cg = 0 where tput_cg = 0
+
+s_cg is the share of cell c's rate sent to type g: a continuous split, so this is the exact optimum rather
+than the four-slice approximation of AIBrix's Mélange solver. One MILP, solved by HiGHS through
+`scipy.optimize.milp` with a zero optimality gap.
+
+Each workload cell is mapped onto each profile's own grid (nearest in log2 space, clamped), so profiles on
+different grids work together; cells that land on the same cell of every profile are merged first.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_array
+
+from extproc.profiles import Profile
+
+
+class PlanError(ValueError):
+    """The workload cannot be planned (no profiles, or cells that no GPU type can serve)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """Requests/s of one (input, output) shape; token counts may be fractional (trace buckets are log2)."""
+
+    input_tokens: float
+    output_tokens: float
+    rps: float
+
+
+@dataclass(frozen=True, slots=True)
+class CellSplit:
+    """One merged cell of the plan: its rate and how much of it each GPU type serves (requests/s)."""
+
+    input_tokens: float  # the cell's representative shape (rate-weighted geometric mean of its demands)
+    output_tokens: float
+    rps: float
+    served: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    replicas: dict[str, int]  # every profiled type, including those at 0
+    cost: float
+    load: dict[str, float]  # replicas' worth of work sent to each type (≤ replicas)
+    cells: tuple[CellSplit, ...] = ()
+    solve_seconds: float = 0.0
+    rps: float = 0.0
+    optimal: bool = True  # False only when the solver hit its time limit with a feasible plan
+
+    def as_json(self) -> dict[str, object]:
+        return {"replicas": dict(self.replicas), "cost": self.cost, "solve_seconds": self.solve_seconds}
+
+
+@dataclass(slots=True)
+class _Cell:
+    rps: float = 0.0
+    log_in: float = 0.0  # rate-weighted sums of log2 tokens, for the representative shape
+    log_out: float = 0.0
+    tputs: tuple[float, ...] = field(default_factory=tuple)
+
+
+def _merge(profiles: Sequence[Profile], demands: Iterable[Demand]) -> list[_Cell]:
+    cells: dict[tuple[tuple[int, int], ...], _Cell] = {}
+    for d in demands:
+        if not (d.rps > 0 and math.isfinite(d.rps)):
+            continue
+        sig = tuple(p.cell(d.input_tokens, d.output_tokens) for p in profiles)
+        c = cells.get(sig)
+        if c is None:
+            c = cells[sig] = _Cell(tputs=tuple(p.tputs[o][i] for p, (o, i) in zip(profiles, sig)))
+        c.rps += d.rps
+        c.log_in += d.rps * math.log2(max(d.input_tokens, 1.0))
+        c.log_out += d.rps * math.log2(max(d.output_tokens, 1.0))
+    return list(cells.values())
+
+
+def _shape(c: _Cell) -> tuple[float, float]:
+    return 2 ** (c.log_in / c.rps), 2 ** (c.log_out / c.rps)
+
+
+def solve(profiles: Sequence[Profile], demands: Iterable[Demand], time_limit: float = 30.0) -> Plan:
+    """The cost-minimal plan. Raises PlanError when there are no profiles or a cell nobody can serve."""
+    if not profiles:
+        raise PlanError("no GPU profiles: nothing to plan with")
+    names = [p.gpu for p in profiles]
+    if len(set(names)) != len(names):
+        raise PlanError(f"two profiles for the same deployment: {sorted(names)}")
+    started = time.perf_counter()
+    cells = _merge(profiles, demands)
+    unservable = [c for c in cells if not any(t > 0 for t in c.tputs)]
+    if unservable:
+        shown = ", ".join(f"input≈{i:.0f} output≈{o:.0f} tokens at {c.rps:.3g} req/s"
+                          for c in unservable for i, o in [_shape(c)])
+        raise PlanError(f"no GPU type can serve these cells within its SLO: {shown}")
+    if not cells:
+        return Plan({n: 0 for n in names}, 0.0, {n: 0.0 for n in names},
+                    solve_seconds=time.perf_counter() - started)
+
+    G = len(profiles)
+    pairs = [(c, g) for c, cell in enumerate(cells) for g in range(G) if cell.tputs[g] > 0]
+    P = len(pairs)  # variables: n_0..n_{G-1}, then one share per servable (cell, type) pair
+    cost = np.zeros(G + P)
+    cost[:G] = [p.cost for p in profiles]
+
+    rows, cols, vals = [], [], []
+    for k, (c, g) in enumerate(pairs):
+        rows.append(c)  # Σ_g s_cg = 1
+        cols.append(G + k)
+        vals.append(1.0)
+        rows.append(len(cells) + g)  # Σ_c r_c s_cg / t_cg − n_g ≤ 0
+        cols.append(G + k)
+        vals.append(cells[c].rps / cells[c].tputs[g])
+    for g in range(G):
+        rows.append(len(cells) + g)
+        cols.append(g)
+        vals.append(-1.0)
+    A = coo_array((vals, (rows, cols)), shape=(len(cells) + G, G + P)).tocsr()
+    lower = np.concatenate([np.ones(len(cells)), np.full(G, -np.inf)])
+    upper = np.concatenate([np.ones(len(cells)), np.zeros(G)])
+
+    # n_g never needs to exceed the replicas g would need to serve alone everything it can serve
+    n_max = np.zeros(G)
+    for c, g in pairs:
+        n_max[g] += cells[c].rps / cells[c].tputs[g]
+    ub = np.concatenate([np.ceil(n_max + 1e-9), np.ones(P)])
+    integrality = np.concatenate([np.ones(G), np.zeros(P)])
+    res = milp(cost, constraints=LinearConstraint(A, lower, upper), integrality=integrality,
+               bounds=Bounds(np.zeros(G + P), ub),
+               options={"mip_rel_gap": 0.0, "time_limit": time_limit, "presolve": True})
+    if res.x is None:
+        raise PlanError(f"the solver found no plan: {res.message}")
+
+    x = res.x
+    load = dict.fromkeys(names, 0.0)
+    served: list[dict[str, float]] = [{} for _ in cells]
+    for k, (c, g) in enumerate(pairs):
+        share = min(max(float(x[G + k]), 0.0), 1.0)
+        if share > 1e-9:
+            load[names[g]] += cells[c].rps * share / cells[c].tputs[g]
+            served[c][names[g]] = cells[c].rps * share
+    # A replica beyond the work sent to it costs something, or (cost 0) nothing: drop it either way
+    replicas = {n: min(int(round(x[g])), math.ceil(load[n] - 1e-6)) for g, n in enumerate(names)}
+    splits = tuple(CellSplit(*_shape(cell), cell.rps, served[c]) for c, cell in enumerate(cells))
+    total = sum(p.cost * replicas[p.gpu] for p in profiles)
+    return Plan(replicas, total, load, splits, time.perf_counter() - started,
+                rps=sum(c.rps for c in cells), optimal=res.status == 0)

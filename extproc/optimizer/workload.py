@@ -1,0 +1,140 @@
+"""What the fleet is asked to serve: request rates per (input, output) shape.
+
+Two sources: a workload file for `extproc optimize`, and the gateway's request traces (AIBrix's Redis
+layout, see extproc.tracing) for the service. Traces become rates over a sliding window, each cell at
+max(window average, latest window) so the plan scales up within one window and down only slowly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from extproc.optimizer.solver import Demand
+
+DEFAULT_WINDOW_SECONDS = 240.0  # AIBrix's ModelMonitor window
+_CELL = re.compile(r"^(\d+):(\d+)$")
+
+
+class WorkloadError(ValueError):
+    """A workload file or trace that cannot be read; the message says where."""
+
+
+def _rate(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise WorkloadError(f"{where}: expected a finite non-negative number, got {value!r}")
+    return float(value)
+
+
+def parse_workload(data: Any) -> list[Demand]:
+    """`{"rates": [{"input_tokens": 128, "output_tokens": 64, "rps": 5.0}, ...]}` → demands."""
+    if not isinstance(data, Mapping) or not isinstance(data.get("rates"), list):
+        raise WorkloadError('workload: expected {"rates": [{"input_tokens", "output_tokens", "rps"}, ...]}')
+    out = []
+    for k, row in enumerate(data["rates"]):
+        where = f"rates[{k}]"
+        if not isinstance(row, Mapping):
+            raise WorkloadError(f"{where}: expected an object")
+        for key in ("input_tokens", "output_tokens", "rps"):
+            if key not in row:
+                raise WorkloadError(f"{where}.{key}: missing")
+        out.append(Demand(_rate(row["input_tokens"], f"{where}.input_tokens"),
+                          _rate(row["output_tokens"], f"{where}.output_tokens"), _rate(row["rps"], f"{where}.rps")))
+    return out
+
+
+def load_workload(path: str | Path) -> list[Demand]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise WorkloadError(f"{path}: {e}") from e
+    try:
+        return parse_workload(data)
+    except WorkloadError as e:
+        raise WorkloadError(f"{path}: {e}") from e
+
+
+@dataclass(frozen=True, slots=True)
+class TraceWindow:
+    """One 10-second window of one model, as the gateway wrote it."""
+
+    end: int  # unix seconds, from the key
+    counts: dict[tuple[int, int], int]  # (input bucket, output bucket) → completed requests
+    precision: int  # buckets per doubling: tokens = 2 ** (bucket / precision)
+    interval: int  # seconds the window covers
+    arrived: int  # meta_total_reqs (v3+); the completed count for older traces
+    pending: int
+    queueing: int
+
+    @property
+    def completed(self) -> int:
+        return sum(self.counts.values())
+
+
+def parse_trace(end: int, data: Any) -> TraceWindow:
+    """AIBrix's trace JSON. Versions 1–4 are read the way AIBrix's GatewayLoadReader reads them."""
+    if not isinstance(data, Mapping):
+        raise WorkloadError(f"trace {end}: expected a JSON object")
+
+    def meta(key: str, default: int) -> int:
+        v = data.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise WorkloadError(f"trace {end}: {key} must be a number, got {v!r}")
+        return int(v)
+
+    version = meta("meta_v", 1)
+    precision = meta("meta_precision", 1)
+    interval = meta("meta_interval_sec", 10) if version >= 2 else 10
+    if precision <= 0 or interval <= 0:
+        raise WorkloadError(f"trace {end}: meta_precision and meta_interval_sec must be positive")
+    counts: dict[tuple[int, int], int] = {}
+    for k, v in data.items():
+        if k.startswith("meta_"):
+            continue
+        m = _CELL.match(k)
+        if m is None or isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise WorkloadError(f'trace {end}: unexpected entry {k!r}: {v!r} (expected "<int>:<int>": count)')
+        cell = (int(m.group(1)), int(m.group(2)))
+        counts[cell] = counts.get(cell, 0) + v
+    completed = sum(counts.values())
+    arrived = meta("meta_total_reqs", completed) if version >= 3 else completed
+    return TraceWindow(end, counts, precision, interval, arrived, meta("meta_pending_reqs", 0),
+                       meta("meta_queueing_reqs", 0))
+
+
+def _tokens(b: int, precision: int) -> float:
+    return 2.0 ** (b / precision) if b > 0 else 1.0
+
+
+def trace_rates(windows: Iterable[TraceWindow], now: float,
+                window_seconds: float = DEFAULT_WINDOW_SECONDS) -> list[Demand]:
+    """Per-cell requests/s at `now`: max(average over the window, rate in the latest window).
+
+    The latest window counts only if it ended within two intervals of `now` (the newest one may not be
+    written yet). Its rate is scaled up by arrivals/completions when requests arrive faster than they
+    finish, so an overloaded fleet (completions capped by capacity) still scales up at once."""
+    recent = [w for w in windows if now - window_seconds < w.end <= now + 1e-9]
+    if not recent:
+        return []
+    average: dict[tuple[int, int, int], float] = {}
+    for w in recent:
+        for (i, o), n in w.counts.items():
+            key = (i, o, w.precision)
+            average[key] = average.get(key, 0.0) + n / window_seconds
+    latest = max(recent, key=lambda w: w.end)
+    current: dict[tuple[int, int, int], float] = {}
+    if latest.end >= now - 2 * latest.interval and latest.completed:
+        scale = max(1.0, latest.arrived / latest.completed)
+        current = {(i, o, latest.precision): n * scale / latest.interval for (i, o), n in latest.counts.items()}
+    out = []
+    for key in sorted(set(average) | set(current)):
+        i, o, precision = key
+        rate = max(average.get(key, 0.0), current.get(key, 0.0))
+        if rate > 0:
+            out.append(Demand(_tokens(i, precision), _tokens(o, precision), rate))
+    return out
