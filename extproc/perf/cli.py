@@ -64,9 +64,11 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def _clean(value: Any) -> Any:
-    """NaN is not JSON: write null."""
+    """NaN is not JSON: write null; paths as text."""
     if isinstance(value, float) and math.isnan(value):
         return None
+    if isinstance(value, Path):
+        return str(value)
     if isinstance(value, dict):
         return {k: _clean(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
