@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench(sub)  # `extproc bench overhead|memory`
     __import__("extproc.routing.score_cli").routing.score_cli.add_parser(sub)  # `extproc score`
+    __import__("extproc.optimizer.cli").optimizer.cli.add_commands(sub)  # `extproc optimize`, `optimizer`
     return parser
 
 

@@ -154,6 +154,6 @@ def solve(profiles: Sequence[Profile], demands: Iterable[Demand], time_limit: fl
     # A replica beyond the work sent to it costs something, or (cost 0) nothing: drop it either way
     replicas = {n: min(int(round(x[g])), math.ceil(load[n] - 1e-6)) for g, n in enumerate(names)}
     splits = tuple(CellSplit(*_shape(cell), cell.rps, served[c]) for c, cell in enumerate(cells))
-    total = sum(p.cost * replicas[p.gpu] for p in profiles)
+    total = round(math.fsum(p.cost * replicas[p.gpu] for p in profiles), 9)
     return Plan(replicas, total, load, splits, time.perf_counter() - started,
                 rps=sum(c.rps for c in cells), optimal=res.status == 0)

@@ -1,0 +1,119 @@
+"""`extproc optimize` (one plan from files) and `extproc optimizer` (the service)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def add_commands(sub: Any) -> None:
+    opt = sub.add_parser("optimize", help="the cheapest replica mix per GPU type for a workload (one shot)",
+                         description="Solve one plan from AIBrix profile files and a workload file.")
+    opt.add_argument("--profile", action="append", required=True, metavar="P.json",
+                     help="an AIBrix profile (one per GPU type / deployment); repeat")
+    opt.add_argument("--workload", required=True, metavar="W.json",
+                     help='{"rates": [{"input_tokens": 128, "output_tokens": 64, "rps": 5.0}, ...]}')
+    opt.add_argument("--json", action="store_true", help="print {replicas, cost, solve_seconds} as JSON")
+    opt.set_defaults(func=optimize_command)
+
+    svc = sub.add_parser("optimizer", help="the GPU optimizer service (PodAutoscaler metrics, dashboard)",
+                         description="Re-plan every model from request traces and profiles; serve "
+                                     "/metrics/<ns>/<deployment>, /scale, /monitor and /dash/<model>.")
+    svc.add_argument("--config", help="YAML: deployments (name, namespace, model, min_replicas) and profiles")
+    svc.add_argument("--profile", action="append", default=[], metavar="P.json",
+                     help="a profile file, in addition to Redis aibrix:profile_<model>_<deployment>; repeat")
+    svc.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    svc.add_argument("--port", type=int, default=8080)
+    svc.add_argument("--redis-url", help="default: REDIS_HOST/REDIS_PORT/REDIS_PASSWORD, else localhost:6379")
+    svc.add_argument("--interval", type=float, default=10.0, help="re-plan period, seconds")
+    svc.add_argument("--window", type=float, default=240.0, help="sliding workload window, seconds")
+    svc.set_defaults(func=optimizer_command)
+
+
+def _table(plan: Any, profiles: list[Any]) -> str:
+    width = max(len("deployment"), *(len(p.gpu) for p in profiles))
+    lines = [f"{'deployment':<{width}}  replicas  load    cost/replica  cost"]
+    for p in profiles:
+        n = plan.replicas[p.gpu]
+        lines.append(f"{p.gpu:<{width}}  {n:>8}  {plan.load[p.gpu]:>6.2f}  {p.cost:>12.3g}  {n * p.cost:>.3g}")
+    lines.append(f"total cost {plan.cost:.4g} for {plan.rps:.4g} req/s (solved in {plan.solve_seconds * 1000:.1f} ms)")
+    return "\n".join(lines)
+
+
+def optimize_command(args: argparse.Namespace) -> int:
+    from extproc.optimizer.solver import PlanError, solve
+    from extproc.optimizer.workload import WorkloadError, load_workload
+    from extproc.profiles import ProfileError, load_profile
+
+    try:
+        profiles = [load_profile(p) for p in args.profile]
+        demands = load_workload(args.workload)
+        plan = solve(profiles, demands)
+    except (ProfileError, WorkloadError, PlanError) as e:
+        print(f"extproc optimize: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan.as_json()) if args.json else _table(plan, profiles))
+    return 0
+
+
+def optimizer_command(args: argparse.Namespace) -> int:
+    from extproc.optimizer.deployments import ConfigError
+
+    try:
+        return asyncio.run(_serve(args))
+    except ConfigError as e:
+        print(f"extproc optimizer: {e}", file=sys.stderr)
+        return 2
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    import redis.asyncio as aioredis
+    from aiohttp import web
+
+    from extproc.optimizer.deployments import FileDeploymentSource, StaticDeploymentSource
+    from extproc.optimizer.profile_store import ProfileStore
+    from extproc.optimizer.service import OptimizerService, ServiceSettings
+    from extproc.state.shared import redact_url, redis_url_from_env
+
+    file_source = FileDeploymentSource(args.config) if args.config else None
+    source = file_source or StaticDeploymentSource([])
+
+    def profile_files() -> list[Path]:
+        return [*(file_source.config.profiles if file_source else ()), *map(Path, args.profile)]
+
+    store = ProfileStore()
+    errors = store.load_files(profile_files())
+    if errors:
+        for e in errors:
+            print(f"extproc optimizer: {e}", file=sys.stderr)
+        return 2
+    url = redis_url_from_env(os.environ, args.redis_url) or "redis://localhost:6379/0"
+    redis = aioredis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    service = OptimizerService(source, store, redis, ServiceSettings(interval=args.interval, window_seconds=args.window),
+                               profile_files=profile_files)
+    runner = web.AppRunner(service.app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.port).start()
+    log.info("GPU optimizer on http://%s:%d (Redis %s)", args.host, args.port, redact_url(url))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    task = asyncio.create_task(service.run(), name="optimizer")
+    try:
+        await stop.wait()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await runner.cleanup()
+        await redis.aclose()
+    return 0

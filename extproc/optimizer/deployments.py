@@ -1,0 +1,160 @@
+"""Which deployments (one per GPU type) serve which model: the optimizer's view of the fleet.
+
+A `DeploymentSource` lists them. The YAML file source is here; a Kubernetes source (Deployments labelled
+`model.aibrix.ai/name`, minimum from `model.aibrix.ai/min_replicas`) implements the same protocol.
+
+    profiles: [a100.json, a40.json]     # optional profile files, relative to this file
+    deployments:
+      - name: llama2-7b-a100            # the profile's "gpu" is this name
+        namespace: default              # default "default"
+        model: llama2-7b                # or labels: {model.aibrix.ai/name: llama2-7b}
+        min_replicas: 1                 # or labels: {model.aibrix.ai/min_replicas: "1"}; kept when idle
+        replicas: 2                     # optional: reported before the first plan (AIBrix: spec.replicas)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+MODEL_LABEL = "model.aibrix.ai/name"
+MIN_REPLICAS_LABEL = "model.aibrix.ai/min_replicas"
+
+
+class ConfigError(ValueError):
+    """An optimizer config that cannot be used; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    namespace: str
+    name: str
+    model: str
+    min_replicas: int = 0
+    replicas: int | None = None  # the count before any plan; None: min_replicas
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class DeploymentSource(Protocol):
+    """Lists the deployments to optimise. Called every re-plan; must be cheap when nothing changed."""
+
+    async def deployments(self) -> list[Deployment]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerConfig:
+    deployments: tuple[Deployment, ...]
+    profiles: tuple[Path, ...]
+
+
+def _count(value: Any, where: str) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)  # Kubernetes labels are strings
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{where}: expected a whole number ≥ 0, got {value!r}")
+    return value
+
+
+def parse_deployment(data: Any, where: str) -> Deployment:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: expected a mapping")
+    labels = data.get("labels") or {}
+    if not isinstance(labels, Mapping):
+        raise ConfigError(f"{where}.labels: expected a mapping")
+    name, namespace = data.get("name"), data.get("namespace", "default")
+    model = data.get("model", labels.get(MODEL_LABEL))
+    for key, value in (("name", name), ("namespace", namespace), ("model", model)):
+        if not isinstance(value, str) or not value or "/" in value:
+            raise ConfigError(f"{where}.{key}: expected a non-empty name without '/', got {value!r}")
+    minimum = data.get("min_replicas", labels.get(MIN_REPLICAS_LABEL, 0))
+    replicas = data.get("replicas")
+    return Deployment(namespace=namespace, name=name, model=model,
+                      min_replicas=_count(minimum, f"{where}.min_replicas"),
+                      replicas=None if replicas is None else _count(replicas, f"{where}.replicas"))
+
+
+def parse_config(data: Any, base: Path) -> OptimizerConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("config: expected a mapping with 'deployments'")
+    unknown = set(data) - {"deployments", "profiles"}
+    if unknown:
+        raise ConfigError(f"config: unknown keys {sorted(unknown)}")
+    raw = data.get("deployments") or []
+    if not isinstance(raw, list):
+        raise ConfigError("deployments: expected a list")
+    deployments = tuple(parse_deployment(d, f"deployments[{k}]") for k, d in enumerate(raw))
+    keys = [d.key for d in deployments]
+    dupes = sorted({k for k in keys if keys.count(k) > 1})
+    if dupes:
+        raise ConfigError(f"deployments: listed twice: {dupes}")
+    profiles = data.get("profiles") or []
+    if not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles):
+        raise ConfigError("profiles: expected a list of file paths")
+    return OptimizerConfig(deployments, tuple(base / p for p in profiles))
+
+
+def load_config(path: str | Path) -> OptimizerConfig:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: {e}") from e
+    try:
+        return parse_config(data, path.parent)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from e
+
+
+class FileDeploymentSource:
+    """The config file's deployments, re-read when the file changes. A bad edit is logged and refused:
+    the previous list stays in force."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.config = load_config(self.path)  # a bad file at start-up is fatal, later ones are not
+        self._stamp = self._mtime()
+
+    def _mtime(self) -> float | None:
+        try:
+            return os.stat(self.path).st_mtime_ns
+        except OSError:
+            return None
+
+    def reload(self) -> bool:
+        stamp = self._mtime()
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        try:
+            self.config = load_config(self.path)
+        except ConfigError as e:
+            log.error("optimizer config refused, keeping the previous one: %s", e)
+            return False
+        return True
+
+    async def deployments(self) -> list[Deployment]:
+        self.reload()
+        return list(self.config.deployments)
+
+
+class StaticDeploymentSource:
+    """A fixed list (tests, embedding)."""
+
+    def __init__(self, deployments: list[Deployment]) -> None:
+        self._deployments = list(deployments)
+
+    async def deployments(self) -> list[Deployment]:
+        return list(self._deployments)
