@@ -15,6 +15,7 @@
 local NS = "extproc.tally"
 local MAX_JSON_BYTES = 16 * 1024 * 1024 -- Envoy's own per-connection buffer limit
 local MAX_LINE_BYTES = 1024 * 1024      -- one SSE line longer than this is not ours to parse
+local RUNNING_COUNT_EVERY = 16
 
 -- The last unescaped `"usage": {` object in s: prompt and output token counts, or nil.
 local function find_usage(s)
@@ -144,15 +145,18 @@ function envoy_on_response(handle)
     local strip = routed["strip_usage"] == true
     if strip then headers:remove("content-length") end
     local sse = Sse.new(strip)
+    local published = 0
     for chunk in handle:bodyChunks() do
       local n = chunk:length()
       if n > 0 then
         local out = sse:feed(chunk:getBytes(0, n))
         if strip then chunk:setBytes(out) end
       end
-      -- Keep a running count, so a stream cut short still reports what it delivered.
-      if not sse.broken and sse.output == nil then
-        handle:streamInfo():dynamicMetadata():set(NS, "output_tokens", sse.counted)
+      -- A running count, so a stream cut short still reports what it delivered: every
+      -- RUNNING_COUNT_EVERY events, since a metadata write costs more than reading the chunk.
+      if not sse.broken and sse.output == nil and sse.counted - published >= RUNNING_COUNT_EVERY then
+        published = sse.counted
+        handle:streamInfo():dynamicMetadata():set(NS, "output_tokens", published)
       end
     end
     sse:finish()

@@ -32,10 +32,15 @@ TARGET_POD_HEADER = "target-pod"
 OFFLOAD_BODY_BYTES = 256 * 1024
 
 
+WANTED_HEADERS = frozenset({":path", ":method", REQUEST_ID_HEADER, MODEL_HEADER, STRATEGY_HEADER,
+                            "content-length"})
+
+
 def _headers(http_headers) -> dict[str, str]:
+    """Only the headers routing reads (a request may carry dozens)."""
     # Envoy sends values in raw_value (bytes); older Envoys used value.
     return {h.key: (h.raw_value.decode("latin-1") if h.raw_value else h.value)
-            for h in http_headers.headers.headers}
+            for h in http_headers.headers.headers if h.key in WANTED_HEADERS}
 
 
 def parse_body(path: str, body: bytes, header_model: str | None) -> Request | OpenAIError:
