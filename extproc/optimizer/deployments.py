@@ -92,7 +92,8 @@ def parse_config(data: Any, base: Path) -> OptimizerConfig:
     unknown = set(data) - {"deployments", "profiles"}
     if unknown:
         raise ConfigError(f"config: unknown keys {sorted(unknown)}")
-    raw = data.get("deployments") or []
+    raw = data.get("deployments")
+    raw = [] if raw is None else raw
     if not isinstance(raw, list):
         raise ConfigError("deployments: expected a list")
     deployments = tuple(parse_deployment(d, f"deployments[{k}]") for k, d in enumerate(raw))
@@ -100,7 +101,8 @@ def parse_config(data: Any, base: Path) -> OptimizerConfig:
     dupes = sorted({k for k in keys if keys.count(k) > 1})
     if dupes:
         raise ConfigError(f"deployments: listed twice: {dupes}")
-    profiles = data.get("profiles") or []
+    profiles = data.get("profiles")
+    profiles = [] if profiles is None else profiles
     if not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles):
         raise ConfigError("profiles: expected a list of file paths")
     return OptimizerConfig(deployments, tuple(base / p for p in profiles))

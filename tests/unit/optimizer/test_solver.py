@@ -132,3 +132,10 @@ def test_optimum_equals_brute_force(seed: int) -> None:
     assert _feasible(tuple(plan.replicas[f"g{g}"] for g in range(G)), r, t)
     for name, load in plan.load.items():
         assert load <= plan.replicas[name] + 1e-6
+
+
+def test_issue_size_solves_well_under_a_second() -> None:
+    from extproc.optimizer.bench import run
+
+    result = run(types=5, cells=40, runs=5, seed=7)
+    assert result["max_s"] < 1.0, result

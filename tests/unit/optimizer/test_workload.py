@@ -1,0 +1,104 @@
+"""Workload files and trace windows → per-cell rates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from extproc.optimizer.solver import Demand
+from extproc.optimizer.workload import (
+    WorkloadError,
+    load_workload,
+    parse_trace,
+    parse_workload,
+    trace_rates,
+)
+from extproc.tracing import TraceRecorder
+
+
+def test_workload_file(tmp_path: Path) -> None:
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps({"rates": [{"input_tokens": 128, "output_tokens": 64, "rps": 5.0}]}))
+    assert load_workload(path) == [Demand(128, 64, 5.0)]
+
+
+@pytest.mark.parametrize(("data", "where"), [
+    ([], "workload"),
+    ({"rates": {}}, "workload"),
+    ({"rates": [1]}, r"rates\[0\]"),
+    ({"rates": [{"input_tokens": 1, "output_tokens": 2}]}, r"rates\[0\]\.rps: missing"),
+    ({"rates": [{"input_tokens": 1, "output_tokens": 2, "rps": -1}]}, r"rates\[0\]\.rps"),
+    ({"rates": [{"input_tokens": "x", "output_tokens": 2, "rps": 1}]}, r"rates\[0\]\.input_tokens"),
+])
+def test_bad_workloads(data: object, where: str) -> None:
+    with pytest.raises(WorkloadError, match=where):
+        parse_workload(data)
+
+
+def test_bad_workload_file_names_the_file(tmp_path: Path) -> None:
+    with pytest.raises(WorkloadError, match="nope.json"):
+        load_workload(tmp_path / "nope.json")
+
+
+def test_reads_what_the_recorder_writes() -> None:
+    r = TraceRecorder()
+    for _ in range(3):
+        r.arrived("m", 1001.0)
+        r.completed("m", 128, 8, 1002.0)
+    r.snapshot("m", 2, 1)
+    [(key, value)] = r.due(1010.0)
+    w = parse_trace(int(key.rsplit("_", 1)[1]), json.loads(value))
+    assert (w.end, w.counts, w.precision, w.interval, w.arrived, w.pending, w.queueing) == \
+        (1010, {(70, 30): 3}, 10, 10, 3, 2, 1)
+
+
+def test_reads_aibrix_v2_traces() -> None:
+    # from AIBrix's python/aibrix/tests/gpu_optimizer/test_gatewayloadreader.py
+    w = parse_trace(20, {"103:46": 1, "79:48": 2, "meta_interval_sec": 10, "meta_precision": 10, "meta_v": 2,
+                         "meta_total_reqs": 99})
+    assert w.counts == {(103, 46): 1, (79, 48): 2} and w.arrived == 3  # v2 has no arrivals: completions
+
+
+def test_v1_traces_are_whole_log2() -> None:
+    w = parse_trace(20, {"7:3": 4})
+    assert w.precision == 1 and trace_rates([w], now=20, window_seconds=40) == [Demand(128, 8, 0.4)]
+
+
+@pytest.mark.parametrize("bad", [{"7-3": 1}, {"7:3": -1}, {"7:3": "many"}, {"meta_v": "x"}, [1]])
+def test_bad_traces(bad: object) -> None:
+    with pytest.raises(WorkloadError, match="trace 20"):
+        parse_trace(20, bad)
+
+
+def window(end: int, counts: dict[str, int], arrived: int | None = None) -> object:
+    data: dict[str, int] = {**counts, "meta_v": 4, "meta_precision": 10, "meta_interval_sec": 10}
+    data["meta_total_reqs"] = sum(counts.values()) if arrived is None else arrived
+    return parse_trace(end, data)
+
+
+def test_rate_is_max_of_window_average_and_latest() -> None:
+    # 24 windows of 10 s: "70:30" steady at 2/window; "100:60" only in the latest window (a burst)
+    ws = [window(1000 + 10 * k, {"70:30": 2}) for k in range(1, 24)]
+    ws.append(window(1240, {"70:30": 2, "100:60": 30}))
+    rates = {(round(d.input_tokens), round(d.output_tokens)): d.rps for d in trace_rates(ws, now=1241)}
+    assert rates[(128, 8)] == pytest.approx(0.2)  # 48 / 240 s == 2 / 10 s
+    assert rates[(1024, 64)] == pytest.approx(3.0)  # the latest 10 s wins at once (30 / 10 s)
+
+
+def test_decays_slowly_after_a_burst() -> None:
+    ws = [window(1010, {"100:60": 30})]
+    rates = trace_rates(ws, now=1100)  # the burst is no longer the latest window: only the average
+    assert rates == [Demand(1024, 64, pytest.approx(30 / 240))]
+    assert trace_rates(ws, now=1010 + 240) == []  # out of the window
+
+
+def test_latest_window_scales_by_arrivals_when_completions_lag() -> None:
+    ws = [window(1010, {"70:30": 10}, arrived=40)]  # overloaded: 40 arrived, 10 finished
+    [d] = trace_rates(ws, now=1011)
+    assert d.rps == pytest.approx(4.0)
+
+
+def test_windows_from_the_future_are_ignored() -> None:
+    assert trace_rates([window(2000, {"70:30": 10})], now=1000) == []
