@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup redis test unit integration demo bench bench-memory bench-sim validate-sim sim-fleet envoy-config clean
+.PHONY: setup redis chromium test unit integration demo bench bench-memory bench-sim validate-sim sim-fleet envoy-config clean
 
 setup: $(STAMP)
 
@@ -23,13 +23,22 @@ redis:
 	    echo "redis-server is missing: install it (Debian/Ubuntu: sudo apt-get install redis-server)"; exit 1; \
 	  fi; }
 
-test: setup redis
+# headless Chromium renders the optimizer dashboard in the integration suite; installed the same way.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "chromium is missing: install it (Debian: sudo apt-get install chromium)"; exit 1; \
+	  fi; }
+
+test: setup redis chromium
 	$(PY) -m pytest -q
 
 unit: setup
 	$(PY) -m pytest -q tests/unit
 
-integration: setup redis
+integration: setup redis chromium
 	$(PY) -m pytest -q tests/integration
 
 demo: setup

@@ -86,7 +86,7 @@ _PAGE = """<!doctype html>
  <div class="card">
   <h2>Plan</h2>
   <div class="kpis">
-   <div class="kpi"><span>cost / hour (reported replicas)</span><b class="big" id="cost">–</b></div>
+   <div class="kpi"><span>cost of reported replicas</span><b class="big" id="cost">–</b></div>
    <div class="kpi"><span>plan cost</span><b class="big" id="plan-cost">–</b></div>
    <div class="kpi"><span>requests / s</span><b class="big" id="rps">–</b></div>
   </div>
