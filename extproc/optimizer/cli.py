@@ -16,21 +16,41 @@ log = logging.getLogger(__name__)
 
 
 def add_commands(sub: Any) -> None:
-    opt = sub.add_parser("optimize", help="the cheapest replica mix per GPU type for a workload (one shot)",
-                         description="Solve one plan from AIBrix profile files and a workload file.")
-    opt.add_argument("--profile", action="append", required=True, metavar="P.json",
-                     help="an AIBrix profile (one per GPU type / deployment); repeat")
-    opt.add_argument("--workload", required=True, metavar="W.json",
-                     help='{"rates": [{"input_tokens": 128, "output_tokens": 64, "rps": 5.0}, ...]}')
+    opt = sub.add_parser(
+        "optimize",
+        help="the cheapest replica mix per GPU type for a workload (one shot)",
+        description="Solve one plan from AIBrix profile files and a workload file.",
+    )
+    opt.add_argument(
+        "--profile",
+        action="append",
+        required=True,
+        metavar="P.json",
+        help="an AIBrix profile (one per GPU type / deployment); repeat",
+    )
+    opt.add_argument(
+        "--workload",
+        required=True,
+        metavar="W.json",
+        help='{"rates": [{"input_tokens": 128, "output_tokens": 64, "rps": 5.0}, ...]}',
+    )
     opt.add_argument("--json", action="store_true", help="print {replicas, cost, solve_seconds} as JSON")
     opt.set_defaults(func=optimize_command)
 
-    svc = sub.add_parser("optimizer", help="the GPU optimizer service (PodAutoscaler metrics, dashboard)",
-                         description="Re-plan every model from request traces and profiles; serve "
-                                     "/metrics/<ns>/<deployment>, /scale, /monitor and /dash/<model>.")
+    svc = sub.add_parser(
+        "optimizer",
+        help="the GPU optimizer service (PodAutoscaler metrics, dashboard)",
+        description="Re-plan every model from request traces and profiles; serve "
+        "/metrics/<ns>/<deployment>, /scale, /monitor and /dash/<model>.",
+    )
     svc.add_argument("--config", help="YAML: deployments (name, namespace, model, min_replicas) and profiles")
-    svc.add_argument("--profile", action="append", default=[], metavar="P.json",
-                     help="a profile file, in addition to Redis aibrix:profile_<model>_<deployment>; repeat")
+    svc.add_argument(
+        "--profile",
+        action="append",
+        default=[],
+        metavar="P.json",
+        help="a profile file, in addition to Redis aibrix:profile_<model>_<deployment>; repeat",
+    )
     svc.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
     svc.add_argument("--port", type=int, default=8080)
     svc.add_argument("--redis-url", help="default: REDIS_HOST/REDIS_PORT/REDIS_PASSWORD, else localhost:6379")
@@ -44,8 +64,12 @@ def _table(plan: Any, profiles: list[Any]) -> str:
     lines = [f"{'deployment':<{width}}  replicas  load    cost/replica  cost"]
     for p in profiles:
         n = plan.replicas[p.gpu]
-        lines.append(f"{p.gpu:<{width}}  {n:>8}  {plan.load[p.gpu]:>6.2f}  {p.cost:>12.3g}  {n * p.cost:>.3g}")
-    lines.append(f"total cost {plan.cost:.4g} for {plan.rps:.4g} req/s (solved in {plan.solve_seconds * 1000:.1f} ms)")
+        lines.append(
+            f"{p.gpu:<{width}}  {n:>8}  {plan.load[p.gpu]:>6.2f}  {p.cost:>12.3g}  {n * p.cost:>.3g}"
+        )
+    lines.append(
+        f"total cost {plan.cost:.4g} for {plan.rps:.4g} req/s (solved in {plan.solve_seconds * 1000:.1f} ms)"
+    )
     return "\n".join(lines)
 
 
@@ -98,8 +122,13 @@ async def _serve(args: argparse.Namespace) -> int:
         return 2
     url = redis_url_from_env(os.environ, args.redis_url) or "redis://localhost:6379/0"
     redis = aioredis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
-    service = OptimizerService(source, store, redis, ServiceSettings(interval=args.interval, window_seconds=args.window),
-                               profile_files=profile_files)
+    service = OptimizerService(
+        source,
+        store,
+        redis,
+        ServiceSettings(interval=args.interval, window_seconds=args.window),
+        profile_files=profile_files,
+    )
     runner = web.AppRunner(service.app(), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()

@@ -42,7 +42,8 @@ def dashboard_data(state: ModelState, profiles: dict[str, Profile | None], now: 
         "rps": sum(d.rps for d in state.demands),
         "heatmap": [{"in_log2": i, "out_log2": o, "rps": r} for (i, o), r in sorted(heat.items())],
         "plan": None if plan is None else {
-            "replicas": plan.replicas, "cost": plan.cost, "solve_seconds": plan.solve_seconds, "rps": plan.rps,
+            "replicas": plan.replicas, "cost": plan.cost, "solve_seconds": plan.solve_seconds,
+            "rps": plan.rps,
             "optimal": plan.optimal,
         },
         "reported_cost": reported_cost,
@@ -204,4 +205,4 @@ render(JSON.parse(document.getElementById("initial").textContent));
 setTimeout(refresh, Math.min(REFRESH, 500));
 </script>
 </body></html>
-"""
+"""  # noqa: E501 (the page's inline JS reads better unwrapped)

@@ -49,9 +49,11 @@ class ServiceSettings:
 def metrics_text(model: str, value: int) -> str:
     """AIBrix's exposition, byte for byte."""
     label = model.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return ("# HELP vllm:deployment_replicas Number of suggested replicas.\n"
-            "# TYPE vllm:deployment_replicas gauge\n"
-            f'vllm:deployment_replicas{{model_name="{label}"}} {value}\n')
+    return (
+        "# HELP vllm:deployment_replicas Number of suggested replicas.\n"
+        "# TYPE vllm:deployment_replicas gauge\n"
+        f'vllm:deployment_replicas{{model_name="{label}"}} {value}\n'
+    )
 
 
 def _error(e: OpenAIError) -> web.Response:
@@ -63,9 +65,15 @@ def not_found(message: str, code: str = "not_found") -> OpenAIError:
 
 
 class OptimizerService:
-    def __init__(self, source: DeploymentSource, store: ProfileStore, redis: Any | None = None,
-                 settings: ServiceSettings = ServiceSettings(), clock: Callable[[], float] = time.time,
-                 profile_files: Callable[[], Iterable[str | Path]] = tuple) -> None:
+    def __init__(
+        self,
+        source: DeploymentSource,
+        store: ProfileStore,
+        redis: Any | None = None,
+        settings: ServiceSettings = ServiceSettings(),
+        clock: Callable[[], float] = time.time,
+        profile_files: Callable[[], Iterable[str | Path]] = tuple,
+    ) -> None:
         self.source = source
         self.store = store
         self.profile_files = profile_files
@@ -113,12 +121,16 @@ class OptimizerService:
         if self.redis is not None:
             try:
                 windows = await asyncio.wait_for(
-                    read_windows(self.redis, state.model, now, self.settings.window_seconds), self.settings.io_timeout)
+                    read_windows(self.redis, state.model, now, self.settings.window_seconds),
+                    self.settings.io_timeout,
+                )
                 demands = trace_rates(windows, now, self.settings.window_seconds)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # keep the last workload and plan: Redis may be back next cycle
-                state.apply(now, state.demands, None, f"reading request traces failed: {type(e).__name__}: {e}")
+                state.apply(
+                    now, state.demands, None, f"reading request traces failed: {type(e).__name__}: {e}"
+                )
                 return
         if not demands:
             state.apply(now, [], None, None)
@@ -134,8 +146,14 @@ class OptimizerService:
             log.warning("%s: solver time limit, using the best plan found", state.model)
         state.apply(now, demands, plan, error)
         if plan is not None:
-            log.info("%s: %.2f req/s -> %s (cost %.2f, %.0f ms)", state.model, plan.rps, plan.replicas, plan.cost,
-                     plan.solve_seconds * 1000)
+            log.info(
+                "%s: %.2f req/s -> %s (cost %.2f, %.0f ms)",
+                state.model,
+                plan.rps,
+                plan.replicas,
+                plan.cost,
+                plan.solve_seconds * 1000,
+            )
         else:
             log.warning("%s: no plan: %s", state.model, error)
 
@@ -165,17 +183,21 @@ class OptimizerService:
         return app
 
     @web.middleware
-    async def _errors(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                      ) -> web.StreamResponse:
+    async def _errors(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         try:
             return await handler(request)
         except OpenAIError as e:
             return _error(e)
         except NotMonitored as e:
             return _error(not_found(str(e), "deployment_not_monitored"))
-        except web.HTTPMethodNotAllowed as e:
-            return _error(OpenAIError(405, f"{request.method} is not allowed on {request.path}",
-                                      code="method_not_allowed"))
+        except web.HTTPMethodNotAllowed:
+            return _error(
+                OpenAIError(
+                    405, f"{request.method} is not allowed on {request.path}", code="method_not_allowed"
+                )
+            )
         except web.HTTPNotFound:
             return _error(not_found(f"no route {request.method} {request.path}", "unknown_route"))
 
@@ -204,8 +226,12 @@ class OptimizerService:
         body = await self._json_body(request, required=True)
         replicas = body.get("replicas")
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < -1:
-            raise OpenAIError(400, f"replicas: expected a whole number ≥ 0, or -1 to clear, got {replicas!r}",
-                              param="replicas", code="invalid_replicas")
+            raise OpenAIError(
+                400,
+                f"replicas: expected a whole number ≥ 0, or -1 to clear, got {replicas!r}",
+                param="replicas",
+                code="invalid_replicas",
+            )
         state, d = self._find(request)
         self.fleet.override(d.namespace, d.name, replicas)
         message = "Overrides cleared" if replicas < 0 else f"Scaled to {replicas}"
@@ -226,12 +252,16 @@ class OptimizerService:
             try:
                 d = parse_deployment({**body, "name": name, "namespace": ns}, "body")
             except ConfigError as e:
-                raise OpenAIError(400, str(e), param=str(e).split(":")[0].removeprefix("body."),
-                                  code="invalid_deployment") from None
+                raise OpenAIError(
+                    400, str(e), param=str(e).split(":")[0].removeprefix("body."), code="invalid_deployment"
+                ) from None
             self.fleet.start(d, add=True)
         else:
-            raise not_found(f'deployment {ns}/{name} is not in the deployment source; POST {{"model": "<model>"}} '
-                            "to add it", "deployment_not_found")
+            raise not_found(
+                f'deployment {ns}/{name} is not in the deployment source; POST {{"model": "<model>"}} '
+                "to add it",
+                "deployment_not_found",
+            )
         return web.json_response({"message": "Deployment optimization started"})
 
     async def delete_monitor(self, request: web.Request) -> web.Response:
@@ -247,7 +277,9 @@ class OptimizerService:
 
     async def get_dash(self, request: web.Request) -> web.Response:
         state = self._model(request)
-        page = render_page(dashboard_data(state, self.profiles_of(state), self.clock()), self.settings.refresh_ms)
+        page = render_page(
+            dashboard_data(state, self.profiles_of(state), self.clock()), self.settings.refresh_ms
+        )
         return web.Response(text=page, content_type="text/html")
 
     async def get_dash_data(self, request: web.Request) -> web.Response:

@@ -26,7 +26,12 @@ class WorkloadError(ValueError):
 
 
 def _rate(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
         raise WorkloadError(f"{where}: expected a finite non-negative number, got {value!r}")
     return float(value)
 
@@ -43,8 +48,13 @@ def parse_workload(data: Any) -> list[Demand]:
         for key in ("input_tokens", "output_tokens", "rps"):
             if key not in row:
                 raise WorkloadError(f"{where}.{key}: missing")
-        out.append(Demand(_rate(row["input_tokens"], f"{where}.input_tokens"),
-                          _rate(row["output_tokens"], f"{where}.output_tokens"), _rate(row["rps"], f"{where}.rps")))
+        out.append(
+            Demand(
+                _rate(row["input_tokens"], f"{where}.input_tokens"),
+                _rate(row["output_tokens"], f"{where}.output_tokens"),
+                _rate(row["rps"], f"{where}.rps"),
+            )
+        )
     return out
 
 
@@ -103,16 +113,18 @@ def parse_trace(end: int, data: Any) -> TraceWindow:
         counts[cell] = counts.get(cell, 0) + v
     completed = sum(counts.values())
     arrived = meta("meta_total_reqs", completed) if version >= 3 else completed
-    return TraceWindow(end, counts, precision, interval, arrived, meta("meta_pending_reqs", 0),
-                       meta("meta_queueing_reqs", 0))
+    return TraceWindow(
+        end, counts, precision, interval, arrived, meta("meta_pending_reqs", 0), meta("meta_queueing_reqs", 0)
+    )
 
 
 def _tokens(b: int, precision: int) -> float:
     return 2.0 ** (b / precision) if b > 0 else 1.0
 
 
-def trace_rates(windows: Iterable[TraceWindow], now: float,
-                window_seconds: float = DEFAULT_WINDOW_SECONDS) -> list[Demand]:
+def trace_rates(
+    windows: Iterable[TraceWindow], now: float, window_seconds: float = DEFAULT_WINDOW_SECONDS
+) -> list[Demand]:
     """Per-cell requests/s at `now`: max(average over the window, rate in the latest window).
 
     The latest window counts only if it ended within two intervals of `now` (the newest one may not be
@@ -130,7 +142,9 @@ def trace_rates(windows: Iterable[TraceWindow], now: float,
     current: dict[tuple[int, int, int], float] = {}
     if latest.end >= now - 2 * latest.interval and latest.completed:
         scale = max(1.0, latest.arrived / latest.completed)
-        current = {(i, o, latest.precision): n * scale / latest.interval for (i, o), n in latest.counts.items()}
+        current = {
+            (i, o, latest.precision): n * scale / latest.interval for (i, o), n in latest.counts.items()
+        }
     out = []
     for key in sorted(set(average) | set(current)):
         i, o, precision = key

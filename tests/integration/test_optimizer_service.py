@@ -24,8 +24,10 @@ from extproc.profiles import dump_profile
 from extproc.tracing import TraceFlusher, TraceRecorder
 from tests.unit.optimizer.support import LONG, SHORT, profile
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed"),
+]
 
 MODEL = "llama"
 METRIC = re.compile(r'^vllm:deployment_replicas\{model_name="llama"\} (\d+)$', re.M)
@@ -45,8 +47,11 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def redis_url(log_dir: Path) -> Iterator[str]:
     port = free_port()
-    proc = Proc(f"redis-{port}", ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                  "--appendonly", "no"], log_dir)
+    proc = Proc(
+        f"redis-{port}",
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        log_dir,
+    )
     proc.wait_ready(lambda: _pong(port), timeout=15)
     yield f"redis://127.0.0.1:{port}/0"
     proc.stop()
@@ -57,13 +62,34 @@ def optimizer(log_dir: Path, redis_url: str) -> Iterator[int]:
     # a100 is 5x faster on short requests, l20 5x faster on long ones, at the same price
     for name, short, long in (("llama-a100", 10, 1), ("llama-l20", 2, 5)):
         (log_dir / f"{name}.json").write_text(json.dumps(dump_profile(profile(name, 1.0, short, long))))
-    (log_dir / "optimizer.yaml").write_text(yaml.safe_dump({
-        "profiles": ["llama-a100.json", "llama-l20.json"],
-        "deployments": [{"name": "llama-a100", "model": MODEL, "min_replicas": 1},
-                        {"name": "llama-l20", "model": MODEL}]}))
+    (log_dir / "optimizer.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "profiles": ["llama-a100.json", "llama-l20.json"],
+                "deployments": [
+                    {"name": "llama-a100", "model": MODEL, "min_replicas": 1},
+                    {"name": "llama-l20", "model": MODEL},
+                ],
+            }
+        )
+    )
     port = free_port()
-    proc = Proc("optimizer", [str(VENV_BIN / "extproc"), "optimizer", "--config", str(log_dir / "optimizer.yaml"),
-                              "--port", str(port), "--redis-url", redis_url, "--interval", "0.2"], log_dir)
+    proc = Proc(
+        "optimizer",
+        [
+            str(VENV_BIN / "extproc"),
+            "optimizer",
+            "--config",
+            str(log_dir / "optimizer.yaml"),
+            "--port",
+            str(port),
+            "--redis-url",
+            redis_url,
+            "--interval",
+            "0.2",
+        ],
+        log_dir,
+    )
     proc.wait_ready(lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200)
     yield port
     assert proc.stop() == 0, proc.log()  # a clean shutdown on SIGTERM
@@ -78,8 +104,9 @@ def replicas(port: int, deployment: str) -> int:
 
 
 def put(url: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="PUT",
-                                 headers={"content-type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="PUT", headers={"content-type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=2) as r:
             return r.status, json.loads(r.read())
@@ -142,19 +169,27 @@ def test_traces_in_redis_change_the_plan(optimizer: int, redis_url: str) -> None
 
     assert 590 <= asyncio.run(ttl()) <= 600
     # 20 short/s on a100 (10/s each) + 10 long/s on l20 (5/s each): 2 + 2, in hundredths
-    wait_until(lambda: (replicas(optimizer, "llama-a100"), replicas(optimizer, "llama-l20")) == (200, 200), 10,
-               "the plan for the traced workload")
+    wait_until(
+        lambda: (replicas(optimizer, "llama-a100"), replicas(optimizer, "llama-l20")) == (200, 200),
+        10,
+        "the plan for the traced workload",
+    )
     clear_traces(redis_url)
     write_traffic(redis_url, short_per_s=0, long_per_s=15)  # long only: l20 x3, a100 to 0 (load ignores min)
-    wait_until(lambda: (replicas(optimizer, "llama-a100"), replicas(optimizer, "llama-l20")) == (0, 300), 10,
-               "the plan after the workload changed")
+    wait_until(
+        lambda: (replicas(optimizer, "llama-a100"), replicas(optimizer, "llama-l20")) == (0, 300),
+        10,
+        "the plan after the workload changed",
+    )
 
 
 def test_override_and_clear(optimizer: int, redis_url: str) -> None:
     clear_traces(redis_url)
     url = f"http://127.0.0.1:{optimizer}/scale/default/llama-l20"
-    assert put(url, {"replicas": 4}) == (200, {"message": "Scaled to 4", "deployment": "default/llama-l20",
-                                               "model": MODEL})
+    assert put(url, {"replicas": 4}) == (
+        200,
+        {"message": "Scaled to 4", "deployment": "default/llama-l20", "model": MODEL},
+    )
     assert replicas(optimizer, "llama-l20") == 400
     status, body = put(url, {"replicas": "lots"})
     assert status == 400 and body["error"]["param"] == "replicas"
@@ -170,11 +205,28 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def chromium(log_dir: Path, url: str, *extra: str) -> str:
     """Headless Chromium, loopback only: no background networking, a throwaway profile."""
     assert CHROMIUM is not None
-    out = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                          "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                          "--disable-sync", "--disable-extensions", f"--user-data-dir={log_dir / 'chromium'}",
-                          "--window-size=1280,900", "--virtual-time-budget=5000", *extra, url],
-                         capture_output=True, text=True, timeout=90)
+    out = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-extensions",
+            f"--user-data-dir={log_dir / 'chromium'}",
+            "--window-size=1280,900",
+            "--virtual-time-budget=5000",
+            *extra,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
 

@@ -14,9 +14,15 @@ A40 = SHARED / "simulator-llama2-7b-a40.json"
 
 
 def small(**over) -> dict:
-    data = {"gpu": "llama-a10", "cost": 1.5, "tputs": [[4.0, 2.0], [2.0, 0.0]],
-            "indexes": [[64, 128], [256, 512]], "created": 10.0,
-            "e2e": [[1.0, 1.5], [1.8, 3.0]], "slos": {"percentile": 99, "e2e": 2.0}}
+    data = {
+        "gpu": "llama-a10",
+        "cost": 1.5,
+        "tputs": [[4.0, 2.0], [2.0, 0.0]],
+        "indexes": [[64, 128], [256, 512]],
+        "created": 10.0,
+        "e2e": [[1.0, 1.5], [1.8, 3.0]],
+        "slos": {"percentile": 99, "e2e": 2.0},
+    }
     data.update(over)
     return data
 
@@ -44,7 +50,9 @@ def test_cell_on_a40_matches_the_spec_example() -> None:
 def test_round_trip_keeps_every_key() -> None:
     data = small(ttft=[[0.1, 0.2], [0.1, 0.3]])
     p = parse_profile(data)
-    assert p.e2e == ((1.0, 1.5), (1.8, 3.0)) and p.ttft is not None and p.slos == {"percentile": 99, "e2e": 2.0}
+    assert (
+        p.e2e == ((1.0, 1.5), (1.8, 3.0)) and p.ttft is not None and p.slos == {"percentile": 99, "e2e": 2.0}
+    )
     assert dump_profile(p) == {k: v for k, v in data.items()}
     assert parse_profile(dump_profile(p)) == p
 
@@ -63,21 +71,24 @@ def test_profile_is_frozen() -> None:
         p.cost = 2.0  # type: ignore[misc]
 
 
-@pytest.mark.parametrize(("change", "key"), [
-    ({"gpu": ""}, "gpu"),
-    ({"cost": -1}, "cost"),
-    ({"cost": "cheap"}, "cost"),
-    ({"tputs": [[4.0, 2.0]]}, "tputs"),
-    ({"tputs": [[4.0, 2.0], [2.0]]}, "tputs[1]"),
-    ({"tputs": [[4.0, float("nan")], [2.0, 0.0]]}, "tputs[0][1]"),
-    ({"tputs": [[4.0, -2.0], [2.0, 0.0]]}, "tputs[0][1]"),
-    ({"indexes": [[64, 128]]}, "indexes"),
-    ({"indexes": [[128, 64], [256, 512]]}, "indexes[0]"),
-    ({"indexes": [[64, 128], [0, 512]]}, "indexes[1][0]"),
-    ({"e2e": [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]}, "e2e[0]"),
-    ({"slos": {"e2e": "fast"}}, "slos.e2e"),
-    ({"created": True}, "created"),
-])
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"gpu": ""}, "gpu"),
+        ({"cost": -1}, "cost"),
+        ({"cost": "cheap"}, "cost"),
+        ({"tputs": [[4.0, 2.0]]}, "tputs"),
+        ({"tputs": [[4.0, 2.0], [2.0]]}, "tputs[1]"),
+        ({"tputs": [[4.0, float("nan")], [2.0, 0.0]]}, "tputs[0][1]"),
+        ({"tputs": [[4.0, -2.0], [2.0, 0.0]]}, "tputs[0][1]"),
+        ({"indexes": [[64, 128]]}, "indexes"),
+        ({"indexes": [[128, 64], [256, 512]]}, "indexes[0]"),
+        ({"indexes": [[64, 128], [0, 512]]}, "indexes[1][0]"),
+        ({"e2e": [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]}, "e2e[0]"),
+        ({"slos": {"e2e": "fast"}}, "slos.e2e"),
+        ({"created": True}, "created"),
+    ],
+)
 def test_bad_profiles_name_the_key(change: dict, key: str) -> None:
     with pytest.raises(ProfileError) as e:
         parse_profile(small(**change))

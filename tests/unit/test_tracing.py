@@ -1,4 +1,4 @@
-"""Request-trace windows: AIBrix's keys, buckets and meta fields; the writer drops and counts on Redis errors."""
+"""Request-trace windows: AIBrix's keys, buckets and meta fields; the writer drops and counts Redis errors."""
 
 from __future__ import annotations
 

@@ -10,31 +10,55 @@ import pytest
 import yaml
 
 from extproc.cli import main
-from extproc.optimizer.deployments import ConfigError, Deployment, FileDeploymentSource, load_config, parse_config
+from extproc.optimizer.deployments import (
+    ConfigError,
+    Deployment,
+    FileDeploymentSource,
+    load_config,
+    parse_config,
+)
 from extproc.profiles import dump_profile
 from tests.unit.optimizer.support import profile
 
-A40 = (Path(__file__).parents[3] / ".." / "shared" / "data" / "aibrix" / "simulator-llama2-7b-a40.json").resolve()
+A40 = (
+    Path(__file__).parents[3] / ".." / "shared" / "data" / "aibrix" / "simulator-llama2-7b-a40.json"
+).resolve()
 
 
 def test_fields_and_kubernetes_labels(tmp_path: Path) -> None:
-    cfg = parse_config({"profiles": ["p/a.json"], "deployments": [
-        {"name": "a", "model": "m", "min_replicas": 1, "replicas": 3},
-        {"name": "b", "namespace": "ml", "labels": {"model.aibrix.ai/name": "m", "model.aibrix.ai/min_replicas": "2"}},
-    ]}, tmp_path)
+    cfg = parse_config(
+        {
+            "profiles": ["p/a.json"],
+            "deployments": [
+                {"name": "a", "model": "m", "min_replicas": 1, "replicas": 3},
+                {
+                    "name": "b",
+                    "namespace": "ml",
+                    "labels": {"model.aibrix.ai/name": "m", "model.aibrix.ai/min_replicas": "2"},
+                },
+            ],
+        },
+        tmp_path,
+    )
     assert cfg.deployments == (Deployment("default", "a", "m", 1, 3), Deployment("ml", "b", "m", 2, None))
     assert cfg.profiles == (tmp_path / "p/a.json",)
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ({"deployments": [{"name": "a"}]}, r"deployments\[0\]\.model"),
-    ({"deployments": [{"name": "a/b", "model": "m"}]}, r"deployments\[0\]\.name"),
-    ({"deployments": [{"name": "a", "model": "m", "min_replicas": -1}]}, r"deployments\[0\]\.min_replicas"),
-    ({"deployments": [{"name": "a", "model": "m"}, {"name": "a", "model": "n"}]}, "listed twice"),
-    ({"deployments": {}}, "deployments: expected a list"),
-    ({"deploymets": []}, "unknown keys"),
-    ({"profiles": "a.json"}, "profiles"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"deployments": [{"name": "a"}]}, r"deployments\[0\]\.model"),
+        ({"deployments": [{"name": "a/b", "model": "m"}]}, r"deployments\[0\]\.name"),
+        (
+            {"deployments": [{"name": "a", "model": "m", "min_replicas": -1}]},
+            r"deployments\[0\]\.min_replicas",
+        ),
+        ({"deployments": [{"name": "a", "model": "m"}, {"name": "a", "model": "n"}]}, "listed twice"),
+        ({"deployments": {}}, "deployments: expected a list"),
+        ({"deploymets": []}, "unknown keys"),
+        ({"profiles": "a.json"}, "profiles"),
+    ],
+)
 def test_bad_configs(data: object, message: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_config(data, tmp_path)
@@ -45,7 +69,9 @@ async def test_file_source_reloads_and_refuses_bad_edits(tmp_path: Path) -> None
     path.write_text(yaml.safe_dump({"deployments": [{"name": "a", "model": "m"}]}))
     source = FileDeploymentSource(path)
     assert [d.name for d in await source.deployments()] == ["a"]
-    path.write_text(yaml.safe_dump({"deployments": [{"name": "a", "model": "m"}, {"name": "b", "model": "m"}]}))
+    path.write_text(
+        yaml.safe_dump({"deployments": [{"name": "a", "model": "m"}, {"name": "b", "model": "m"}]})
+    )
     os.utime(path, ns=(1, 10**18))  # a distinct mtime, whatever the clock's resolution
     assert [d.name for d in await source.deployments()] == ["a", "b"]
     path.write_text("deployments: [{name: c}]")
@@ -58,16 +84,39 @@ async def test_file_source_reloads_and_refuses_bad_edits(tmp_path: Path) -> None
 def test_optimize_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for name, short, long in (("a", 10, 1), ("b", 2, 5)):
         (tmp_path / f"{name}.json").write_text(json.dumps(dump_profile(profile(name, 1.0, short, long))))
-    (tmp_path / "w.json").write_text(json.dumps({"rates": [
-        {"input_tokens": 128, "output_tokens": 16, "rps": 20}, {"input_tokens": 2048, "output_tokens": 512, "rps": 10}]}))
-    assert main(["optimize", "--profile", str(tmp_path / "a.json"), "--profile", str(tmp_path / "b.json"),
-                 "--workload", str(tmp_path / "w.json"), "--json"]) == 0
+    (tmp_path / "w.json").write_text(
+        json.dumps(
+            {
+                "rates": [
+                    {"input_tokens": 128, "output_tokens": 16, "rps": 20},
+                    {"input_tokens": 2048, "output_tokens": 512, "rps": 10},
+                ]
+            }
+        )
+    )
+    assert (
+        main(
+            [
+                "optimize",
+                "--profile",
+                str(tmp_path / "a.json"),
+                "--profile",
+                str(tmp_path / "b.json"),
+                "--workload",
+                str(tmp_path / "w.json"),
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["replicas"] == {"a": 2, "b": 2} and out["cost"] == 4.0 and 0 <= out["solve_seconds"] < 1
 
 
 def test_optimize_cli_on_aibrix_profile_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "w.json").write_text(json.dumps({"rates": [{"input_tokens": 128, "output_tokens": 8, "rps": 100}]}))
+    (tmp_path / "w.json").write_text(
+        json.dumps({"rates": [{"input_tokens": 128, "output_tokens": 8, "rps": 100}]})
+    )
     assert main(["optimize", "--profile", str(A40), "--workload", str(tmp_path / "w.json")]) == 0
     out = capsys.readouterr().out
     # cell [1][0] of AIBrix's A40 profile: 49.18 req/s per replica -> 3 replicas for 100 req/s at 0.3 each
@@ -75,10 +124,16 @@ def test_optimize_cli_on_aibrix_profile_table(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_optimize_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "w.json").write_text(json.dumps({"rates": [{"input_tokens": 4096, "output_tokens": 512, "rps": 1}]}))
+    (tmp_path / "w.json").write_text(
+        json.dumps({"rates": [{"input_tokens": 4096, "output_tokens": 512, "rps": 1}]})
+    )
     (tmp_path / "a.json").write_text(json.dumps(dump_profile(profile("a", 1.0, 10, 0))))
-    assert main(["optimize", "--profile", str(tmp_path / "a.json"), "--workload", str(tmp_path / "w.json")]) == 2
+    assert (
+        main(["optimize", "--profile", str(tmp_path / "a.json"), "--workload", str(tmp_path / "w.json")]) == 2
+    )
     assert "no GPU type can serve these cells" in capsys.readouterr().err
     (tmp_path / "a.json").write_text("{}")
-    assert main(["optimize", "--profile", str(tmp_path / "a.json"), "--workload", str(tmp_path / "w.json")]) == 2
+    assert (
+        main(["optimize", "--profile", str(tmp_path / "a.json"), "--workload", str(tmp_path / "w.json")]) == 2
+    )
     assert "a.json: gpu: missing" in capsys.readouterr().err

@@ -50,8 +50,11 @@ class MemoryRedis:
         self.data.update(r.due(end))
 
 
-DEPLOYMENTS = [Deployment("default", "a", MODEL, min_replicas=1), Deployment("default", "b", MODEL),
-               Deployment("prod", "other", "other-model", min_replicas=2, replicas=5)]
+DEPLOYMENTS = [
+    Deployment("default", "a", MODEL, min_replicas=1),
+    Deployment("default", "b", MODEL),
+    Deployment("prod", "other", "other-model", min_replicas=2, replicas=5),
+]
 
 
 @pytest.fixture
@@ -64,8 +67,13 @@ def redis() -> MemoryRedis:
 
 @pytest.fixture
 async def service(redis: MemoryRedis) -> OptimizerService:
-    svc = OptimizerService(StaticDeploymentSource(DEPLOYMENTS), ProfileStore(), redis,
-                           ServiceSettings(window_seconds=240), clock=lambda: NOW)
+    svc = OptimizerService(
+        StaticDeploymentSource(DEPLOYMENTS),
+        ProfileStore(),
+        redis,
+        ServiceSettings(window_seconds=240),
+        clock=lambda: NOW,
+    )
     return svc
 
 
@@ -82,20 +90,29 @@ async def metric(client: TestClient, path: str) -> str:
 
 
 def test_metrics_text_is_aibrixs() -> None:
-    assert metrics_text("m", 250) == ("# HELP vllm:deployment_replicas Number of suggested replicas.\n"
-                                      "# TYPE vllm:deployment_replicas gauge\n"
-                                      'vllm:deployment_replicas{model_name="m"} 250\n')
+    assert metrics_text("m", 250) == (
+        "# HELP vllm:deployment_replicas Number of suggested replicas.\n"
+        "# TYPE vllm:deployment_replicas gauge\n"
+        'vllm:deployment_replicas{model_name="m"} 250\n'
+    )
     assert 'model_name="a\\"b"' in metrics_text('a"b', 0)
 
 
-async def test_no_load_reports_min_replicas_in_hundredths(service: OptimizerService, client: TestClient) -> None:
+async def test_no_load_reports_min_replicas_in_hundredths(
+    service: OptimizerService, client: TestClient
+) -> None:
     await service.tick(NOW)
     assert await metric(client, "/metrics/default/a") == 'vllm:deployment_replicas{model_name="llama"} 100'
     assert await metric(client, "/metrics/default/b") == 'vllm:deployment_replicas{model_name="llama"} 0'
-    assert await metric(client, "/metrics/prod/other") == 'vllm:deployment_replicas{model_name="other-model"} 200'
+    assert (
+        await metric(client, "/metrics/prod/other")
+        == 'vllm:deployment_replicas{model_name="other-model"} 200'
+    )
 
 
-async def test_traces_drive_the_plan(service: OptimizerService, client: TestClient, redis: MemoryRedis) -> None:
+async def test_traces_drive_the_plan(
+    service: OptimizerService, client: TestClient, redis: MemoryRedis
+) -> None:
     redis.traffic(NOW, short=200, long=100)  # latest window: 20 short/s, 10 long/s
     await service.tick(NOW)
     assert await metric(client, "/metrics/default/a") == 'vllm:deployment_replicas{model_name="llama"} 200'
@@ -125,8 +142,15 @@ async def test_override_and_clear(service: OptimizerService, client: TestClient,
     assert (await metric(client, "/metrics/default/b")).endswith(" 0")
 
 
-@pytest.mark.parametrize(("body", "param"), [({"replicas": "3"}, "replicas"), ({"replicas": -2}, "replicas"),
-                                             ({"replicas": True}, "replicas"), ({}, "replicas")])
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"replicas": "3"}, "replicas"),
+        ({"replicas": -2}, "replicas"),
+        ({"replicas": True}, "replicas"),
+        ({}, "replicas"),
+    ],
+)
 async def test_bad_scale_bodies(client: TestClient, body: dict, param: str) -> None:
     r = await client.put("/scale/default/a", json=body)
     assert r.status == 400
@@ -137,12 +161,14 @@ async def test_bad_scale_bodies(client: TestClient, body: dict, param: str) -> N
 
 async def test_errors_are_openai_style_4xx(service: OptimizerService, client: TestClient) -> None:
     await service.tick(NOW)
-    for method, path, status, code in [("GET", "/metrics/default/nope", 404, "deployment_not_monitored"),
-                                       ("PUT", "/scale/default/nope", 404, "deployment_not_monitored"),
-                                       ("GET", "/dash/nope", 404, "model_not_monitored"),
-                                       ("GET", "/elsewhere", 404, "unknown_route"),
-                                       ("POST", "/metrics/default/a", 405, "method_not_allowed"),
-                                       ("POST", "/monitor/default/nope", 404, "deployment_not_found")]:
+    for method, path, status, code in [
+        ("GET", "/metrics/default/nope", 404, "deployment_not_monitored"),
+        ("PUT", "/scale/default/nope", 404, "deployment_not_monitored"),
+        ("GET", "/dash/nope", 404, "model_not_monitored"),
+        ("GET", "/elsewhere", 404, "unknown_route"),
+        ("POST", "/metrics/default/a", 405, "method_not_allowed"),
+        ("POST", "/monitor/default/nope", 404, "deployment_not_found"),
+    ]:
         r = await client.request(method, path, json={"replicas": 1} if method == "PUT" else None)
         assert r.status == status, (method, path)
         assert (await r.json())["error"]["code"] == code
@@ -174,10 +200,15 @@ async def test_monitor_adds_a_deployment_with_a_body(service: OptimizerService, 
     assert r.status == 400 and (await r.json())["error"]["param"] == "min_replicas"
 
 
-async def test_unservable_load_keeps_configured_replicas_and_says_why(service: OptimizerService,
-                                                                      client: TestClient, redis: MemoryRedis) -> None:
-    redis.data["aibrix:profile_llama_a"] = json.dumps(dump_profile(profile("a", 1.0, short=10, long=0, created=2)))
-    redis.data["aibrix:profile_llama_b"] = json.dumps(dump_profile(profile("b", 1.0, short=2, long=0, created=2)))
+async def test_unservable_load_keeps_configured_replicas_and_says_why(
+    service: OptimizerService, client: TestClient, redis: MemoryRedis
+) -> None:
+    redis.data["aibrix:profile_llama_a"] = json.dumps(
+        dump_profile(profile("a", 1.0, short=10, long=0, created=2))
+    )
+    redis.data["aibrix:profile_llama_b"] = json.dumps(
+        dump_profile(profile("b", 1.0, short=2, long=0, created=2))
+    )
     redis.traffic(NOW, long=10)
     await service.tick(NOW)
     state = service.fleet.models[MODEL]
@@ -185,8 +216,9 @@ async def test_unservable_load_keeps_configured_replicas_and_says_why(service: O
     assert (await metric(client, "/metrics/default/a")).endswith(" 100")  # replicas unset: min_replicas
 
 
-async def test_redis_outage_keeps_the_last_plan(service: OptimizerService, client: TestClient,
-                                                redis: MemoryRedis) -> None:
+async def test_redis_outage_keeps_the_last_plan(
+    service: OptimizerService, client: TestClient, redis: MemoryRedis
+) -> None:
     redis.traffic(NOW, short=200, long=100)
     await service.tick(NOW)
     redis.down = True
@@ -210,8 +242,9 @@ async def test_newer_profile_wins(service: OptimizerService, redis: MemoryRedis,
     assert p is not None and p.cost == 7.0
 
 
-async def test_dashboard_is_self_contained(service: OptimizerService, client: TestClient,
-                                           redis: MemoryRedis) -> None:
+async def test_dashboard_is_self_contained(
+    service: OptimizerService, client: TestClient, redis: MemoryRedis
+) -> None:
     redis.traffic(NOW, short=200, long=100)
     await service.tick(NOW)
     r = await client.get("/dash/llama")

@@ -73,10 +73,28 @@ def test_no_load_is_an_empty_plan() -> None:
 def test_profiles_on_different_grids_match_cell_by_cell_in_log2() -> None:
     # a measures 64..1024 outputs, b 4..256: a 100-token output is a's 128 column and b's 128 column;
     # a 600-token output clamps to b's 256 edge.
-    a = Profile("a", 1.0, outputs=(64, 128, 1024), inputs=(512,), tputs=((9,), (8,), (1,)), e2e=None, ttft=None,
-                slos={}, created=0)
-    b = Profile("b", 1.0, outputs=(4, 16, 128, 256), inputs=(256, 1024), tputs=((9, 9), (9, 9), (4, 2), (0, 0.5)),
-                e2e=None, ttft=None, slos={}, created=0)
+    a = Profile(
+        "a",
+        1.0,
+        outputs=(64, 128, 1024),
+        inputs=(512,),
+        tputs=((9,), (8,), (1,)),
+        e2e=None,
+        ttft=None,
+        slos={},
+        created=0,
+    )
+    b = Profile(
+        "b",
+        1.0,
+        outputs=(4, 16, 128, 256),
+        inputs=(256, 1024),
+        tputs=((9, 9), (9, 9), (4, 2), (0, 0.5)),
+        e2e=None,
+        ttft=None,
+        slos={},
+        created=0,
+    )
     plan = solve([a, b], [Demand(700, 100, 8.0)])  # a: (128, 512) → 8/s; b: (128, 1024) → 2/s
     assert plan.replicas == {"a": 1, "b": 0}
     plan = solve([a, b], [Demand(700, 600, 1.0)])  # a: 1024 column (1/s); b: 256 edge, 1024 input (0.5/s)
@@ -98,8 +116,15 @@ def _feasible(n: tuple[int, ...], r: list[float], t: list[list[float]]) -> bool:
     for k, (c, g) in enumerate(pairs):
         A_eq[c, k] = 1.0
         A_ub[g, k] = r[c] / t[c][g]
-    res = linprog(np.zeros(len(pairs)), A_ub=A_ub, b_ub=np.array(n, float) + 1e-9, A_eq=A_eq, b_eq=np.ones(C),
-                  bounds=(0, 1), method="highs")
+    res = linprog(
+        np.zeros(len(pairs)),
+        A_ub=A_ub,
+        b_ub=np.array(n, float) + 1e-9,
+        A_eq=A_eq,
+        b_eq=np.ones(C),
+        bounds=(0, 1),
+        method="highs",
+    )
     return res.status == 0
 
 
@@ -119,14 +144,28 @@ def test_optimum_equals_brute_force(seed: int) -> None:
     rng = random.Random(seed)
     G, C = rng.randint(2, 3), rng.randint(1, 4)
     outputs = tuple(2 ** (4 + k) for k in range(C))  # one cell per output length
-    t = [[0.0 if rng.random() < 0.25 else round(rng.uniform(0.5, 8.0), 2) for _ in range(G)] for _ in range(C)]
+    t = [
+        [0.0 if rng.random() < 0.25 else round(rng.uniform(0.5, 8.0), 2) for _ in range(G)] for _ in range(C)
+    ]
     for row in t:  # every cell servable by someone
         if not any(row):
             row[rng.randrange(G)] = round(rng.uniform(0.5, 8.0), 2)
     costs = [round(rng.uniform(0.2, 2.0), 2) for _ in range(G)]
     r = [round(rng.uniform(0.2, 6.0), 2) for _ in range(C)]
-    profiles = [Profile(f"g{g}", costs[g], outputs=outputs, inputs=(512,), tputs=tuple((t[c][g],) for c in range(C)),
-                        e2e=None, ttft=None, slos={}, created=0) for g in range(G)]
+    profiles = [
+        Profile(
+            f"g{g}",
+            costs[g],
+            outputs=outputs,
+            inputs=(512,),
+            tputs=tuple((t[c][g],) for c in range(C)),
+            e2e=None,
+            ttft=None,
+            slos={},
+            created=0,
+        )
+        for g in range(G)
+    ]
     plan = solve(profiles, [Demand(512, outputs[c], r[c]) for c in range(C)])
     assert plan.cost == pytest.approx(_brute_force(costs, r, t), abs=1e-9)
     assert _feasible(tuple(plan.replicas[f"g{g}"] for g in range(G)), r, t)
