@@ -58,9 +58,12 @@ class TraceRecorder:
 
     Called from the request path, so each call is a couple of dict operations and never does I/O."""
 
-    def __init__(self, interval: int = INTERVAL_SEC, precision: int = PRECISION) -> None:
+    def __init__(self, interval: int = INTERVAL_SEC, precision: int = PRECISION,
+                 max_windows: int = 10_000) -> None:
         self.interval = interval
         self.precision = precision
+        self.max_windows = max_windows  # bounds memory if nothing drains `due` (no writer running)
+        self.discarded = 0
         self._windows: dict[tuple[str, int], _Window] = {}
         self._gauges: dict[str, tuple[int, int]] = {}  # model -> (pending, queueing), latest snapshot
 
@@ -68,6 +71,10 @@ class TraceRecorder:
         key = (model, window_end(now_wall, self.interval))
         w = self._windows.get(key)
         if w is None:
+            if len(self._windows) >= self.max_windows:
+                oldest = min(self._windows, key=lambda k: k[1])
+                del self._windows[oldest]
+                self.discarded += 1
             w = self._windows[key] = _Window()
         return w
 

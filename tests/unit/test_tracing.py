@@ -123,3 +123,11 @@ async def test_run_loop_flushes_until_cancelled() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert list(redis.data) == ["aibrix:m_request_trace_110"]
+
+
+def test_open_windows_are_bounded_when_nothing_drains_them() -> None:
+    r = TraceRecorder(max_windows=3)
+    for k in range(5):
+        r.arrived("m", 1000.0 + 10 * k)
+    assert len(r) == 3 and r.discarded == 2
+    assert [key for key, _ in r.due(2000.0)] == [f"aibrix:m_request_trace_{e}" for e in (1030, 1040, 1050)]
