@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from extproc.fleetsim.arrivals import Arrival
 from extproc.fleetsim.fleet import Replica, build_replicas
-from extproc.fleetsim.gateways import SimGateway, build_gateways, gateway_config
+from extproc.fleetsim.gateways import build_gateways, gateway_config
 from extproc.fleetsim.scenario import Scenario
 from extproc.openai import Request
 from extproc.sim.engine import CapacityError, SeqState, SimRequest

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from extproc.pool.pod import Pod, PodKey
+from extproc.pool.pod import PodKey
 from extproc.state.shared import LocalCounts
-from extproc.state.sync_core import Snapshot, SyncCore, WriteBatch
+from extproc.state.sync_core import Snapshot, SyncCore, SyncedState, WriteBatch
 
 
 class SyncHub:
@@ -51,7 +51,7 @@ class SyncHub:
         return snap
 
 
-class SimSharedState:
+class SimSharedState(SyncedState):
     """One gateway's shared state (the `SharedState` protocol), as `RedisState` with the hub for Redis."""
 
     __slots__ = ("hub", "field", "counts", "core")
@@ -62,30 +62,6 @@ class SimSharedState:
         self.counts = LocalCounts()
         self.core = SyncCore(field, self.counts, aibrix_snapshots=False)
 
-    def add_running(self, pod: Pod, delta: int) -> None:
-        self.counts.add_running(pod, delta)
-
-    def add_tokens(self, pod: Pod, tokens: int) -> None:
-        self.counts.add_tokens(pod, tokens)
-
-    def running(self, key: PodKey) -> int:
-        return self.core.running(key)
-
-    def local_running(self, key: PodKey) -> int:
-        return self.counts.running.get(key, 0)
-
-    def take_token_deltas(self) -> dict[PodKey, int]:
-        return self.core.take_token_deltas()
-
-    def track(self, pods: Iterable[Pod]) -> None:
-        self.counts.track(pods)
-
-    def forget(self, live: Iterable[PodKey]) -> None:
-        self.core.forget(set(live))
-
-    @property
-    def up(self) -> bool:
-        return self.core.up
 
     def sync(self, now: float) -> None:
         """One tick of RedisState.sync_once: push changed values, then read every tracked pod."""

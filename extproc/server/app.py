@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import os
 import signal
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import grpc
 from aiohttp import web
-from prometheus_client import CollectorRegistry
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
-
 from envoy.service.accesslog.v3 import als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
 
 from extproc import config as config_mod
 from extproc.envoy_bootstrap import BUFFER_LIMIT_BYTES

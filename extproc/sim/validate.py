@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from extproc.sim.replica import build_engine
 from extproc.sim.virtual import LoadResult, run_closed_loop, run_open_loop
 
-
 SRC_MUSGRAVE = "[1]"
 SRC_LAMBDA = "[2]"
 SRC_4090 = "[3]"

@@ -15,7 +15,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from extproc.pool.pod import Pod, PodKey
+from extproc.pool.pod import Pod
 from extproc.state.shared import LocalCounts, redact_url
 from extproc.state.sync_core import (
     AIBRIX_POD_PATTERN,
@@ -36,6 +36,7 @@ from extproc.state.sync_core import (
     KEY_TTL_SECONDS,
     Snapshot,
     SyncCore,
+    SyncedState,
     WriteBatch,
     aibrix_pod_key,
     parse_int,
@@ -54,7 +55,7 @@ def default_instance() -> str:
     return os.environ.get("POD_NAME") or socket.gethostname() or "unknown-gateway"
 
 
-class RedisState:
+class RedisState(SyncedState):
     def __init__(self, url: str, instance: str | None = None, *, sync_interval: float = 0.1,
                  heartbeat_interval: float = 1.0, gateway_ttl: float = 3.0, op_timeout: float = 0.5,
                  registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time,
@@ -85,32 +86,6 @@ class RedisState:
         self._closed = False
         self._closing: set[asyncio.Task[None]] = set()
 
-    # -- SharedState: in memory only -----------------------------------------------------------------
-
-    def add_running(self, pod: Pod, delta: int) -> None:
-        self.counts.add_running(pod, delta)
-
-    def add_tokens(self, pod: Pod, tokens: int) -> None:
-        self.counts.add_tokens(pod, tokens)
-
-    def running(self, key: PodKey) -> int:
-        return self.core.running(key)
-
-    def local_running(self, key: PodKey) -> int:
-        return self.counts.running.get(key, 0)
-
-    def take_token_deltas(self) -> dict[PodKey, int]:
-        return self.core.take_token_deltas()
-
-    def track(self, pods: Iterable[Pod]) -> None:
-        self.counts.track(pods)
-
-    def forget(self, live: Iterable[PodKey]) -> None:
-        self.core.forget(set(live))
-
-    @property
-    def up(self) -> bool:
-        return self.core.up
 
     # -- the loop ------------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ Redis layout (the issue's; see KEYS below for how it relates to what AIBrix itse
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from extproc.pool.pod import Pod, PodKey
@@ -229,3 +230,36 @@ class SyncCore:
 
     def written_aibrix(self) -> list[PodKey]:
         return list(self._written_aibrix)
+
+
+class SyncedState:
+    """The `SharedState` face of a SyncCore over this gateway's LocalCounts: every read and write in
+    memory. `RedisState` syncs it through Redis, the fleet simulation through an in-memory hub."""
+
+    counts: LocalCounts
+    core: SyncCore
+
+    def add_running(self, pod: Pod, delta: int) -> None:
+        self.counts.add_running(pod, delta)
+
+    def add_tokens(self, pod: Pod, tokens: int) -> None:
+        self.counts.add_tokens(pod, tokens)
+
+    def running(self, key: PodKey) -> int:
+        return self.core.running(key)
+
+    def local_running(self, key: PodKey) -> int:
+        return self.counts.running.get(key, 0)
+
+    def take_token_deltas(self) -> dict[PodKey, int]:
+        return self.core.take_token_deltas()
+
+    def track(self, pods: Iterable[Pod]) -> None:
+        self.counts.track(pods)
+
+    def forget(self, live: Iterable[PodKey]) -> None:
+        self.core.forget(set(live))
+
+    @property
+    def up(self) -> bool:
+        return self.core.up

@@ -6,7 +6,6 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import aiohttp
 import pytest

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from envoy.config.core.v3.address_pb2 import Address, SocketAddress
 from envoy.data.accesslog.v3.accesslog_pb2 import (
     AccessLogCommon,

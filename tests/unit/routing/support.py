@@ -7,8 +7,7 @@ from contextlib import contextmanager
 
 from extproc.openai import Request
 from extproc.pool import Pod
-from extproc.routing import PodView, Profile, RoutingSettings
-from extproc.routing import framework
+from extproc.routing import PodView, Profile, RoutingSettings, framework
 
 REQ = Request(model="m", path="/v1/chat/completions")
 

@@ -6,7 +6,6 @@ from extproc.routing import Profile, Router, RoutingSettings
 from extproc.routing.blend import auto_blend, parse_spec
 from extproc.routing.framework import MaxScorePicker
 from extproc.routing.settings import AutoBlendSettings, ModelRouting
-
 from tests.unit.routing.support import REQ, FixedScorer, registered, view
 
 SCORING = {"load-balance", "least-request", "prefix-cache", "vtc"}

@@ -7,7 +7,6 @@ from extproc.routing import Profile, Router, RoutingSettings, StrategySpecError,
 from extproc.routing.blend import compose, normalize, parse_spec
 from extproc.routing.framework import MaxScorePicker, RandomPicker
 from extproc.routing.settings import AutoBlendSettings
-
 from tests.unit.routing.support import REQ, FixedScorer, names, registered, view
 
 KNOWN = {"load-balance", "least-request", "prefix-cache", "random"}.__contains__

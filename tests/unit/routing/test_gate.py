@@ -4,7 +4,6 @@ from extproc.openai import Request
 from extproc.routing import Router, RoutingSettings
 from extproc.routing.gate import ImbalanceGate, least_loaded, loads
 from extproc.routing.settings import LoadBalanceSettings, ModelRouting
-
 from tests.unit.routing.support import REQ, names, view
 
 

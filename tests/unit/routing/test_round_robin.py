@@ -1,6 +1,5 @@
 from extproc.openai import Request
 from extproc.routing import Router, RoutingSettings
-
 from tests.unit.routing.support import REQ, view
 
 

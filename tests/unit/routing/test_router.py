@@ -2,7 +2,6 @@ import pytest
 
 from extproc.routing import Router, RoutingSettings, StrategySpecError, UnknownStrategy
 from extproc.routing.settings import LoadBalanceSettings
-
 from tests.unit.routing.support import REQ, view
 
 
