@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the ext_proc gateway")
     serve.add_argument("--config", required=True, help="YAML config file (reloaded on change)")
     serve.add_argument("--port", type=int, default=50052, help="ext_proc gRPC port")
-    serve.add_argument("--host", default="0.0.0.0", help="ext_proc gRPC bind address")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="ext_proc gRPC bind address (0.0.0.0 when Envoy runs elsewhere: then restrict it)")
     serve.add_argument("--admin-port", type=int, default=9090, help="/metrics and /healthz port")
     serve.add_argument("--admin-host", default="127.0.0.1", help="admin bind address")
     serve.set_defaults(func=_serve)

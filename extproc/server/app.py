@@ -77,7 +77,7 @@ class ConfigWatcher:
                 log.exception("config watch failed")
 
 
-async def run_server(config_path: str, *, port: int, admin_port: int, host: str = "0.0.0.0",
+async def run_server(config_path: str, *, port: int, admin_port: int, host: str = "127.0.0.1",
                      admin_host: str = "127.0.0.1", stop: asyncio.Event | None = None) -> None:
     path = Path(config_path)
     config = config_mod.load(path)
@@ -163,7 +163,7 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     log.info("stopped; %d routed requests had no access-log record yet", len(gateway.open))
 
 
-def serve(config_path: str, *, port: int, admin_port: int, host: str = "0.0.0.0",
+def serve(config_path: str, *, port: int, admin_port: int, host: str = "127.0.0.1",
           admin_host: str = "127.0.0.1") -> int:
     try:
         import uvloop  # optional: faster loop when installed
