@@ -106,8 +106,7 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
         phase = g / gateways  # gateway replicas are not in lock-step
         push(phase * timing.metrics_refresh_s, SCRAPE, g)
         push(timing.capacity_refresh_s * (1 + phase), REFRESH, g)
-        if gateways > 1:
-            push(timing.sync_interval_s * (1 + phase), SYNC, g)
+        push(timing.sync_interval_s * (1 + phase), SYNC, g)  # also the busy-time sample, as live
     for loss_i, loss in enumerate(scenario.losses):
         push(loss.at, LOSS, loss_i)
 
@@ -202,7 +201,9 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
                     progress(min(t, duration))
                     last_progress = t
             elif kind == SYNC:
-                gws[arg].shared.sync(t)  # type: ignore[attr-defined]
+                if gateways > 1:
+                    gws[arg].shared.sync(t)  # type: ignore[attr-defined]
+                gws[arg].gateway.sample_busy()
             elif kind == LOSS:
                 lose(arg)
                 continue

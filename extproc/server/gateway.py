@@ -178,6 +178,9 @@ class Gateway:
     def refresh(self) -> None:
         self.accounting.refresh(self.pool.all_pods(), self.clock())
 
+    def sample_busy(self) -> None:
+        self.accounting.sample_busy(self.clock())
+
     def expire(self) -> int:
         """Release requests whose record never came (Envoy restarted, access log lost)."""
         deadline = self.clock() - self.config.request_timeout_seconds

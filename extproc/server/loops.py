@@ -17,6 +17,7 @@ from extproc.telemetry.scraper import HealthProber, MetricsScraper
 
 log = logging.getLogger(__name__)
 EXPIRY_INTERVAL_SECONDS = 10.0
+BUSY_SAMPLE_SECONDS = 0.1  # as often as the Redis sync, so every gateway sees the same busy time
 LAG_PROBE_SECONDS = 0.05
 
 
@@ -58,6 +59,8 @@ def start(gateway: Gateway, scraper: MetricsScraper, prober: HealthProber) -> li
         asyncio.create_task(prober.run(gateway.pool.all_pods), name="probes"),
         asyncio.create_task(every(lambda: gateway.config.metrics_refresh_seconds, gateway.refresh,
                                   "capacity refresh"), name="refresh"),
+        asyncio.create_task(every(lambda: BUSY_SAMPLE_SECONDS, gateway.sample_busy, "busy sampling"),
+                            name="busy"),
         asyncio.create_task(every(lambda: EXPIRY_INTERVAL_SECONDS, gateway.expire, "expiry"), name="expiry"),
         asyncio.create_task(watch_loop_lag(Gauge(
             "extproc_event_loop_max_lag_seconds", "Largest delay seen in waking the event loop",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from extproc.openai import Request
 from extproc.pool.pod import Pod, PodKey
 from extproc.routing.framework import PodView
-from extproc.state.capacity import CapacityEstimator
+from extproc.state.capacity import BusyClock, CapacityEstimator
 from extproc.state.record import RequestRecord
 from extproc.state.shared import SharedState
 from extproc.telemetry.engine_metrics import EngineSample
@@ -52,6 +52,8 @@ class Accounting:
         self.output_tokens: dict[PodKey, int] = {}  # this gateway's own tally, for /metrics
         self._cache: dict[str, _Cached] = {}  # per model
         self._live: dict[PodKey, PodView] = {}  # the cached view of each pod, for in-place updates
+        self.busy = BusyClock()
+        self._tracked: list[Pod] = []
 
     # -- hooks -----------------------------------------------------------------------------------
 
@@ -65,6 +67,7 @@ class Accounting:
         key = record.pod.key
         self.shared.add_running(record.pod, -1)
         self.credit(record.pod, record.output_tokens)
+        self.busy.completed(key)
         self.health.observe_response(key, record.status, record.connect_failure, now)
         view = self._live.get(key)
         if view is not None:
@@ -80,15 +83,19 @@ class Accounting:
 
     # -- background -------------------------------------------------------------------------------
 
+    def sample_busy(self, now: float) -> None:
+        """Between refreshes (the live gateway: every Redis sync): which pods have requests in flight."""
+        running = self.shared.running
+        self.busy.sample(now, {p.key for p in self._tracked if running(p.key) > 0})
+
     def refresh(self, pods: Iterable[Pod], now: float) -> None:
         """Every metrics refresh: fold the completed tokens into the capacity estimates."""
-        busy = set()
-        for pod in pods:
+        self._tracked = list(pods)
+        for pod in self._tracked:
             self.capacity.track(pod.key, now)
-            if self.shared.running(pod.key) > 0:
-                busy.add(pod.key)
+        self.sample_busy(now)
         self.capacity.observe_many(self.shared.take_token_deltas(), now)
-        self.capacity.refresh(now, busy)
+        self.capacity.refresh(now, self.busy.take())
 
     def forget(self, live: Iterable[PodKey]) -> None:
         live = set(live)

@@ -3,8 +3,10 @@
 
 Completed tokens are credited as they are counted; every refresh closes a bucket. The rate is the
 tokens of the buckets in the last `window` seconds divided by the time in those buckets during which
-the pod was busy (requests in flight, or tokens completed), smoothed by an EWMA with time constant
-`tau`. Idle time is left out of the divisor and a window with no tokens keeps the previous estimate:
+the pod was busy, smoothed by an EWMA with time constant `tau`. Busy time comes from a `BusyClock`
+sampled more finely than the refresh: measured per refresh bucket, a burst of a few seconds gains up
+to a whole bucket of busy time, and a gateway that sees the pod's running count through Redis one
+sync later would add a different bucket than the gateway that routed, so the two would disagree. Idle time is left out of the divisor and a window with no tokens keeps the previous estimate:
 idle is not slow, so a pod is neither starved after a quiet spell nor under-rated while one drains
 out of the window. A pod with no estimate yet is given the mean of those that have one.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from extproc.pool.pod import PodKey
@@ -53,15 +55,19 @@ class CapacityEstimator:
         for key, tokens in deltas.items():
             self.observe(key, tokens, now)
 
-    def refresh(self, now: float, busy: Container[PodKey] = ()) -> None:
-        """Close the current bucket of every pod; `busy` holds the pods with requests in flight."""
+    def refresh(self, now: float, busy: Mapping[PodKey, float] | None = None) -> None:
+        """Close the current bucket of every pod. `busy`: seconds each pod had requests in flight since
+        the last refresh (a `BusyClock`); without it a bucket is busy when tokens completed in it."""
         horizon = now - self.window
         for key, s in self._series.items():
             span = now - s.last_refresh
             s.last_refresh = now
             tokens, s.pending = s.pending, 0.0
             if span > 0:
-                busy_span = span if tokens > 0 or key in busy else 0.0
+                if busy is None:
+                    busy_span = span if tokens > 0 else 0.0
+                else:  # tokens arriving after the pod went idle: another gateway's, one sync late
+                    busy_span = min(span, busy.get(key, 0.0))
                 s.buckets.append((now, tokens, busy_span))
                 s.tokens += tokens
                 s.busy += busy_span
@@ -95,3 +101,31 @@ class CapacityEstimator:
         live = set(live)
         for key in [k for k in self._series if k not in live]:
             del self._series[key]
+
+
+class BusyClock:
+    """Seconds each pod spent with requests in flight, from samples of its (cross-gateway) running
+    count. An interval between two samples is busy when the pod had requests in flight at either end
+    or completed one of this gateway's in it, so a request shorter than the interval still counts."""
+
+    def __init__(self) -> None:
+        self._last: float | None = None
+        self._busy: set[PodKey] = set()  # busy at the last sample, or completed a request since
+        self._seconds: dict[PodKey, float] = {}
+
+    def completed(self, key: PodKey) -> None:
+        self._busy.add(key)
+
+    def sample(self, now: float, busy: set[PodKey]) -> None:
+        if self._last is not None and now > self._last:
+            dt = now - self._last
+            for key in busy | self._busy:
+                self._seconds[key] = self._seconds.get(key, 0.0) + dt
+        if self._last is None or now >= self._last:
+            self._last = now
+        self._busy = set(busy)
+
+    def take(self) -> dict[PodKey, float]:
+        """Busy seconds per pod since the last take."""
+        seconds, self._seconds = self._seconds, {}
+        return seconds

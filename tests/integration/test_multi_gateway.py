@@ -83,11 +83,16 @@ async def test_running_counts_and_capacity_are_shared(gateways: list[LocalStack]
         return (a.sample("extproc_pod_capacity_tokens_per_second", pod="a100-0"),
                 b.sample("extproc_pod_capacity_tokens_per_second", pod="a100-0"))
 
+    seen: list[tuple[float, float]] = [(0.0, 0.0)]
+
     def agree() -> bool:
-        ca, cb = capacities()
+        ca, cb = seen[-1] = capacities()
         return ca > 0 and cb > 0 and abs(ca - cb) <= 0.05 * ca
 
-    await asyncio.to_thread(wait_until, agree, 15, "both gateways learn the same capacity")
+    try:  # both EWMAs (tau 10 s) move toward the same window rate
+        await asyncio.to_thread(wait_until, agree, 30, "both gateways learn the same capacity")
+    except TimeoutError as e:
+        raise AssertionError(f"capacities (a, b) last seen: {seen[-1]}") from e
     assert b.sample("extproc_output_tokens_total", pod="a100-0") == 0  # b tallied nothing itself
     await asyncio.to_thread(wait_until, lambda: a.running(MODEL, "a100-0") == 0
                             and b.running(MODEL, "a100-0") == 0, 10, "running back to 0")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from extproc.state.capacity import CapacityEstimator
+from extproc.state.capacity import BusyClock, CapacityEstimator
 
 A, B, C = ("m", "a", "10.0.0.1:8000"), ("m", "b", "10.0.0.2:8000"), ("m", "c", "10.0.0.3:8000")
 
@@ -75,7 +75,7 @@ def test_long_requests_completing_in_bursts_while_busy():
     for t in range(1, 181):
         if t % 10 == 0:
             est.observe(A, 10_000.0, float(t))
-        est.refresh(float(t), busy={A})
+        est.refresh(float(t), busy={A: 1.0})
     assert est.estimate(A) == pytest.approx(1000.0, rel=0.15)
 
 
@@ -88,3 +88,37 @@ def test_a_window_draining_after_traffic_stops_does_not_decay():
         t += 1.0
         est.refresh(t)
     assert est.estimate(A) == pytest.approx(steady, rel=0.01)
+
+
+def learn_burst(lag: float) -> float:
+    """A 3.3 s burst of 1000 tokens/s, seen `lag` seconds late (as a second gateway sees it through
+    Redis): sampled every 0.1 s, refreshed every 1 s, tokens credited when the requests complete."""
+    est, clock = CapacityEstimator(), BusyClock()
+    est.track(A, 0.0)
+    start, end = 0.35 + lag, 3.65 + lag
+    credited = False
+    for i in range(1, 101):
+        t = i / 10
+        clock.sample(t, {A} if start <= t < end else set())
+        if not credited and t >= end:
+            est.observe(A, 3300.0, t)
+            credited = True
+        if i % 10 == 0:
+            est.refresh(t, clock.take())
+    return est.estimate(A) or 0.0
+
+
+def test_gateways_seeing_a_burst_one_sync_apart_learn_the_same_capacity():
+    here, there = learn_burst(0.0), learn_burst(0.17)
+    assert here == pytest.approx(1000.0, rel=0.1)
+    assert there == pytest.approx(here, rel=0.05)
+
+
+def test_busy_clock_counts_a_request_shorter_than_the_sample_interval():
+    clock = BusyClock()
+    clock.sample(0.0, set())
+    clock.completed(A)  # started and finished between two samples
+    clock.sample(0.1, set())
+    clock.sample(0.2, set())
+    assert clock.take() == {A: pytest.approx(0.1)}
+    assert clock.take() == {}
