@@ -30,6 +30,12 @@ def _engine_sim(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from extproc.demo.__main__ import main as demo
+
+    return demo(args.rest)  # the demo parses its own options
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="extproc", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
@@ -38,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the ext_proc gateway")
     serve.add_argument("--config", required=True, help="YAML config file (reloaded on change)")
     serve.add_argument("--port", type=int, default=50052, help="ext_proc gRPC port")
-    serve.add_argument("--host", default="127.0.0.1",
-                       help="ext_proc gRPC bind address (0.0.0.0 when Envoy runs elsewhere: then restrict it)")
+    serve.add_argument("--host", default="127.0.0.1", help="ext_proc gRPC bind address "
+                       "(0.0.0.0 when Envoy runs elsewhere: then restrict it)")
     serve.add_argument("--admin-port", type=int, default=9090, help="/metrics and /healthz port")
     serve.add_argument("--admin-host", default="127.0.0.1", help="admin bind address")
     serve.set_defaults(func=_serve)
@@ -63,12 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench(sub)  # `extproc bench overhead|memory`
     __import__("extproc.routing.score_cli").routing.score_cli.add_parser(sub)  # `extproc score`
+    demo = sub.add_parser("demo", add_help=False,
+                          help="the heterogeneous before/after demo (--help for its options)")
+    demo.set_defaults(func=_demo)
     __import__("extproc.optimizer.cli").optimizer.cli.add_commands(sub)  # `extproc optimize`, `optimizer`
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command != "demo" and rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.rest = rest
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(args.func(args) or 0)

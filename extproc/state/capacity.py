@@ -6,7 +6,8 @@ tokens of the buckets in the last `window` seconds divided by the time in those 
 the pod was busy, smoothed by an EWMA with time constant `tau`. Busy time comes from a `BusyClock`
 sampled more finely than the refresh: measured per refresh bucket, a burst of a few seconds gains up
 to a whole bucket of busy time, and a gateway that sees the pod's running count through Redis one
-sync later would add a different bucket than the gateway that routed, so the two would disagree. Idle time is left out of the divisor and a window with no tokens keeps the previous estimate:
+sync later would add a different bucket than the gateway that routed, so the two would disagree.
+Idle time is left out of the divisor and a window with no tokens keeps the previous estimate:
 idle is not slow, so a pod is neither starved after a quiet spell nor under-rated while one drains
 out of the window. A pod with no estimate yet is given the mean of those that have one.
 """

@@ -1,0 +1,1 @@
+"""`extproc demo`: the heterogeneous before/after demo (run: python -m extproc.demo)."""
