@@ -24,6 +24,27 @@ def _envoy_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_config(args: argparse.Namespace) -> int:
+    from extproc.config import ConfigError, load
+
+    try:
+        config = load(args.file)
+    except ConfigError as exc:
+        print(f"{args.file}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.file}: valid (environment overrides applied)")
+    print(f"default strategy: {config.default_strategy}; destination header: {config.destination_header}; "
+          f"max body: {config.max_body_bytes} bytes; Redis: {'on' if config.redis_url else 'off'}")
+    print(f"model paths: {', '.join(sorted(config.model_paths))}")
+    for model in config.models:
+        pods = [p for p in config.pods if p.model == model]
+        print(f"model {model}: {len(pods)} pod(s)")
+        for p in pods:
+            print(f"  {p.name:20} {p.address:22} gpu={p.gpu or '-'} deployment={p.deployment or '-'} "
+                  f"engine={p.engine}{'' if p.ready else ' (not ready)'}")
+    return 0
+
+
 def _engine_sim(args: argparse.Namespace) -> int:
     from extproc.sim.cli import run
 
@@ -49,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--admin-port", type=int, default=9090, help="/metrics and /healthz port")
     serve.add_argument("--admin-host", default="127.0.0.1", help="admin bind address")
     serve.set_defaults(func=_serve)
+
+    check = sub.add_parser("check-config", help="validate a config file and print what it would serve")
+    check.add_argument("file")
+    check.set_defaults(func=_check_config)
 
     envoy = sub.add_parser("envoy-config", help="print an Envoy bootstrap for the gateway")
     envoy.add_argument("--listen-port", type=int, default=8888)

@@ -34,6 +34,22 @@ RESERVED_HEADERS = frozenset({"host", "content-length", "content-type", "transfe
 # Envoy's per-connection buffer (envoy_bootstrap.BUFFER_LIMIT_BYTES) must stay above this, so that
 # oversized bodies reach the gateway and get an OpenAI-style 413 instead of Envoy's plain-text one.
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+ENVOY_BUFFER_BYTES = 16 * 1024 * 1024  # the bootstrap's per-connection buffer (envoy_bootstrap)
+
+# Every key the file may hold, per section: anything else is a typo that would silently change what is
+# served (`modles:` once meant "no models", a pod's `raedy: false` was ignored), so it is an error.
+# `routing` is checked by extproc.routing.settings; models and pods below.
+SECTION_KEYS: dict[str, frozenset[str]] = {
+    "gateway": frozenset({"destination_header", "model_paths", "max_body_bytes", "drain_timeout_seconds",
+                          "drain_notice_seconds", "include_usage", "request_timeout_seconds"}),
+    "telemetry": frozenset({"refresh_seconds", "timeout_seconds"}),
+    "redis": frozenset({"url"}),
+}
+TOP_KEYS = frozenset({"models", "routing", *SECTION_KEYS})
+MODEL_KEYS = frozenset({"pods", "routingConfig"})
+POD_KEYS = frozenset({"name", "address", "deployment", "labels", "ready", "namespace", "engine",
+                      "metrics_port"})
+MODEL_PATH = re.compile(r"/v1(/[a-z0-9_.-]+)+")  # OpenAI-style inference endpoints only
 
 def _bool(text: str) -> bool:
     lowered = text.strip().lower()
@@ -102,15 +118,29 @@ class Config:
 
 def load(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
     try:
-        raw = yaml.safe_load(Path(path).read_text()) or {}
+        raw = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from None
+    if raw is None:  # an empty file, or one caught half-written
+        raise ConfigError(f"{path} is empty")
     return parse(raw, os.environ if env is None else env)
+
+
+def _known(where: str, mapping: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    unknown = sorted(str(k) for k in mapping if k not in allowed)
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise ConfigError(f"unknown key {prefix}{unknown[0]} (known: {', '.join(sorted(allowed))})")
 
 
 def parse(raw: Any, env: Mapping[str, str]) -> Config:
     if not isinstance(raw, dict):
         raise ConfigError("config must be a mapping")
+    _known("", raw, TOP_KEYS)
+    if "models" not in raw:
+        raise ConfigError("models: the config names no models")
+    for name, allowed in SECTION_KEYS.items():
+        _known(name, _section(raw, name), allowed)
     routing = dict(_section(raw, "routing"))
     gateway = dict(_section(raw, "gateway"))
     telemetry = dict(_section(raw, "telemetry"))
@@ -130,14 +160,19 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
     if not HEADER_NAME.fullmatch(header) or header in RESERVED_HEADERS or header.startswith("x-envoy-"):
         raise ConfigError(f"destination_header {header!r} must be a plain header name of its own")
     paths = gateway.get("model_paths", list(DEFAULT_MODEL_PATHS))
-    if not isinstance(paths, list) or not all(isinstance(p, str) and p.startswith("/") for p in paths):
-        raise ConfigError("model_paths must be a list of absolute paths")
+    if not isinstance(paths, list) or not all(isinstance(p, str) and MODEL_PATH.fullmatch(p) for p in paths):
+        raise ConfigError(f"gateway.model_paths must list inference endpoints under /v1/, not {paths!r} "
+                          "(an engine's other endpoints must stay out of reach)")
+    max_body = int(_number(gateway, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+    if max_body > ENVOY_BUFFER_BYTES:
+        raise ConfigError(f"gateway.max_body_bytes {max_body} is above Envoy's {ENVOY_BUFFER_BYTES}-byte "
+                          "buffer: larger bodies would get Envoy's plain-text 413")
     model_routing = {name: spec["routingConfig"] for name, spec in models.items()
                      if isinstance(spec, dict) and spec.get("routingConfig") is not None}
     routing, strategy = _routing(routing, model_routing, tuple(models), env)
     return Config(pods=pods, models=tuple(models), default_strategy=strategy, model_routing=model_routing,
                   destination_header=header, model_paths=frozenset(paths),
-                  max_body_bytes=int(_number(gateway, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)),
+                  max_body_bytes=max_body,
                   drain_timeout_seconds=_number(gateway, "drain_timeout_seconds", 30.0, minimum=0),
                   drain_notice_seconds=_number(gateway, "drain_notice_seconds", 0.0, minimum=0),
                   routing=routing, include_usage=_flag(gateway, "include_usage", True),
@@ -194,6 +229,7 @@ def _section(raw: dict[str, Any], name: str) -> dict[str, Any]:
 def _pods(model: str, spec: Any) -> list[Pod]:
     if not isinstance(spec, dict):
         raise ConfigError(f"models.{model} must be a mapping with a pods list")
+    _known(f"models.{model}", spec, MODEL_KEYS)
     entries = spec.get("pods") or []
     if not isinstance(entries, list):
         raise ConfigError(f"models.{model}.pods must be a list")
@@ -202,6 +238,7 @@ def _pods(model: str, spec: Any) -> list[Pod]:
         where = f"models.{model}.pods[{i}]"
         if not isinstance(entry, dict) or "name" not in entry or "address" not in entry:
             raise ConfigError(f"{where} needs a name and an address")
+        _known(where, entry, POD_KEYS)
         name = str(entry["name"])
         if name in seen:
             raise ConfigError(f"{where}: duplicate pod name {name!r}")
@@ -240,5 +277,7 @@ def _address(value: str, where: str) -> str:
             raise ValueError
     except ValueError:
         raise ConfigError(f"{where}.address {value!r} must be ip:port") from None
+    if ip.is_unspecified or ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+        raise ConfigError(f"{where}.address {value!r} is not one host's address")
     port = int(port_text)
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"

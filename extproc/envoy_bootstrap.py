@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from extproc.config import DEFAULT_DESTINATION_HEADER
+from extproc.config import DEFAULT_DESTINATION_HEADER, ENVOY_BUFFER_BYTES
 from extproc.server.responses import (
     ANSWERED_KEY,
     GATEWAY_METADATA_NAMESPACE,
@@ -25,7 +25,7 @@ from extproc.server.responses import (
 
 # Long prompts are buffered whole for routing: keep Envoy's buffer well above the gateway's
 # max_body_bytes (config.DEFAULT_MAX_BODY_BYTES) so the gateway, not Envoy, answers oversize bodies.
-BUFFER_LIMIT_BYTES = 16 * 1024 * 1024
+BUFFER_LIMIT_BYTES = ENVOY_BUFFER_BYTES
 TYPE = "type.googleapis.com/"
 ACCESS_LOG_FORMAT = ('[%START_TIME%] "%REQ(:METHOD)% %REQ(:PATH)%" %RESPONSE_CODE% %RESPONSE_FLAGS% '
                      '%BYTES_RECEIVED% %BYTES_SENT% %DURATION%ms upstream=%UPSTREAM_HOST% '

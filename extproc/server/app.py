@@ -15,7 +15,7 @@ from aiohttp import web
 from envoy.service.accesslog.v3 import als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 
 from extproc import config as config_mod
 from extproc.envoy_bootstrap import BUFFER_LIMIT_BYTES
@@ -40,12 +40,19 @@ MAX_MESSAGE_BYTES = BUFFER_LIMIT_BYTES + (1 << 20)  # the body plus headers and 
 
 
 class ConfigWatcher:
-    """Polls the config file; a valid change is applied, an invalid one is logged and ignored."""
+    """Polls the config file; a valid change is applied, an invalid one is logged and ignored.
 
-    def __init__(self, path: Path, gateway: Gateway) -> None:
+    A change is applied once the file has held still for one poll: `cat > gateway.yaml` writes in
+    pieces, and a prefix of a YAML file is often valid YAML with fewer pods."""
+
+    def __init__(self, path: Path, gateway: Gateway, registry: CollectorRegistry | None = None) -> None:
         self._path = path
         self._gateway = gateway
         self._seen = self._stamp()
+        self._pending: tuple[int, int] | None = None
+        self.rejected = Counter("extproc_config_reload_errors_total",
+                                "Config changes refused (the previous config keeps serving)",
+                                registry=registry)
 
     def _stamp(self) -> tuple[int, int] | None:
         try:
@@ -57,12 +64,17 @@ class ConfigWatcher:
     def check(self) -> bool:
         stamp = self._stamp()
         if stamp == self._seen or stamp is None:
+            self._pending = None
             return False
-        self._seen = stamp
+        if stamp != self._pending:  # changed since the last poll: wait until it holds still
+            self._pending = stamp
+            return False
+        self._seen, self._pending = stamp, None
         try:
             new = config_mod.load(self._path)
             self._gateway.apply(new)
         except config_mod.ConfigError as exc:
+            self.rejected.inc()
             log.error("config %s rejected, keeping the previous one: %s", self._path, exc)
             return False
         log.info("config %s reloaded: %d models, %d pods", self._path, len(new.models), len(new.pods))
@@ -119,7 +131,7 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     await admin.setup()
     await web.TCPSite(admin, admin_host, admin_port).start()
     await server.start()
-    watcher = asyncio.create_task(ConfigWatcher(path, gateway).run())
+    watcher = asyncio.create_task(ConfigWatcher(path, gateway, gateway.registry).run())
     background = loops.start(gateway, scraper, prober)
     if tracing_enabled(os.environ):
         if redis_url:

@@ -54,6 +54,7 @@ class Gateway:
         self._keys = (f"{os.getpid():x}.{time.time_ns():x}.{n:x}" for n in itertools.count())
         self.requests_total = Counter("extproc_requests", "Requests handled, by outcome",
                                       ["model", "pod", "strategy", "code"], registry=self.registry)
+        self._series: dict[tuple[str, str], set[tuple[str, str]]] = {}  # (model, pod) -> (strategy, code)
         self.unmatched_records = Counter(
             "extproc_unmatched_access_logs", "Access-log records of requests this process did not "
             "route (it restarted while they streamed): tokens credited, no in-flight count to release",
@@ -89,6 +90,7 @@ class Gateway:
         self.client_forbidden_headers = sorted(CLIENT_FORBIDDEN_HEADERS | {config.destination_header})
         self._rebuild_hooks()
         live = {p.key for p in config.pods} | {o.pod.key for o in self.open}
+        self._drop_series({(m, n) for m, n, _ in live} | {(m, "") for m in config.models})
         self.accounting.forget(live)
         self.accounting.shared.track(config.pods)
 
@@ -172,6 +174,13 @@ class Gateway:
 
     def count(self, model: str, pod: str, strategy: str, code: str) -> None:
         self.requests_total.labels(model, pod, strategy, code).inc()
+        self._series.setdefault((model, pod), set()).add((strategy, code))
+
+    def _drop_series(self, live: set[tuple[str, str]]) -> None:
+        """Pods gone from the config lose their request series: pod churn must not grow the scrape."""
+        for model, pod in [k for k in self._series if k not in live]:
+            for strategy, code in self._series.pop((model, pod)):
+                self.requests_total.remove(model, pod, strategy, code)
 
     # -- background ---------------------------------------------------------------------------------
 

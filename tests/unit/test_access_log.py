@@ -89,3 +89,12 @@ def test_client_gone_mid_stream_is_aborted():
     AccessLogService(gw).record(entry(key, tally={"output_tokens": 3.0, "source": "counted"},
                                       flags=ResponseFlags(downstream_remote_reset=True)))
     assert seen[0].aborted and seen[0].output_tokens == 3
+
+
+def test_a_removed_pod_loses_its_request_series():
+    gw = Gateway(parse(CONFIG, {}))
+    AccessLogService(gw).record(entry(routed(gw)))
+    sample = {"model": "m", "pod": "p0", "strategy": "random", "code": "200"}
+    assert gw.registry.get_sample_value("extproc_requests_total", sample) == 1.0
+    gw.apply(parse({"models": {"m": {"pods": [{"name": "p1", "address": "10.0.0.2:8000"}]}}}, {}))
+    assert gw.registry.get_sample_value("extproc_requests_total", sample) is None

@@ -1,6 +1,8 @@
+import re
+
 import pytest
 
-from extproc.config import ConfigError, parse
+from extproc.config import ConfigError, load, parse
 
 BASE = {"models": {"m": {"pods": [{"name": "p0", "address": "10.0.0.1:8000", "labels": {"gpu": "A100"}}]}}}
 
@@ -50,3 +52,46 @@ def test_ipv6_address_is_bracketed():
 def test_invalid_configs_are_rejected(raw, env):
     with pytest.raises(ConfigError):
         parse(raw, env)
+
+
+@pytest.mark.parametrize("raw,names", [
+    ({"modles": {}}, "modles"),  # a typo once meant "serve no models"
+    ({**BASE, "gatway": {}}, "gatway"),
+    ({**BASE, "gateway": {"max_body": 10}}, "gateway.max_body"),
+    ({**BASE, "telemetry": {"refresh": 1}}, "telemetry.refresh"),
+    ({**BASE, "redis": {"uri": "redis://x"}}, "redis.uri"),
+    ({"models": {"m": {"pods": [], "routingconfig": {}}}}, "models.m.routingconfig"),
+    ({"models": {"m": {"pods": [{"name": "p", "address": "10.0.0.1:80", "raedy": False}]}}},
+     "models.m.pods[0].raedy"),
+    ({}, "models"),
+    ({**BASE, "gateway": {"max_body_bytes": 64 * 1024 * 1024}}, "max_body_bytes"),  # over Envoy's buffer
+    ({**BASE, "gateway": {"model_paths": ["/sim/faults", "/"]}}, "model_paths"),
+    ({"models": {"m": {"pods": [{"name": "p", "address": "0.0.0.0:9901"}]}}}, "address"),
+    ({"models": {"m": {"pods": [{"name": "p", "address": "[::]:8000"}]}}}, "address"),
+    ({"models": {"m": {"pods": [{"name": "p", "address": "224.0.0.1:8000"}]}}}, "address"),
+])
+def test_errors_name_the_key_at_fault(raw, names):
+    with pytest.raises(ConfigError, match=re.escape(names)):
+        parse(raw, {})
+
+
+def test_an_empty_file_is_refused(tmp_path):
+    path = tmp_path / "gateway.yaml"
+    path.write_text("")
+    with pytest.raises(ConfigError, match="empty"):
+        load(path, {})
+    path.write_text("models: {m: {pods: [{name: p, address: '10.0.0.1:80'}]}}\n")
+    assert load(path, {}).models == ("m",)
+
+
+def test_check_config_prints_what_would_be_served_or_the_error(tmp_path, capsys):
+    from extproc.cli import main
+
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text("models: {m: {pods: [{name: p0, address: '10.0.0.1:8000', labels: {gpu: L20}}]}}\n")
+    bad.write_text("models: {m: {pods: [{name: p0, address: '10.0.0.1:8000', raedy: false}]}}\n")
+    assert main(["check-config", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "model m: 1 pod(s)" in out and "10.0.0.1:8000" in out and "gpu=L20" in out
+    assert main(["check-config", str(bad)]) == 1
+    assert "models.m.pods[0].raedy" in capsys.readouterr().err
