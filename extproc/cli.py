@@ -19,7 +19,8 @@ def _envoy_config(args: argparse.Namespace) -> int:
     from extproc.envoy_bootstrap import BootstrapOptions, render
 
     sys.stdout.write(render(BootstrapOptions(
-        listen_port=args.listen_port, extproc_port=args.extproc_port, admin_port=args.admin_port,
+        listen_port=args.listen_port, listen_address=args.listen_address, extproc_port=args.extproc_port,
+        admin_port=args.admin_port, idle_timeout_seconds=args.idle_timeout,
         destination_header=args.destination_header)))
     return 0
 
@@ -77,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     envoy = sub.add_parser("envoy-config", help="print an Envoy bootstrap for the gateway")
     envoy.add_argument("--listen-port", type=int, default=8888)
+    envoy.add_argument("--listen-address", default="127.0.0.1",
+                       help="the clients' listener (0.0.0.0 to serve other machines)")
+    envoy.add_argument("--idle-timeout", type=int, default=600,
+                       help="seconds a request may see no bytes from the pod before it gets a 504")
     envoy.add_argument("--extproc-port", type=int, default=50052)
     envoy.add_argument("--admin-port", type=int, default=9901)
     envoy.add_argument("--destination-header", default="x-gateway-destination-endpoint")

@@ -41,7 +41,8 @@ ENVOY_BUFFER_BYTES = 16 * 1024 * 1024  # the bootstrap's per-connection buffer (
 # `routing` is checked by extproc.routing.settings; models and pods below.
 SECTION_KEYS: dict[str, frozenset[str]] = {
     "gateway": frozenset({"destination_header", "model_paths", "max_body_bytes", "drain_timeout_seconds",
-                          "drain_notice_seconds", "include_usage", "request_timeout_seconds"}),
+                          "drain_notice_seconds", "include_usage", "request_timeout_seconds",
+                          "api_keys_file"}),
     "telemetry": frozenset({"refresh_seconds", "timeout_seconds"}),
     "redis": frozenset({"url"}),
 }
@@ -77,6 +78,7 @@ ENV_OVERRIDES: dict[str, tuple[str, str, type]] = {
     "EXTPROC_METRICS_REFRESH_SECONDS": ("telemetry", "refresh_seconds", float),
     "EXTPROC_METRICS_TIMEOUT_SECONDS": ("telemetry", "timeout_seconds", float),
     "EXTPROC_REDIS_URL": ("redis", "url", str),
+    "EXTPROC_API_KEYS_FILE": ("gateway", "api_keys_file", str),
 }
 
 
@@ -105,6 +107,7 @@ class Config:
     metrics_refresh_seconds: float = 1.0
     metrics_timeout_seconds: float = 0.5
     redis_url: str | None = None
+    api_keys_file: str | None = None  # optional client API keys (extproc.server.auth)
     # Each model's `routingConfig` (loadBalance.*, autoBlend.*), validated with `routing` at load.
     model_routing: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -179,7 +182,7 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
                   request_timeout_seconds=_number(gateway, "request_timeout_seconds", 3600.0, minimum=1),
                   metrics_refresh_seconds=_number(telemetry, "refresh_seconds", 1.0, minimum=0.05),
                   metrics_timeout_seconds=_number(telemetry, "timeout_seconds", 0.5, minimum=0.01),
-                  redis_url=_optional_str(redis, "url"))
+                  redis_url=_optional_str(redis, "url"), api_keys_file=_keys_file(gateway))
 
 
 def _routing(routing: dict[str, Any], model_routing: dict[str, Any], models: tuple[str, ...],
@@ -196,6 +199,19 @@ def _routing(routing: dict[str, Any], model_routing: dict[str, Any], models: tup
     except (SettingError, StrategySpecError) as exc:
         raise ConfigError(str(exc)) from None
     return routing, settings.default_strategy
+
+
+def _keys_file(gateway: dict[str, Any]) -> str | None:
+    path = _optional_str(gateway, "api_keys_file")
+    if path is not None:
+        from extproc.server.auth import read_keys
+
+        try:
+            if not read_keys(Path(path)):
+                raise ConfigError(f"gateway.api_keys_file {path} holds no keys")
+        except OSError as exc:
+            raise ConfigError(f"gateway.api_keys_file {path} cannot be read: {exc.strerror}") from None
+    return path
 
 
 def _flag(section: dict[str, Any], key: str, default: bool) -> bool:

@@ -38,13 +38,16 @@ UPSTREAM_FAILURE_FLAGS = ("UH", "UF", "UO", "UC", "UR", "UT", "UPE", "URX")
 @dataclass(slots=True, frozen=True)
 class BootstrapOptions:
     listen_port: int = 8888
-    listen_address: str = "0.0.0.0"
+    listen_address: str = "127.0.0.1"  # the clients' port: 0.0.0.0 (or an interface) is a choice
     extproc_port: int = 50052
     extproc_address: str = "127.0.0.1"
     admin_port: int = 9901
     destination_header: str = DEFAULT_DESTINATION_HEADER
     message_timeout_seconds: int = 300  # a long prompt's body is one message; don't cut it short
     upstream_connect_timeout_seconds: int = 5
+    # A pod (or client) silent this long mid-request is cut off: 504 to the client, a failure for
+    # the pod's health. Long enough for the longest gap between two tokens, prefill included.
+    idle_timeout_seconds: int = 600
     max_connections: int = 10_000
     # How often Envoy sends finished requests' records to the gateway: the lag of in-flight counts.
     access_log_flush_seconds: float = 0.02
@@ -121,7 +124,7 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         "@type": TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "gateway",
         "codec_type": "AUTO",
-        "stream_idle_timeout": "600s",
+        "stream_idle_timeout": f"{o.idle_timeout_seconds}s",
         # The edge proxy: trust no client x-forwarded-for / x-envoy-* headers, and match routes on
         # the normalised path the engines will see.
         "use_remote_address": True,
@@ -138,7 +141,8 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
             "routes": [
                 {"match": {"prefix": "/", "headers": [
                     {"name": o.destination_header, "present_match": True}]},
-                 "route": {"cluster": "model_pods", "timeout": "0s", "idle_timeout": "600s"}},
+                 "route": {"cluster": "model_pods", "timeout": "0s",
+                           "idle_timeout": f"{o.idle_timeout_seconds}s"}},
                 {"match": {"prefix": "/"}, "direct_response": no_route},
             ]}]},
         "http_filters": [

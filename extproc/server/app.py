@@ -85,6 +85,7 @@ class ConfigWatcher:
             await asyncio.sleep(RELOAD_INTERVAL_SECONDS)
             try:
                 self.check()
+                self._gateway.api_keys.reload_if_changed()
             except Exception:  # the watcher must outlive any surprise
                 log.exception("config watch failed")
 

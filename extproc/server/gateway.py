@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
 
@@ -20,6 +21,7 @@ from extproc.openai import Request
 from extproc.pool import Pod, Pool
 from extproc.routing import Profile, Router, SettingError, StrategySpec, StrategySpecError
 from extproc.routing.framework import Hooks
+from extproc.server.auth import ApiKeys
 from extproc.server.metrics import PodMetricsCollector
 from extproc.state.accounting import Accounting
 from extproc.state.inflight import OpenRequest, OpenRequests
@@ -86,6 +88,7 @@ class Gateway:
             raise ConfigError(f"routing: {exc}") from None
         self.router = router
         self.pool = Pool(config.pods, config.models)
+        self.api_keys = ApiKeys(Path(config.api_keys_file) if config.api_keys_file else None)
         self.config = config
         self.client_forbidden_headers = sorted(CLIENT_FORBIDDEN_HEADERS | {config.destination_header})
         self._rebuild_hooks()

@@ -33,7 +33,7 @@ OFFLOAD_BODY_BYTES = 256 * 1024
 
 
 WANTED_HEADERS = frozenset({":path", ":method", REQUEST_ID_HEADER, MODEL_HEADER, STRATEGY_HEADER,
-                            "content-length"})
+                            "content-length", "authorization"})
 
 
 def _headers(http_headers) -> dict[str, str]:
@@ -123,6 +123,7 @@ class Stream:
         self._header_model = headers.get(MODEL_HEADER)
         self._has_length = "content-length" in headers
         gw = self._gw
+        gw.api_keys.check(headers.get("authorization"))
 
         if path == openai.MODELS_PATH:
             if method != "GET":
@@ -193,7 +194,10 @@ class Stream:
         if not self._done:
             self._done = True
             self._gw.count("", "", self._strategy, str(err.status))
-        return responses.immediate(err.status, err.body(), self._reply_headers())
+        headers = self._reply_headers()
+        if err.status == 401:
+            headers = [*headers, ("www-authenticate", "Bearer")]
+        return responses.immediate(err.status, err.body(), headers)
 
 
 class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):

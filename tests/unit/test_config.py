@@ -69,6 +69,7 @@ def test_invalid_configs_are_rejected(raw, env):
     ({"models": {"m": {"pods": [{"name": "p", "address": "0.0.0.0:9901"}]}}}, "address"),
     ({"models": {"m": {"pods": [{"name": "p", "address": "[::]:8000"}]}}}, "address"),
     ({"models": {"m": {"pods": [{"name": "p", "address": "224.0.0.1:8000"}]}}}, "address"),
+    ({**BASE, "gateway": {"api_keys_file": "/nonexistent/keys"}}, "gateway.api_keys_file"),
 ])
 def test_errors_name_the_key_at_fault(raw, names):
     with pytest.raises(ConfigError, match=re.escape(names)):
