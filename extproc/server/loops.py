@@ -54,9 +54,11 @@ def start(gateway: Gateway, scraper: MetricsScraper, prober: HealthProber) -> li
         health.observe_scrape(key, ok, refused, gateway.clock())
 
     tasks = [
-        asyncio.create_task(scraper.run(gateway.pool.all_pods, gateway.config.metrics_refresh_seconds,
+        # `lambda`, not `gateway.pool.all_pods`: a reload replaces the pool, and the loops must follow
+        asyncio.create_task(scraper.run(lambda: gateway.pool.all_pods(),
+                                        gateway.config.metrics_refresh_seconds,
                                         on_scrape), name="metrics"),
-        asyncio.create_task(prober.run(gateway.pool.all_pods), name="probes"),
+        asyncio.create_task(prober.run(lambda: gateway.pool.all_pods()), name="probes"),
         asyncio.create_task(every(lambda: gateway.config.metrics_refresh_seconds, gateway.refresh,
                                   "capacity refresh"), name="refresh"),
         asyncio.create_task(every(lambda: BUSY_SAMPLE_SECONDS, gateway.sample_busy, "busy sampling"),
