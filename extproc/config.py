@@ -35,6 +35,7 @@ RESERVED_HEADERS = frozenset({"host", "content-length", "content-type", "transfe
 # oversized bodies reach the gateway and get an OpenAI-style 413 instead of Envoy's plain-text one.
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 ENVOY_BUFFER_BYTES = 16 * 1024 * 1024  # the bootstrap's per-connection buffer (envoy_bootstrap)
+ENVOY_MAX_HEADERS = 100  # Envoy's default header count limit, also applied after the gateway's mutation
 
 # Every key the file may hold, per section: anything else is a typo that would silently change what is
 # served (`modles:` once meant "no models", a pod's `raedy: false` was ignored), so it is an error.

@@ -17,6 +17,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 
 from extproc import openai
+from extproc.config import ENVOY_MAX_HEADERS
 from extproc.openai import OpenAIError, Request
 from extproc.routing import StrategySpec, StrategySpecError, strategy_names
 from extproc.server import responses
@@ -116,6 +117,11 @@ class Stream:
     # -- request path ----------------------------------------------------------------------------
 
     def _on_request_headers(self, http_headers) -> ProcessingResponse:
+        if len(http_headers.headers.headers) >= ENVOY_MAX_HEADERS:
+            # The destination header would push the request over Envoy's limit, and Envoy would
+            # answer the mutation with a misleading "gateway unavailable" 503.
+            raise OpenAIError(431, f"too many request headers (at most {ENVOY_MAX_HEADERS - 1})",
+                              code="request_header_fields_too_large")
         headers = _headers(http_headers)
         path = self._path = headers.get(":path", "").split("?", 1)[0]
         method = headers.get(":method", "")
