@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup redis chromium test unit integration demo bench bench-memory bench-sim validate-sim sim-fleet envoy-config clean
+.PHONY: setup redis chromium test unit integration reliability soak fuzz demo bench bench-memory bench-sim validate-sim sim-fleet envoy-config clean
 
 setup: $(STAMP)
 
@@ -40,6 +40,19 @@ unit: setup
 
 integration: setup redis chromium
 	$(PY) -m pytest -q tests/integration
+
+reliability: setup
+	$(PY) -m pytest -q tests/reliability
+
+# Longer runs of the reliability suite: 20 waves of 1,000 concurrent streams, 20x the fuzz inputs.
+soak: setup
+	RELIABILITY_SCALE=20 $(PY) -m pytest -q tests/reliability
+
+# Each fuzz target for five minutes (crash inputs land in ./fuzz-artifacts/).
+fuzz: setup
+	mkdir -p fuzz-artifacts
+	for t in body strategy config; do \
+	  $(PY) -m tests.reliability.fuzz $$t -max_total_time=300 -artifact_prefix=fuzz-artifacts/ || exit 1; done
 
 demo: setup
 	$(PY) -m extproc.demo

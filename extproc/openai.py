@@ -114,6 +114,11 @@ def parse_request(path: str, body: bytes, header_model: str | None = None) -> Re
         # JSON on the wire is UTF-8 (RFC 8259): other encodings are malformed here, as they would
         # be at the engine.
         raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    try:  # the typed decoder skips unknown members without checking their bytes
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise bad_request(f"request body is not valid UTF-8 (byte {exc.start})",
+                          code="invalid_json") from None
 
     model = data.model if data.model is not None else header_model
     if not model:

@@ -144,3 +144,16 @@ async def test_errors_name_no_internal_address_and_logs_hold_no_key(stack: Stack
     wait_until(lambda: '" 401 ' in logs(), 20, "the rejection in Envoy's access log")
     for secret in (KEY, ROTATED, WRONG):  # logged, without the keys
         assert secret not in logs()
+
+
+def test_every_port_binds_to_loopback_by_default():
+    from extproc.cli import build_parser
+    from extproc.envoy_bootstrap import BootstrapOptions, bootstrap
+
+    serve = build_parser().parse_args(["serve", "--config", "x.yaml"])
+    assert (serve.host, serve.admin_host) == ("127.0.0.1", "127.0.0.1")
+    config = bootstrap(BootstrapOptions())
+    listener = config["static_resources"]["listeners"][0]["address"]["socket_address"]["address"]
+    admin = config["admin"]["address"]["socket_address"]["address"]
+    assert (listener, admin) == ("127.0.0.1", "127.0.0.1")
+    assert build_parser().parse_args(["envoy-config"]).listen_address == "127.0.0.1"

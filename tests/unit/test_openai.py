@@ -58,3 +58,12 @@ def test_bad_completions_prompt():
 
 def test_estimate_tokens_rounds_up():
     assert [estimate_tokens("x" * n) for n in (0, 1, 4, 5)] == [0, 1, 1, 2]
+
+
+def test_invalid_utf8_in_a_skipped_member_is_refused():
+    """Found by the fuzzer (tests/reliability/fuzz.py body): the typed decoder skipped an unknown key
+    with invalid UTF-8, and the usage splice then failed to decode the same body (a 500)."""
+    body = b'{"model": "m", "stream": true, "stream_options": {"incl\xff\xffude": false}, "prompt": "x"}'
+    with pytest.raises(OpenAIError) as err:
+        parse_request("/v1/completions", body)
+    assert err.value.status == 400 and err.value.code == "invalid_json"
