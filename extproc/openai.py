@@ -31,6 +31,7 @@ class Request:
     prompt: str = ""
     include_usage: bool = False       # the client asked for the usage chunk itself
     has_stream_options: bool = False
+    session_key: str | None = None    # x-aibrix-session-key: session-affinity routing
 
 
 class OpenAIError(Exception):

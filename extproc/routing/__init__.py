@@ -1,6 +1,17 @@
 """Pure scheduling core: (Request, [PodView], now) -> Pod. Importing this package registers strategies."""
 
-from extproc.routing import least_request, load_balance, random_pick, round_robin  # noqa: F401  (registration)
+from extproc.routing import (  # noqa: F401  (registration)
+    least_kv_cache,
+    least_latency,
+    least_request,
+    load_balance,
+    power_of_two,
+    prefix_cache,
+    random_pick,
+    round_robin,
+    session_affinity,
+    throughput,
+)
 from extproc.routing.blend import StrategySpec
 from extproc.routing.framework import (
     PodView,

@@ -50,6 +50,18 @@ class AutoBlendSettings:
 
 
 @dataclass(slots=True, frozen=True)
+class PrefixCacheSettings:
+    """`prefix-cache`: how prompts are cut into blocks and how much the table may hold."""
+
+    block_tokens: int = 64                   # tokens per hashed block (at ~4 characters per token)
+    max_blocks: int = 512                    # blocks hashed per prompt: the first 32k tokens
+    table_bytes: int = 64 * 1024 * 1024      # memory cap of one model's table (LRU beyond it)
+
+
+_PC_KEYS = {"block_tokens": (1, 1 << 20), "max_blocks": (1, 1 << 20), "table_bytes": (1 << 16, 1 << 40)}
+
+
+@dataclass(slots=True, frozen=True)
 class ModelRouting:
     load_balance: LoadBalanceSettings = LoadBalanceSettings()
     auto_blend: AutoBlendSettings = AutoBlendSettings()
@@ -67,6 +79,7 @@ class RoutingSettings:
     auto_blend: AutoBlendSettings = AutoBlendSettings()
     models: Mapping[str, ModelRouting] = field(default_factory=dict)
     cache_size: int = DEFAULT_CACHE_SIZE
+    prefix_cache: PrefixCacheSettings = PrefixCacheSettings()
     model: str = ""
     state: RoutingState | None = None
 
@@ -100,7 +113,8 @@ _AB_KEYS = {  # routing.auto_blend.* -> (per-model key, env suffix, kind)
     "prefix_cache_load_balance_weight": ("prefixCacheLoadBalanceWeight",
                                          "ROUTING_AUTO_BLEND_PREFIX_CACHE_LOAD_BALANCE_WEIGHT", int),
 }
-_TOP_KEYS = frozenset({"default_strategy", "seed", "load_balance", "auto_blend", "cache_size"})
+_TOP_KEYS = frozenset({"default_strategy", "seed", "load_balance", "auto_blend", "cache_size",
+                       "prefix_cache"})
 
 
 def env_variables() -> list[str]:
@@ -156,7 +170,22 @@ def parse_settings(routing: Mapping[str, Any],
     if not isinstance(default, str) or not default.strip():
         raise SettingError(f"routing.default_strategy must be a strategy name, not {default!r}")
     return RoutingSettings(seed=seed, default_strategy=default.strip().lower(), load_balance=lb,
-                           auto_blend=ab, models=models, cache_size=cache_size)
+                           auto_blend=ab, models=models, cache_size=cache_size,
+                           prefix_cache=_prefix_cache(routing.get("prefix_cache")))
+
+
+def _prefix_cache(raw: Any) -> PrefixCacheSettings:
+    values = {}
+    for key, value in _mapping(raw, "routing.prefix_cache").items():
+        if key not in _PC_KEYS:
+            raise SettingError(f"routing.prefix_cache.{key} is not a setting "
+                               f"(known: {', '.join(sorted(_PC_KEYS))})")
+        low, high = _PC_KEYS[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise SettingError(f"routing.prefix_cache.{key} must be an integer from {low} to {high}, "
+                               f"not {value!r}")
+        values[key] = value
+    return PrefixCacheSettings(**values)
 
 
 def _load_balance(base: LoadBalanceSettings, raw: Any, where: str, *, snake: bool) -> LoadBalanceSettings:

@@ -55,4 +55,10 @@ class PodMetricsCollector:
                                         "the least-loaded pods", labels=["model"])
         for model, n in gw.router.imbalance_total.items():
             imbalance.add_metric([model], n)
-        yield from (running, local, queued, kv_free, capacity, healthy, tokens, imbalance)
+        prefix = CounterMetricFamily("extproc_prefix_cache_lookups", "prefix-cache scorings: was a prefix of "
+                                     "the prompt found on some pod", labels=["model", "result"])
+        cache = gw.router.state.store.get("prefix-cache")
+        for model, (matched, unmatched) in getattr(cache, "lookups", {}).items():
+            prefix.add_metric([model, "matched"], matched)
+            prefix.add_metric([model, "unmatched"], unmatched)
+        yield from (running, local, queued, kv_free, capacity, healthy, tokens, imbalance, prefix)

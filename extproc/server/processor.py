@@ -12,6 +12,7 @@ import asyncio
 import logging
 import uuid
 from concurrent.futures import Executor
+from dataclasses import replace
 
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
@@ -20,6 +21,7 @@ from extproc import openai
 from extproc.config import ENVOY_MAX_HEADERS
 from extproc.openai import OpenAIError, Request
 from extproc.routing import StrategySpec, StrategySpecError, strategy_names
+from extproc.routing.session_affinity import MAX_SESSION_KEY_BYTES, SESSION_HEADER
 from extproc.server import responses
 from extproc.server.gateway import Decision, Gateway
 
@@ -34,7 +36,7 @@ OFFLOAD_BODY_BYTES = 256 * 1024
 
 
 WANTED_HEADERS = frozenset({":path", ":method", REQUEST_ID_HEADER, MODEL_HEADER, STRATEGY_HEADER,
-                            "content-length", "authorization"})
+                            "content-length", "authorization", SESSION_HEADER})
 
 
 def _headers(http_headers) -> dict[str, str]:
@@ -54,7 +56,7 @@ def parse_body(path: str, body: bytes, header_model: str | None) -> Request | Op
 
 class Stream:
     __slots__ = ("_gw", "_path", "_strategy", "_request_id", "_header_model", "_has_length",
-                 "_decision", "_done", "_expect_trailers", "_spec")
+                 "_decision", "_done", "_expect_trailers", "_spec", "_session")
 
     def __init__(self, gateway: Gateway) -> None:
         self._gw = gateway
@@ -63,6 +65,7 @@ class Stream:
         self._spec: StrategySpec | None = None
         self._request_id = ""
         self._header_model: str | None = None
+        self._session: str | None = None
         self._has_length = False
         self._decision: Decision | None = None
         self._done = False  # answered by the gateway, or routed
@@ -127,6 +130,10 @@ class Stream:
         method = headers.get(":method", "")
         self._request_id = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         self._header_model = headers.get(MODEL_HEADER)
+        self._session = headers.get(SESSION_HEADER) or None
+        if self._session is not None and len(self._session.encode("latin-1")) > MAX_SESSION_KEY_BYTES:
+            raise openai.bad_request(f"{SESSION_HEADER} is longer than {MAX_SESSION_KEY_BYTES} bytes",
+                                     param=SESSION_HEADER, code="invalid_session_key")
         self._has_length = "content-length" in headers
         gw = self._gw
         gw.api_keys.check(headers.get("authorization"))
@@ -179,6 +186,8 @@ class Stream:
         if not gw.pool.has_model(request.model):
             raise OpenAIError(404, f"the model {request.model!r} does not exist", param="model",
                               code="model_not_found")
+        if self._session is not None:
+            request = replace(request, session_key=self._session)
         decision = gw.route(request, gw.profile(self._spec, request.model), self._request_id)
         if decision is None:
             raise OpenAIError(503, f"no ready pod for model {request.model!r}",

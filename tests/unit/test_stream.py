@@ -182,6 +182,8 @@ def test_headers_then_trailers_without_body_is_a_400(gw: Gateway):
     ([req_headers(method="PUT")], 405, "method_not_allowed"),
     ([req_headers(path="/v1/models")], 405, "method_not_allowed"),
     ([req_headers(), req_body(b"x" * 1001)], 413, "request_too_large"),
+    ([req_headers(**{"x-aibrix-session-key": "s" * 257})], 400, "invalid_session_key"),
+    ([req_headers(**{f"x-h{i}": "v" for i in range(100)})], 431, "request_header_fields_too_large"),
 ])
 def test_errors_are_immediate_openai_responses(gw: Gateway, msgs, status, code):
     s = Stream(gw)
@@ -285,3 +287,15 @@ def test_removed_pods_leave_the_metrics(gw: Gateway):
     assert series() == {"new"}
     finish(gw, s)
     assert in_flight(gw) == 0 and gw.accounting.shared.local_running(s.decision.pod.key) == 0
+
+
+def test_a_session_key_reaches_routing(gw: Gateway):
+    picks = set()
+    for _ in range(10):
+        s = Stream(gw)
+        s.handle(req_headers(**{"x-aibrix-session-key": "conversation-7",
+                                "routing-strategy": "session-affinity"}))
+        s.handle(req_body(CHAT))
+        picks.add(s.decision.pod.name)
+        finish(gw, s)
+    assert len(picks) == 1

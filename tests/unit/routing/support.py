@@ -24,12 +24,16 @@ def names(pods) -> list[str]:
 
 @contextmanager
 def registered(name: str, factory: Callable[[RoutingSettings], Profile]) -> Iterator[None]:
-    """A strategy registered for one test only (the slo* family and prefix-cache are not built yet)."""
+    """A strategy registered (or replaced) for one test only."""
+    before = framework._REGISTRY.get(name)
     framework.register(name)(factory)
     try:
         yield
     finally:
-        del framework._REGISTRY[name]
+        if before is None:
+            del framework._REGISTRY[name]
+        else:
+            framework._REGISTRY[name] = before
 
 
 class FixedScorer:

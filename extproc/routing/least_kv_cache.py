@@ -1,0 +1,24 @@
+"""`least-kv-cache`: the pod with the most free KV cache (engine metrics) wins. A pod that does not
+report KV usage counts as the average of those that do (all equal when none does)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from extproc.openai import Request
+from extproc.routing.framework import MaxScorePicker, PodView, Profile, RoutingSettings, register
+
+
+class KvFreeScorer:
+    """Higher is better: the free fraction of the GPU KV cache."""
+
+    def score(self, request: Request, pods: Sequence[PodView], now: float) -> list[float]:
+        free = [p.kv_free if p.kv_free is not None and p.kv_free == p.kv_free else None for p in pods]
+        known = [f for f in free if f is not None]
+        fill = sum(known) / len(known) if known else 1.0
+        return [fill if f is None else f for f in free]
+
+
+@register("least-kv-cache")
+def build(settings: RoutingSettings) -> Profile:
+    return Profile("least-kv-cache", MaxScorePicker(settings.rng()), scorers=[(KvFreeScorer(), 1.0)])

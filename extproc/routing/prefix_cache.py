@@ -1,0 +1,175 @@
+"""`prefix-cache`: send a prompt where its longest prefix was recently served, so the engine's prefix
+cache (vLLM's automatic prefix caching, SGLang's radix cache) skips that part of the prefill.
+
+The prompt as routing sees it (chat messages rendered in order, `openai.Request.prompt`) is cut into
+blocks of `block_tokens` tokens (at ~4 characters per token) and hashed as a chain: block i's hash
+covers blocks 0…i, so equal hashes mean equal prefixes. A per-model table remembers which pods served
+which block hashes, least recently used first out, bounded by `table_bytes`. A pod's score is the
+fraction of the prompt's blocks it holds as an unbroken prefix.
+
+It yields to load: a pod whose capacity-normalised load is well above the least-loaded pod's (the
+imbalance gate's rule, per pod) gets no affinity, so the request goes elsewhere — and the pod chosen
+then becomes affine too. Routed alone it adds nothing else; `prefix-cache` in a header is auto-blended
+as `prefix-cache:5,load-balance:4`, which is how it is meant to run.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from extproc.openai import CHARS_PER_TOKEN, Request
+from extproc.pool.pod import PodKey
+from extproc.routing.framework import MaxScorePicker, PodView, Profile, RoutingSettings, register
+from extproc.routing.gate import loads
+from extproc.routing.settings import LoadBalanceSettings, PrefixCacheSettings
+
+# What one table entry costs in memory (measured with tracemalloc: an int key, the OrderedDict link,
+# a small dict of pods), rounded up so that the byte cap holds.
+ENTRY_BYTES = 400
+
+
+def block_hashes(text: str, block_tokens: int, max_blocks: int) -> list[int]:
+    """Chained hashes of the prompt's full blocks (a partial last block is not cacheable)."""
+    size = block_tokens * CHARS_PER_TOKEN
+    count = min(len(text) // size, max_blocks)
+    out, h = [], 0
+    for i in range(count):
+        h = hash((h, text[i * size:(i + 1) * size]))
+        out.append(h)
+    return out
+
+
+class PrefixTable:
+    """Block hash -> {pod: last used}, least recently used evicted beyond `max_entries`."""
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self._blocks: OrderedDict[int, dict[PodKey, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def match(self, hashes: Sequence[int]) -> dict[PodKey, int]:
+        """Per pod, how many leading blocks of `hashes` it holds without a gap."""
+        matched: dict[PodKey, int] = {}
+        holders: set[PodKey] | None = None
+        for i, h in enumerate(hashes):
+            entry = self._blocks.get(h)
+            if entry is None:
+                break
+            self._blocks.move_to_end(h)
+            holders = set(entry) if holders is None else holders & entry.keys()
+            if not holders:
+                break
+            for pod in holders:
+                matched[pod] = i + 1
+        return matched
+
+    def insert(self, hashes: Sequence[int], pod: PodKey, now: float) -> None:
+        blocks = self._blocks
+        for h in hashes:
+            entry = blocks.get(h)
+            if entry is None:
+                blocks[h] = {pod: now}
+            else:
+                entry[pod] = now
+                blocks.move_to_end(h)
+        while len(blocks) > self.max_entries:
+            blocks.popitem(last=False)
+
+    def forget_pods(self, live: set[PodKey]) -> None:
+        """Drop pods that left the pool (a pod back at another address has a cold cache)."""
+        for h in [h for h, entry in self._blocks.items() if not entry.keys() <= live]:
+            entry = self._blocks[h]
+            for pod in [p for p in entry if p not in live]:
+                del entry[pod]
+            if not entry:
+                del self._blocks[h]
+
+
+class PrefixCache:
+    """The learned part, one per gateway (kept in RoutingState, so it survives reloads): a table per
+    model, the lookup counts, and the post-choice hook that records where every request went —
+    whichever strategy routed it, since the engine caches whatever it serves."""
+
+    def __init__(self, settings: PrefixCacheSettings) -> None:
+        self.settings = settings
+        self.tables: dict[str, PrefixTable] = {}
+        self.lookups: dict[str, list[int]] = {}  # model -> [matched, unmatched]
+        self._last: tuple[Request | None, list[int]] = (None, [])
+
+    def configure(self, settings: PrefixCacheSettings) -> None:
+        self.settings = settings
+        for table in self.tables.values():
+            table.max_entries = self.max_entries
+
+    @property
+    def max_entries(self) -> int:
+        return max(1, self.settings.table_bytes // ENTRY_BYTES)
+
+    def table(self, model: str) -> PrefixTable:
+        table = self.tables.get(model)
+        if table is None:
+            table = self.tables[model] = PrefixTable(self.max_entries)
+        return table
+
+    def hashes(self, request: Request) -> list[int]:
+        """The request's block hashes, computed once for its scoring and its post-choice hook."""
+        last, hashes = self._last
+        if last is not request:
+            hashes = block_hashes(request.prompt, self.settings.block_tokens, self.settings.max_blocks)
+            self._last = (request, hashes)
+        return hashes
+
+    def count(self, model: str, matched: bool) -> None:
+        counts = self.lookups.setdefault(model, [0, 0])
+        counts[0 if matched else 1] += 1
+
+    def post_choice(self, request: Request, chosen: PodView, now: float) -> None:
+        hashes = self.hashes(request)
+        if hashes:
+            self.table(request.model).insert(hashes, chosen.pod.key, now)
+
+
+def overloaded(pods: Sequence[PodView], settings: LoadBalanceSettings) -> list[bool]:
+    """Per pod, the imbalance gate's rule (gate.py): its capacity-normalised load is `min_gap` requests
+    above the least-loaded pod's and, with three or more pods, above factor x (the others' mean + 1)."""
+    values = loads(pods)
+    low, total, n = min(values), sum(values), len(values)
+    factor, gap = settings.imbalance_factor, settings.imbalance_min_gap
+    return [v - low >= gap and (n == 2 or v > factor * ((total - v) / (n - 1) + 1)) for v in values]
+
+
+class PrefixCacheScorer:
+    """Higher is better: the fraction of the prompt's blocks a pod holds as an unbroken prefix."""
+
+    __slots__ = ("cache", "load_balance")
+
+    def __init__(self, cache: PrefixCache, load_balance: LoadBalanceSettings) -> None:
+        self.cache = cache
+        self.load_balance = load_balance
+
+    def score(self, request: Request, pods: Sequence[PodView], now: float) -> list[float]:
+        hashes = self.cache.hashes(request)
+        if not hashes:
+            return [0.0] * len(pods)
+        matched = self.cache.table(request.model).match(hashes)
+        scores = [matched.get(p.pod.key, 0) / len(hashes) for p in pods]
+        found = any(scores)
+        self.cache.count(request.model, found)
+        if found:
+            busy = overloaded(pods, self.load_balance)
+            scores = [0.0 if b else s for s, b in zip(scores, busy)]
+        return scores
+
+
+@register("prefix-cache")
+def build(settings: RoutingSettings) -> Profile:
+    if settings.state is not None:
+        cache = settings.state.slot("prefix-cache", lambda: PrefixCache(settings.prefix_cache))
+        cache.configure(settings.prefix_cache)  # a reload may change the block size or the cap
+    else:
+        cache = PrefixCache(settings.prefix_cache)
+    return Profile("prefix-cache", MaxScorePicker(settings.rng()),
+                   scorers=[(PrefixCacheScorer(cache, settings.load_balance), 1.0)], hooks_of=[cache])

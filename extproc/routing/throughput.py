@@ -1,0 +1,56 @@
+"""`throughput`: the pod that produced the fewest output tokens per second lately wins (the tally's
+tokens of requests finished in the last 10 s). Blind to GPU speed, like least-request; useful to
+spread token load across equal replicas."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+from extproc.openai import Request
+from extproc.pool.pod import PodKey
+from extproc.routing.framework import PodView, Profile, RoutingSettings, register
+from extproc.routing.load_balance import LowestScorePicker
+from extproc.state.record import RequestRecord
+
+WINDOW_SECONDS = 10.0
+
+
+class RecentTokens:
+    """Output tokens per pod over the last WINDOW_SECONDS (kept in RoutingState: survives reloads)."""
+
+    def __init__(self) -> None:
+        self._events: dict[PodKey, deque[tuple[float, int]]] = {}
+        self._sums: dict[PodKey, int] = {}
+
+    def post_response(self, record: RequestRecord, now: float) -> None:
+        if record.output_tokens:
+            key = record.pod.key
+            self._events.setdefault(key, deque()).append((now, record.output_tokens))
+            self._sums[key] = self._sums.get(key, 0) + record.output_tokens
+
+    def rate(self, key: PodKey, now: float) -> float:
+        events = self._events.get(key)
+        if not events:
+            return 0.0
+        horizon = now - WINDOW_SECONDS
+        while events and events[0][0] <= horizon:
+            self._sums[key] -= events.popleft()[1]
+        return self._sums[key] / WINDOW_SECONDS
+
+
+class ThroughputScorer:
+    lower_is_better = True
+
+    def __init__(self, recent: RecentTokens) -> None:
+        self.recent = recent
+
+    def score(self, request: Request, pods: Sequence[PodView], now: float) -> list[float]:
+        return [self.recent.rate(p.pod.key, now) for p in pods]
+
+
+@register("throughput")
+def build(settings: RoutingSettings) -> Profile:
+    recent = settings.state.slot("throughput", RecentTokens) if settings.state else RecentTokens()
+    return Profile("throughput", LowestScorePicker(settings.rng()),
+                   scorers=[(ThroughputScorer(recent), 1.0)], hooks_of=[recent])

@@ -1,0 +1,198 @@
+"""prefix-cache, session-affinity, power-of-two, least-latency, least-kv-cache and throughput on
+hand-built snapshots."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from dataclasses import replace
+
+import pytest
+
+from extproc.openai import parse_request
+from extproc.pool import Pod
+from extproc.routing import Router, RoutingSettings, build
+from extproc.routing.least_latency import LatencyModel
+from extproc.routing.prefix_cache import ENTRY_BYTES, PrefixTable, block_hashes
+from extproc.routing.session_affinity import rendezvous
+from extproc.routing.settings import PrefixCacheSettings, SettingError, parse_settings
+from extproc.routing.state import RoutingState
+from extproc.state.record import RequestRecord
+from tests.unit.routing.support import REQ, view
+
+CHAT = "/v1/chat/completions"
+LONG = "You are a careful assistant. " * 200  # ~1,400 tokens of shared system prompt
+
+
+def chat(*messages: str, **extra):
+    body = {"model": "m", "messages": [{"role": "user", "content": m} for m in messages], **extra}
+    return parse_request(CHAT, json.dumps(body).encode())
+
+
+def profile(name: str, state: RoutingState | None = None, **settings):
+    return build(name, replace(RoutingSettings(**settings), model="m", state=state or RoutingState.seeded(0)))
+
+
+# -- prefix-cache ------------------------------------------------------------------------------------
+
+def test_block_hashes_follow_the_rendered_prompt_not_how_it_was_split():
+    whole = chat(LONG + "\nquestion one")
+    split = chat(LONG, "question one")  # the same text as two messages
+    parts = parse_request(CHAT, json.dumps({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": LONG}, {"type": "text", "text": "question one"}]}]}).encode())
+    hashes = [block_hashes(r.prompt, 64, 512) for r in (whole, split, parts)]
+    assert hashes[0] == hashes[1] == hashes[2] and len(hashes[0]) == len(LONG + "\nquestion one") // 256
+    other = block_hashes(chat(LONG + "\nquestion two, longer than the first one").prompt, 64, 512)
+    assert other[:len(hashes[0]) - 1] == hashes[0][:-1]  # a shared prefix shares its leading blocks
+    assert block_hashes("short", 64, 512) == []  # no full block: nothing to cache
+    assert len(block_hashes(LONG * 10, 16, 8)) == 8  # bounded per prompt
+
+
+def test_table_matches_unbroken_prefixes_and_evicts_least_recently_used():
+    table = PrefixTable(max_entries=6)
+    a, b = ("m", "a", "10.0.0.1:1"), ("m", "b", "10.0.0.2:1")
+    table.insert([1, 2, 3], a, 0.0)
+    table.insert([1, 2, 9], b, 1.0)
+    assert table.match([1, 2, 3, 4]) == {a: 3, b: 2}
+    assert table.match([5, 1]) == {}
+    table.match([1, 2, 3])  # touched: most recently used
+    table.insert([7, 8, 10], a, 2.0)  # 7 entries > 6: the oldest untouched one (9) goes
+    assert len(table) == 6 and table.match([1, 2, 9]) == {a: 2, b: 2}
+    table.forget_pods({a})
+    assert table.match([1, 2]) == {a: 2}
+
+
+def test_table_memory_stays_under_its_cap_over_a_million_prompts():
+    cap = 8 * 1024 * 1024
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        table = PrefixTable(cap // ENTRY_BYTES)
+        pods = [("m", f"p{i}", f"10.0.0.{i}:1") for i in range(4)]
+        for i in range(1_000_000):
+            table.insert([i], pods[i % 4], float(i))
+        used = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert len(table) == cap // ENTRY_BYTES
+    assert used <= cap, f"{used} bytes for a {cap}-byte cap"
+
+
+def test_prefix_affinity_under_light_load_and_yields_when_the_affine_pod_is_overloaded():
+    state = RoutingState.seeded(1)
+    p = profile("prefix-cache", state)
+    pods = [view("a", 1), view("b", 0), view("c", 2)]
+    first = p.pick(chat(LONG + "q1"), pods, 0.0)
+    p.hooks_of[0].post_choice(chat(LONG + "q1"), first, 0.0)
+    for i in range(5):  # same long prefix: same pod, while its load stays ordinary
+        request = chat(LONG + f"q{i}")
+        assert p.pick(request, pods, 1.0).pod.name == first.pod.name
+    busy = [replace(v, running=20 if v.pod.name == first.pod.name else 1) for v in pods]
+    request = chat(LONG + "q9")
+    elsewhere = p.pick(request, busy, 2.0)
+    assert elsewhere.pod.name != first.pod.name
+    p.hooks_of[0].post_choice(request, elsewhere, 2.0)  # ...which becomes affine too
+    matched = p.hooks_of[0].table("m").match(p.hooks_of[0].hashes(chat(LONG + "q9")))
+    assert {k[1] for k in matched} == {first.pod.name, elsewhere.pod.name}
+    assert state.store["prefix-cache"].lookups["m"] == [6, 1]  # [matched (yielded or not), unmatched]
+
+
+def test_prefix_cache_settings_are_validated():
+    settings = parse_settings({"prefix_cache": {"block_tokens": 16}})
+    assert settings.prefix_cache == PrefixCacheSettings(block_tokens=16)
+    for bad in ({"block_tokens": 0}, {"table_bytes": "lots"}, {"blocks": 4}):
+        with pytest.raises(SettingError, match="routing.prefix_cache"):
+            parse_settings({"prefix_cache": bad})
+
+
+def test_prefix_table_survives_a_reload():
+    state = RoutingState.seeded(0)
+    Router(RoutingSettings(), state).profile_for("prefix-cache", "m")
+    cache = state.store["prefix-cache"]
+    Router(parse_settings({"prefix_cache": {"table_bytes": 1 << 20}}), state).profile_for("prefix-cache", "m")
+    assert state.store["prefix-cache"] is cache and cache.max_entries == (1 << 20) // ENTRY_BYTES
+
+
+# -- session-affinity --------------------------------------------------------------------------------
+
+def test_a_session_keeps_its_pod_and_only_a_removed_pods_sessions_move():
+    p = profile("session-affinity")
+    pods = [view(f"p{i}") for i in range(8)]
+    sessions = [f"user-{i}" for i in range(400)]
+    before = {s: p.pick(replace(REQ, session_key=s), pods, 0.0).pod.name for s in sessions}
+    assert all(p.pick(replace(REQ, session_key=s), pods, 1.0).pod.name == before[s] for s in sessions[:50])
+    assert len(set(before.values())) == 8  # sessions spread over every pod
+    fewer = [v for v in pods if v.pod.name != "p3"]  # gone or unhealthy: not a candidate
+    after = {s: p.pick(replace(REQ, session_key=s), fewer, 2.0).pod.name for s in sessions}
+    moved = [s for s in sessions if after[s] != before[s]]
+    assert moved and all(before[s] == "p3" for s in moved)
+    assert rendezvous("k", "p0") == rendezvous("k", "p0")  # the same on every gateway replica
+
+
+def test_without_a_session_key_it_routes_as_load_balance():
+    p = profile("session-affinity")
+    pods = [view("slow", 4, capacity=1000.0), view("fast", 4, capacity=3000.0)]
+    assert p.pick(REQ, pods, 0.0).pod.name == "fast"
+
+
+# -- power-of-two, least-kv-cache -------------------------------------------------------------------
+
+def test_power_of_two_takes_the_less_loaded_of_two_random_pods():
+    p = profile("power-of-two")
+    pods = [view("busy", 9, capacity=1000.0), view("idle", 0, capacity=1000.0)]
+    assert {p.pick(REQ, pods, 0.0).pod.name for _ in range(50)} == {"idle"}
+    many = [view(f"p{i}", i, capacity=1000.0) for i in range(10)]
+    picks = [p.pick(REQ, many, 0.0).pod.name for _ in range(2000)]
+    assert "p9" not in picks  # the most loaded pod never wins a pair
+    assert picks.count("p0") > picks.count("p5") > 0
+
+
+def test_least_kv_cache_prefers_free_kv_and_fills_unreported():
+    p = profile("least-kv-cache")
+    assert p.pick(REQ, [view("full", kv_free=0.1), view("free", kv_free=0.8)], 0.0).pod.name == "free"
+    assert p.pick(REQ, [view("quiet"), view("half", kv_free=0.5), view("most", kv_free=0.9)], 0.0).pod.name \
+        == "most"
+
+
+# -- least-latency, throughput ------------------------------------------------------------------------
+
+def record(pod: Pod, ttfb: float, e2e: float, out: int, stream: bool = True) -> RequestRecord:
+    return RequestRecord("r", "m", pod, "x", 200, 10, out, "usage", ttfb, e2e, stream=stream)
+
+
+def test_least_latency_explores_then_prefers_the_fastest_for_the_shape():
+    state = RoutingState.seeded(0)
+    p = profile("least-latency", state)
+    fast_ttft, fast_tpot = view("fast-start"), view("fast-decode")
+    pods = [fast_ttft, fast_tpot, view("new")]
+    model: LatencyModel = state.store["least-latency"]
+    model.post_response(record(fast_ttft.pod, 0.05, 0.05 + 0.05 * 99, 100), 0.0)  # ttft .05, tpot .05
+    model.post_response(record(fast_tpot.pod, 0.50, 0.50 + 0.02 * 99, 100), 0.0)  # ttft .5, tpot .02
+    assert p.pick(REQ, pods, 0.0).pod.name == "new"  # never observed: tried first
+    known = pods[:2]
+    assert p.pick(replace(REQ, max_tokens=4), known, 0.0).pod.name == "fast-start"
+    assert p.pick(replace(REQ, max_tokens=1000), known, 0.0).pod.name == "fast-decode"
+    model.post_response(replace(record(fast_ttft.pod, 9.0, 9.0, 5), status=500), 0.0)  # failures: ignored
+    assert model.ttft[fast_ttft.pod.key] == pytest.approx(0.05)
+
+
+def test_throughput_prefers_the_pod_with_the_fewest_recent_tokens():
+    state = RoutingState.seeded(0)
+    p = profile("throughput", state)
+    a, b = view("a"), view("b")
+    recent = state.store["throughput"]
+    recent.post_response(record(a.pod, 0.1, 1.0, 500), 0.0)
+    recent.post_response(record(b.pod, 0.1, 1.0, 100), 0.0)
+    assert p.pick(REQ, [a, b], 1.0).pod.name == "b"
+    recent.post_response(record(b.pod, 0.1, 1.0, 1000), 9.0)
+    assert p.pick(REQ, [a, b], 9.5).pod.name == "a"
+    assert recent.rate(a.pod.key, 11.0) == 0.0  # out of the 10 s window
+
+
+def test_every_new_strategy_blends_and_survives_validation():
+    router = Router(RoutingSettings(), RoutingState.seeded(0))
+    router.validate(["m"])
+    pods = [view("a", 1, kv_free=0.5, capacity=100.0), view("b", 0, kv_free=0.9, capacity=200.0)]
+    for name in ("prefix-cache", "session-affinity", "power-of-two", "least-latency", "least-kv-cache",
+                 "throughput"):
+        assert router.profile_for(f"{name}:3,load-balance:1", "m").pick(REQ, pods, 0.0) is not None
