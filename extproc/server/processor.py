@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
+from prometheus_client import Counter
 
 from extproc import openai
 from extproc.config import ENVOY_MAX_HEADERS
@@ -221,6 +222,8 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
     def __init__(self, gateway: Gateway, parser_pool: Executor | None = None) -> None:
         self._gw = gateway
         self._pool = parser_pool
+        self.offloaded = Counter("extproc_bodies_parsed_off_loop", "Request bodies large enough to be "
+                                 "parsed in a worker process, off the event loop", registry=gateway.registry)
 
     async def Process(self, request_iterator, context):  # noqa: N802 (gRPC method name)
         stream = Stream(self._gw)
@@ -230,6 +233,7 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
             async for msg in request_iterator:
                 parsed = None
                 if self._pool is not None and stream.needs_offload(msg):
+                    self.offloaded.inc()
                     parsed = await asyncio.get_running_loop().run_in_executor(
                         self._pool, parse_body, *stream.parse_args(msg.request_body.body))
                 yield stream.handle(msg, parsed)

@@ -62,5 +62,7 @@ async def test_small_requests_are_routed_while_huge_bodies_arrive(stack):
     # The gateway answers the huge bodies (the engine may refuse an 8 MB prompt: that is its business).
     assert all(code in (200, 400) for code in statuses), statuses
     assert gaps
-    # Before the parse moved off the loop, an 8 MB body stalled every stream for 0.76 s and more.
-    assert s.sample("extproc_event_loop_max_lag_seconds") < 0.25
+    assert s.sample("extproc_bodies_parsed_off_loop_total") >= 4  # each huge body left the loop
+    # Before the parse moved off the loop, an 8 MB body stalled every stream for 0.76 s on an idle
+    # machine (4 of them: seconds). The bound is loose: CI machines are shared and noisy.
+    assert s.sample("extproc_event_loop_max_lag_seconds") < 0.6
