@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from extproc.pool.kubernetes import DISCOVERY_KEYS, DiscoverySettings
+from extproc.pool.kubernetes import parse_settings as parse_discovery
 from extproc.pool.pod import ENGINE_LABEL, ENGINES, METRIC_PORT_LABEL, Pod
 
 if TYPE_CHECKING:
@@ -46,6 +48,7 @@ SECTION_KEYS: dict[str, frozenset[str]] = {
                           "api_keys_file"}),
     "telemetry": frozenset({"refresh_seconds", "timeout_seconds"}),
     "redis": frozenset({"url"}),
+    "discovery": DISCOVERY_KEYS,  # typed by extproc.pool.kubernetes.parse_settings
 }
 TOP_KEYS = frozenset({"models", "routing", *SECTION_KEYS})
 MODEL_KEYS = frozenset({"pods", "routingConfig"})
@@ -109,6 +112,8 @@ class Config:
     metrics_timeout_seconds: float = 0.5
     redis_url: str | None = None
     api_keys_file: str | None = None  # optional client API keys (extproc.server.auth)
+    # Where pods come from besides `models`: the file only (default) or the Kubernetes API.
+    discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
     # Each model's `routingConfig` (loadBalance.*, autoBlend.*), validated with `routing` at load.
     model_routing: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -141,7 +146,11 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
     if not isinstance(raw, dict):
         raise ConfigError("config must be a mapping")
     _known("", raw, TOP_KEYS)
-    if "models" not in raw:
+    try:
+        discovery = parse_discovery(_section(raw, "discovery"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if "models" not in raw and not discovery.enabled:
         raise ConfigError("models: the config names no models")
     for name, allowed in SECTION_KEYS.items():
         _known(name, _section(raw, name), allowed)
@@ -183,7 +192,8 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
                   request_timeout_seconds=_number(gateway, "request_timeout_seconds", 3600.0, minimum=1),
                   metrics_refresh_seconds=_number(telemetry, "refresh_seconds", 1.0, minimum=0.05),
                   metrics_timeout_seconds=_number(telemetry, "timeout_seconds", 0.5, minimum=0.01),
-                  redis_url=_optional_str(redis, "url"), api_keys_file=_keys_file(gateway))
+                  redis_url=_optional_str(redis, "url"), api_keys_file=_keys_file(gateway),
+                  discovery=discovery)
 
 
 def _routing(routing: dict[str, Any], model_routing: dict[str, Any], models: tuple[str, ...],

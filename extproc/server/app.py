@@ -7,6 +7,7 @@ import logging
 import multiprocessing
 import os
 import signal
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from extproc import config as config_mod
 from extproc.envoy_bootstrap import BUFFER_LIMIT_BYTES
+from extproc.pool.kubernetes import start_discovery
 from extproc.server import loops
 from extproc.server.access_log import AccessLogService
 from extproc.server.admin import admin_app
@@ -45,9 +47,11 @@ class ConfigWatcher:
     A change is applied once the file has held still for one poll: `cat > gateway.yaml` writes in
     pieces, and a prefix of a YAML file is often valid YAML with fewer pods."""
 
-    def __init__(self, path: Path, gateway: Gateway, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, path: Path, gateway: Gateway, registry: CollectorRegistry | None = None,
+                 overlay: Callable[[config_mod.Config], config_mod.Config] | None = None) -> None:
         self._path = path
         self._gateway = gateway
+        self._overlay = overlay or (lambda c: c)  # Kubernetes discovery adds its pods to the file's
         self._seen = self._stamp()
         self._pending: tuple[int, int] | None = None
         self.rejected = Counter("extproc_config_reload_errors_total",
@@ -72,7 +76,7 @@ class ConfigWatcher:
         self._seen, self._pending = stamp, None
         try:
             new = config_mod.load(self._path)
-            self._gateway.apply(new)
+            self._gateway.apply(self._overlay(new))
         except config_mod.ConfigError as exc:
             self.rejected.inc()
             log.error("config %s rejected, keeping the previous one: %s", self._path, exc)
@@ -132,8 +136,11 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     await admin.setup()
     await web.TCPSite(admin, admin_host, admin_port).start()
     await server.start()
-    watcher = asyncio.create_task(ConfigWatcher(path, gateway, gateway.registry).run())
+    discovery, overlay = start_discovery(gateway, config)
+    watcher = asyncio.create_task(ConfigWatcher(path, gateway, gateway.registry, overlay).run())
     background = loops.start(gateway, scraper, prober)
+    if discovery is not None:
+        background.append(discovery)
     if tracing_enabled(os.environ):
         if redis_url:
             background.append(asyncio.create_task(run_tracing(gateway, redis_url), name="traces"))

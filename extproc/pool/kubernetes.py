@@ -1,0 +1,343 @@
+"""Pod discovery from the Kubernetes API: the pool follows the pods labelled `model.aibrix.ai/name`.
+
+One list, then a watch resumed from the last resourceVersion; a 410 Gone (the version fell out of the
+API server's window), an ERROR event or a dropped connection leads to a fresh list, after a backoff
+that grows while the failures repeat. A list replaces everything known, so a deletion missed while
+disconnected is still seen.
+
+Every change is handed on at once: a pod that turns unready (or starts terminating) is kept in the pool
+as not ready, so it gets no new requests while the access-log records of its in-flight requests still
+find it; a deleted pod leaves the pool. The official client (`kubernetes_asyncio`) supplies the
+connection, credentials and request building; the watch stream is read line by line as plain JSON
+dicts, which keeps this module independent of the client's generated model classes.
+
+The conversion of a pod object (`pod_from_object`) is a pure function, tested without any server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from extproc.pool.pod import ENGINE_LABEL, ENGINES, METRIC_PORT_LABEL, Pod
+
+if TYPE_CHECKING:
+    from extproc.config import Config
+
+log = logging.getLogger(__name__)
+
+MODEL_LABEL = "model.aibrix.ai/name"
+PORT_KEY = "model.aibrix.ai/port"  # AIBrix's key for the serving port (annotation or label)
+FLEET_LABEL = "orchestration.aibrix.ai/raycluster-fleet-name"
+APP_NAME_LABEL = "app.kubernetes.io/name"
+# Where a pod's GPU type is read from, first found wins; else the deployment name stands for it
+# (the spec's prerequisite: one Deployment per GPU type).
+DEFAULT_GPU_LABELS = ("model.aibrix.ai/gpu", "machine.cluster.vke.volcengine.com/gpu-name",
+                      "nvidia.com/gpu.product")
+KINDS = ("static", "kubernetes")
+DISCOVERY_KEYS = frozenset({"kind", "namespace", "port_annotation", "gpu_labels", "kubeconfig",
+                            "label_selector", "watch_timeout_seconds", "backoff_seconds",
+                            "max_backoff_seconds"})
+POD_TEMPLATE_HASH = re.compile(r"-[a-z0-9]{5,10}$")  # a ReplicaSet name is <deployment>-<template hash>
+
+
+class Gone(Exception):
+    """The watch's resourceVersion is too old (HTTP 410): list again."""
+
+
+@dataclass(slots=True, frozen=True)
+class DiscoverySettings:
+    kind: str = "static"  # "static": the pods are the config file's; "kubernetes": watched
+    namespace: str | None = None  # None: all namespaces
+    port_annotation: str = PORT_KEY
+    gpu_labels: tuple[str, ...] = DEFAULT_GPU_LABELS
+    kubeconfig: str | None = None  # None: in-cluster service account, else ~/.kube/config
+    label_selector: str = MODEL_LABEL  # further restrictions may be added: "model.aibrix.ai/name,team=a"
+    watch_timeout_seconds: float = 300.0  # the server ends each watch after this; it resumes at once
+    backoff_seconds: float = 0.5
+    max_backoff_seconds: float = 30.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.kind == "kubernetes"
+
+
+def parse_settings(raw: Mapping[str, Any]) -> DiscoverySettings:
+    """The config file's `discovery:` section; raises ValueError naming the bad key."""
+    unknown = sorted(str(k) for k in raw if k not in DISCOVERY_KEYS)
+    if unknown:
+        raise ValueError(f"unknown key discovery.{unknown[0]} (known: {', '.join(sorted(DISCOVERY_KEYS))})")
+    kind = raw.get("kind", "static")
+    if kind not in KINDS:
+        raise ValueError(f"discovery.kind {kind!r} is not one of {', '.join(KINDS)}")
+    out: dict[str, Any] = {"kind": kind}
+    for key in ("namespace", "port_annotation", "kubeconfig", "label_selector"):
+        if raw.get(key) is not None:
+            if not isinstance(raw[key], str) or not raw[key]:
+                raise ValueError(f"discovery.{key} must be a non-empty string")
+            out[key] = raw[key]
+    if "label_selector" in out and MODEL_LABEL not in out["label_selector"]:
+        raise ValueError(f"discovery.label_selector must still select on {MODEL_LABEL}")
+    if "gpu_labels" in raw:
+        labels = raw["gpu_labels"]
+        if not isinstance(labels, list) or not all(isinstance(x, str) and x for x in labels):
+            raise ValueError("discovery.gpu_labels must be a list of label names")
+        out["gpu_labels"] = tuple(labels)
+    for key, minimum in (("watch_timeout_seconds", 1), ("backoff_seconds", 0.01),
+                         ("max_backoff_seconds", 0.01)):
+        if key in raw:
+            value = raw[key]
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+                raise ValueError(f"discovery.{key} must be a number >= {minimum}, not {value!r}")
+            out[key] = float(value)
+    return DiscoverySettings(**out)
+
+
+# -- pure conversion ------------------------------------------------------------------------------
+
+def deployment_of(meta: Mapping[str, Any]) -> str:
+    """The rule the SLO profiles use: fleet label, app name label, else the ReplicaSet owner's name
+    without its pod-template hash."""
+    labels = meta.get("labels") or {}
+    for key in (FLEET_LABEL, APP_NAME_LABEL):
+        if labels.get(key):
+            return str(labels[key])
+    for owner in meta.get("ownerReferences") or ():
+        if owner.get("kind") == "ReplicaSet" and owner.get("name"):
+            name = str(owner["name"])
+            template = labels.get("pod-template-hash")
+            if template and name.endswith(f"-{template}"):
+                return name[: -len(template) - 1]
+            return POD_TEMPLATE_HASH.sub("", name)
+        if owner.get("kind") in ("StatefulSet", "LeaderWorkerSet") and owner.get("name"):
+            return str(owner["name"])
+    return ""
+
+
+def _port(value: Any) -> int | None:
+    try:
+        port = int(str(value))
+    except (TypeError, ValueError):
+        return None
+    return port if 0 < port < 65536 else None
+
+
+def serving_port(obj: Mapping[str, Any], settings: DiscoverySettings) -> int | None:
+    """The annotation (or a label of that name), else a container port named http/serve, else the
+    first container port declared."""
+    meta = obj.get("metadata") or {}
+    for source in (meta.get("annotations") or {}, meta.get("labels") or {}):
+        if settings.port_annotation in source:
+            return _port(source[settings.port_annotation])
+    ports = [p for c in (obj.get("spec") or {}).get("containers") or () for p in c.get("ports") or ()
+             if p.get("protocol", "TCP") == "TCP"]
+    for p in ports:
+        if p.get("name") in ("http", "serve", "serving"):
+            return _port(p.get("containerPort"))
+    return _port(ports[0].get("containerPort")) if ports else None
+
+
+def is_ready(obj: Mapping[str, Any]) -> bool:
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    if meta.get("deletionTimestamp") or status.get("phase") != "Running":
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in status.get("conditions") or ())
+
+
+def pod_from_object(obj: Mapping[str, Any], settings: DiscoverySettings) -> Pod | None:
+    """A Kubernetes pod object as the gateway's Pod; None when it cannot be routed to at all (no model
+    label, no IP yet, no port)."""
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    model = labels.get(MODEL_LABEL)
+    ip = status.get("podIP")
+    port = serving_port(obj, settings)
+    if not model or not ip or port is None or status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    address = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+    deployment = deployment_of(meta)
+    gpu = next((labels[k] for k in settings.gpu_labels if labels.get(k)), deployment)
+    engine = labels.get(ENGINE_LABEL, "vllm").lower()
+    if engine not in ENGINES:
+        engine = "vllm"
+    annotations = meta.get("annotations") or {}
+    metrics_port = _port(annotations.get(METRIC_PORT_LABEL, labels.get(METRIC_PORT_LABEL)))
+    return Pod(model=model, name=str(meta.get("name", "")), address=address, deployment=deployment,
+               labels={**labels, "gpu": gpu}, ready=is_ready(obj),
+               namespace=str(meta.get("namespace", "default")), engine=engine, metrics_port=metrics_port)
+
+
+# -- the watch ------------------------------------------------------------------------------------
+
+class PodWatcher:
+    """List + watch; calls `on_change(pods)` with every routable pod after each change."""
+
+    def __init__(self, settings: DiscoverySettings, on_change: Callable[[list[Pod]], None],
+                 configuration: Any = None) -> None:
+        self.settings = settings
+        self._on_change = on_change
+        self._configuration = configuration  # a kubernetes_asyncio Configuration (tests); else loaded
+        self._objects: dict[str, Pod] = {}  # "namespace/name" -> Pod
+        self.resource_version: str | None = None
+        self.lists = 0  # full lists done (the first, then one per 410 or disconnect)
+        self.failures = 0  # consecutive failures without a watch event between them: the backoff's exponent
+        self.synced = asyncio.Event()  # set after the first list has been handed on
+
+    def pods(self) -> list[Pod]:
+        return list(self._objects.values())
+
+    async def _api(self) -> Any:
+        from kubernetes_asyncio import client, config
+
+        configuration = self._configuration
+        if configuration is None:
+            configuration = client.Configuration()
+            if self.settings.kubeconfig is None and _in_cluster():
+                config.load_incluster_config(client_configuration=configuration)
+            else:
+                await config.load_kube_config(config_file=self.settings.kubeconfig,
+                                              client_configuration=configuration, persist_config=False)
+        return client.CoreV1Api(client.ApiClient(configuration))
+
+    def _call(self, api: Any, **kwargs: Any) -> Any:
+        kwargs.update(label_selector=self.settings.label_selector, _preload_content=False)
+        if self.settings.namespace:
+            return api.list_namespaced_pod(self.settings.namespace, **kwargs)
+        return api.list_pod_for_all_namespaces(**kwargs)
+
+    async def run(self) -> None:
+        api = await self._api()
+        try:
+            while True:
+                try:
+                    await self._list(api)
+                    await self._watch(api)
+                except asyncio.CancelledError:
+                    raise
+                except Gone:
+                    log.info("pod watch: resourceVersion %s expired (410), listing again",
+                             self.resource_version)
+                except Exception as exc:  # disconnect, API error, bad JSON
+                    log.warning("pod discovery: %s: %s; listing again", type(exc).__name__, exc)
+                self.failures += 1
+                delay = min(self.settings.max_backoff_seconds,
+                            self.settings.backoff_seconds * 2 ** (self.failures - 1))
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+        finally:
+            await api.api_client.close()
+
+    async def _list(self, api: Any) -> None:
+        response = await self._call(api)
+        async with response:
+            body = await response.read()
+            if response.status != 200:
+                raise RuntimeError(f"pod list: HTTP {response.status}: {body[:200]!r}")
+        data = json.loads(body)
+        objects = {}
+        for obj in data.get("items") or ():
+            pod = pod_from_object(obj, self.settings)
+            if pod is not None:
+                objects[_name(obj)] = pod
+        self._objects = objects
+        self.resource_version = (data.get("metadata") or {}).get("resourceVersion")
+        self.lists += 1
+        self._publish()
+        self.synced.set()
+
+    async def _watch(self, api: Any) -> None:
+        """Watch, resuming each time the server ends the stream; raises Gone on 410, or on failure."""
+        while True:
+            response = await self._call(api, watch=True, resource_version=self.resource_version,
+                                        allow_watch_bookmarks=True,
+                                        timeout_seconds=int(self.settings.watch_timeout_seconds))
+            async with response:
+                if response.status == 410:
+                    raise Gone()
+                if response.status != 200:
+                    raise RuntimeError(f"pod watch: HTTP {response.status}")
+                while line := await response.content.readline():
+                    if line.strip():
+                        self._event(json.loads(line))
+                        self.failures = 0  # the watch delivered: a later failure backs off afresh
+            # the server's timeout ended the watch cleanly: resume from the last version
+
+    def _event(self, event: Mapping[str, Any]) -> None:
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise Gone()
+            raise RuntimeError(f"watch error: {obj.get('message') or obj}")
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if version:
+            self.resource_version = version
+        if kind == "BOOKMARK":
+            return
+        name = _name(obj)
+        pod = None if kind == "DELETED" else pod_from_object(obj, self.settings)
+        before = self._objects.get(name)
+        if pod is None:
+            if self._objects.pop(name, None) is None:
+                return
+        elif before == pod and before.labels == pod.labels:
+            return
+        else:
+            self._objects[name] = pod
+        self._publish()
+
+    def _publish(self) -> None:
+        try:
+            self._on_change(self.pods())
+        except Exception:  # the gateway refused it (logged there); the watch goes on
+            log.exception("pod discovery: applying %d pods failed", len(self._objects))
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def _in_cluster() -> bool:
+    import os
+
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+class DiscoveredPool:
+    """Joins the config file with the watched pods: the gateway's config is always the file's config
+    with the discovered pods (and their models) added, whichever of the two changed last."""
+
+    def __init__(self, apply: Callable[[Config], None], base: Config) -> None:
+        self._apply = apply
+        self.base = base
+        self.pods: list[Pod] = []
+
+    def overlay(self, config: Config) -> Config:
+        self.base = config
+        return self._merged()
+
+    def _merged(self) -> Config:
+        models = tuple(dict.fromkeys([*self.base.models, *sorted({p.model for p in self.pods})]))
+        return replace(self.base, pods=(*self.base.pods, *self.pods), models=models)
+
+    def update(self, pods: list[Pod]) -> None:
+        self.pods = sorted(pods, key=lambda p: (p.model, p.namespace, p.name))
+        self._apply(self._merged())
+
+
+def start_discovery(gateway: Any, config: Config) -> tuple[asyncio.Task | None, Callable[[Config], Config]]:
+    """For `extproc serve`: the watch task (None with static discovery) and the overlay a config reload
+    goes through, so a reloaded file keeps the discovered pods. Discovery settings take a restart."""
+    if not config.discovery.enabled:
+        return None, lambda c: c
+    joined = DiscoveredPool(gateway.apply, config)
+    watcher = PodWatcher(config.discovery, joined.update)
+    where = config.discovery.namespace or "all namespaces"
+    log.info("discovering pods labelled %s in %s", config.discovery.label_selector, where)
+    return asyncio.create_task(watcher.run(), name="discovery"), joined.overlay

@@ -1,0 +1,293 @@
+"""Kubernetes pod discovery against a small API server written here: list + watch over real HTTP on
+127.0.0.1, reached through the official client configured from a kubeconfig file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from extproc.config import parse
+from extproc.pool.kubernetes import DiscoveredPool, DiscoverySettings, PodWatcher
+from extproc.server.gateway import Gateway
+
+MODEL = "deepseek-coder-7b"
+
+
+async def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Poll with a deadline (the event loop keeps running the watcher and the server meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def pod_object(name: str, ip: str | None = "10.0.0.1", *, ready: bool = True, gpu: str = "L20",
+               namespace: str = "default", labels: dict[str, str] | None = None) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": "Running" if ip else "Pending",
+                              "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    if ip:
+        status["podIP"] = ip
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {"model.aibrix.ai/name": MODEL, "model.aibrix.ai/engine": "vllm",
+                                "machine.cluster.vke.volcengine.com/gpu-name": gpu,
+                                "pod-template-hash": "96667667c", **(labels or {})},
+                     "ownerReferences": [{"kind": "ReplicaSet", "name": f"{MODEL}-{gpu.lower()}-96667667c"}]},
+        "spec": {"containers": [{"name": "vllm", "ports": [{"name": "http", "containerPort": 8000}]}]},
+        "status": status,
+    }
+
+
+class FakeApiServer:
+    """Pods with resourceVersions, an event log, watches that can be dropped or expired (410)."""
+
+    def __init__(self) -> None:
+        self.version = 100
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.events: list[tuple[int, str, dict[str, Any]]] = []
+        self.oldest = 0  # a watch from before this version gets 410 Gone (etcd compaction)
+        self.changed = asyncio.Condition()
+        self.lists: list[float] = []  # when each list came
+        self.watches: list[dict[str, str]] = []  # each watch request's query
+        self.fail_lists = 0  # the next this-many lists get a 500
+        self._drop = 0  # bumped to cut every open watch
+        self.watch_timeout_ends = False  # honour timeoutSeconds by ending the stream cleanly
+        self.paused = False  # open watches deliver nothing (a slow watch falling behind)
+
+    async def change(self, kind: str, obj: dict[str, Any]) -> None:
+        self.version += 1
+        obj = json.loads(json.dumps(obj))
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+        if kind == "DELETED":
+            self.pods.pop(key, None)
+        else:
+            self.pods[key] = obj
+        self.events.append((self.version, kind, obj))
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def drop_watches(self) -> None:
+        self._drop += 1
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def expire(self) -> None:
+        """Compact: every version up to now is gone; open watches end (a resume will get 410)."""
+        self.oldest = self.version + 1
+        self.watch_timeout_ends = True
+        await self.drop_watches()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        namespace = request.match_info.get("namespace")
+        assert request.query.get("labelSelector") == "model.aibrix.ai/name"
+        if request.query.get("watch") not in ("true", "True", "1"):
+            self.lists.append(time.monotonic())
+            if self.fail_lists:
+                self.fail_lists -= 1
+                return web.json_response({"kind": "Status", "code": 500}, status=500)
+            items = [p for p in self.pods.values() if namespace in (None, p["metadata"]["namespace"])]
+            return web.json_response({"kind": "PodList", "apiVersion": "v1", "items": items,
+                                      "metadata": {"resourceVersion": str(self.version)}})
+        self.watches.append(dict(request.query))
+        since = int(request.query.get("resourceVersion") or 0)
+        response = web.StreamResponse()
+        response.content_type = "application/json"
+        await response.prepare(request)
+        if since < self.oldest:
+            gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired",
+                                                "message": f"too old resource version: {since}"}}
+            await response.write(json.dumps(gone).encode() + b"\n")
+            return response
+        drop, sent = self._drop, since
+        while True:
+            for version, kind, obj in [] if self.paused else self.events:
+                if version > sent and namespace in (None, obj["metadata"]["namespace"]):
+                    await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+            sent = sent if self.paused else self.version
+            if self._drop != drop:
+                if self.watch_timeout_ends:
+                    return response  # a clean end, as when timeoutSeconds runs out
+                request.transport.close()  # a dropped connection mid-stream
+                return response
+            async with self.changed:
+                await self.changed.wait()
+
+
+@pytest.fixture
+async def api(tmp_path: Path):
+    server = FakeApiServer()
+    app = web.Application()
+    app.router.add_get("/api/v1/pods", server.handle)
+    app.router.add_get("/api/v1/namespaces/{namespace}/pods", server.handle)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "test", "user": {"token": "not-a-secret"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}]}))
+    server.kubeconfig = str(kubeconfig)
+    yield server
+    await server.drop_watches()
+    await runner.cleanup()
+
+
+async def start(api: FakeApiServer, **settings: Any) -> tuple[PodWatcher, list[list], asyncio.Task]:
+    seen: list[list] = []
+    watcher = PodWatcher(DiscoverySettings(kind="kubernetes", kubeconfig=api.kubeconfig,
+                                           backoff_seconds=0.05, **settings), seen.append)
+    task = asyncio.create_task(watcher.run())
+    await eventually(lambda: watcher.synced.is_set(), "the first list")
+    return watcher, seen, task
+
+
+async def stop(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+def by_name(watcher: PodWatcher) -> dict[str, Any]:
+    return {p.name: p for p in watcher.pods()}
+
+
+async def test_add_modify_delete_through_one_watch(api: FakeApiServer) -> None:
+    await api.change("ADDED", pod_object("l20-a", "10.0.0.1"))
+    watcher, seen, task = await start(api)
+    try:
+        pod = by_name(watcher)["l20-a"]
+        assert (pod.address, pod.ready, pod.gpu, pod.deployment, pod.engine) == \
+            ("10.0.0.1:8000", True, "L20", f"{MODEL}-l20", "vllm")
+
+        await api.change("ADDED", pod_object("v100-a", None, gpu="V100"))  # no IP yet: not routable
+        await api.change("MODIFIED", pod_object("l20-a", "10.0.0.1", ready=False))
+        await eventually(lambda: not by_name(watcher)["l20-a"].ready, "l20-a unready")
+        assert "v100-a" not in by_name(watcher)
+
+        await api.change("MODIFIED", pod_object("v100-a", "10.0.0.2", gpu="V100"))
+        await eventually(lambda: "v100-a" in by_name(watcher), "v100-a with an IP")
+        assert by_name(watcher)["v100-a"].gpu == "V100"
+
+        await api.change("DELETED", pod_object("l20-a", "10.0.0.1", ready=False))
+        await eventually(lambda: "l20-a" not in by_name(watcher), "l20-a deleted")
+        assert [p.name for p in seen[-1]] == ["v100-a"]
+        assert len(api.lists) == 1  # all of it over one list and one watch
+        assert len(api.watches) == 1 and api.watches[0]["resourceVersion"] == "101"
+    finally:
+        await stop(task)
+
+
+async def test_watch_resumes_from_last_version_after_clean_end(api: FakeApiServer) -> None:
+    watcher, _, task = await start(api)
+    try:
+        await api.change("ADDED", pod_object("l20-a"))
+        await eventually(lambda: "l20-a" in by_name(watcher), "l20-a")
+        api.watch_timeout_ends = True
+        await api.drop_watches()  # the server ends the watch, as its timeoutSeconds would
+        await eventually(lambda: len(api.watches) >= 2, "a second watch")
+        assert api.watches[1]["resourceVersion"] == str(api.version)  # resumed, not relisted
+        assert len(api.lists) == 1
+        await api.change("ADDED", pod_object("l20-b", "10.0.0.3"))
+        await eventually(lambda: "l20-b" in by_name(watcher), "l20-b through the resumed watch")
+    finally:
+        await stop(task)
+
+
+async def test_dropped_watch_relists_and_sees_what_was_missed(api: FakeApiServer) -> None:
+    await api.change("ADDED", pod_object("l20-a"))
+    watcher, _, task = await start(api)
+    try:
+        api.fail_lists = 1  # the first relist fails too: backoff, then another list
+        await api.drop_watches()
+        # while disconnected: one pod goes away and another comes, with no watch to tell
+        api.pods.clear()
+        api.version += 1
+        await api.change("ADDED", pod_object("l20-b", "10.0.0.3"))
+        await eventually(lambda: set(by_name(watcher)) == {"l20-b"}, "the relisted pool")
+        assert len(api.lists) == 3  # first list, the failed relist, the good one
+    finally:
+        await stop(task)
+
+
+async def test_410_gone_relists(api: FakeApiServer) -> None:
+    await api.change("ADDED", pod_object("l20-a"))
+    watcher, _, task = await start(api)
+    try:
+        await api.change("ADDED", pod_object("l20-b", "10.0.0.3"))
+        await eventually(lambda: "l20-b" in by_name(watcher), "l20-b")
+        api.paused = True  # the deletion below never reaches the watch ...
+        await api.change("DELETED", pod_object("l20-a"))
+        await api.expire()  # ... and is compacted away: resuming from the watch's version gets 410
+        await eventually(lambda: len(api.lists) >= 2, "a relist after 410")
+        await eventually(lambda: set(by_name(watcher)) == {"l20-b"}, "the pool after the relist")
+        gone = [w for w in api.watches if int(w["resourceVersion"]) < api.oldest]
+        assert gone, "a watch should have been refused with 410"
+    finally:
+        await stop(task)
+
+
+async def test_backoff_grows_while_lists_keep_failing(api: FakeApiServer) -> None:
+    api.fail_lists = 4
+    seen: list[list] = []
+    watcher = PodWatcher(DiscoverySettings(kind="kubernetes", kubeconfig=api.kubeconfig,
+                                           backoff_seconds=0.05, max_backoff_seconds=5), seen.append)
+    task = asyncio.create_task(watcher.run())
+    try:
+        await eventually(lambda: watcher.synced.is_set(), "a list after four failures")
+        gaps = [b - a for a, b in zip(api.lists, api.lists[1:], strict=False)]
+        assert len(gaps) == 4
+        assert all(later > earlier * 1.2 for earlier, later in zip(gaps, gaps[1:], strict=False)), gaps
+    finally:
+        await stop(task)
+
+
+async def test_one_namespace(api: FakeApiServer) -> None:
+    await api.change("ADDED", pod_object("mine", namespace="serving"))
+    await api.change("ADDED", pod_object("theirs", "10.0.0.9", namespace="other"))
+    watcher, _, task = await start(api, namespace="serving")
+    try:
+        assert set(by_name(watcher)) == {"mine"}
+        assert by_name(watcher)["mine"].namespace == "serving"
+    finally:
+        await stop(task)
+
+
+async def test_gateway_follows_discovery_and_a_reload_keeps_the_pods(api: FakeApiServer) -> None:
+    """Unready: no new requests, but the address still resolves for in-flight requests' records."""
+    config = parse({"models": {}, "discovery": {"kind": "kubernetes"}}, {})
+    gateway = Gateway(config)
+    joined = DiscoveredPool(gateway.apply, config)
+    await api.change("ADDED", pod_object("l20-a", "10.0.0.1"))
+    await api.change("ADDED", pod_object("v100-a", "10.0.0.2", gpu="V100"))
+    watcher = PodWatcher(replace(config.discovery, kubeconfig=api.kubeconfig), joined.update)
+    task = asyncio.create_task(watcher.run())
+    try:
+        await eventually(lambda: len(gateway.pool.ready_pods(MODEL)) == 2, "both pods routable")
+        await api.change("MODIFIED", pod_object("l20-a", "10.0.0.1", ready=False))
+        await eventually(lambda: [p.name for p in gateway.pool.ready_pods(MODEL)] == ["v100-a"],
+                         "l20-a out of the ready set")
+        assert gateway.pool.pod_at("10.0.0.1:8000").name == "l20-a"
+        # a config file reload goes through the overlay: the watched pods stay
+        gateway.apply(joined.overlay(parse({"models": {}, "discovery": {"kind": "kubernetes"},
+                                            "routing": {"default_strategy": "least-request"}}, {})))
+        assert gateway.config.default_strategy == "least-request"
+        assert [p.name for p in gateway.pool.ready_pods(MODEL)] == ["v100-a"]
+        await api.change("DELETED", pod_object("l20-a", "10.0.0.1", ready=False))
+        await eventually(lambda: gateway.pool.pod_at("10.0.0.1:8000") is None, "l20-a gone")
+    finally:
+        await stop(task)
