@@ -7,10 +7,11 @@ to a scenario leaves the others' requests unchanged.
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 
-from extproc.fleetsim.scenario import Scenario
+from extproc.fleetsim.scenario import Scenario, Stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +21,8 @@ class Arrival:
     prompt_tokens: int
     output_tokens: int  # what the engine will generate (it stops at max_tokens = this)
     gateway: int  # which gateway replica receives it (Envoy in front spreads connections)
+    group: int = -1  # shared-prefix group (-1: none); its prefix is the first prefix_tokens of the prompt
+    prefix_tokens: int = 0
 
 
 def generate(scenario: Scenario, seed: int, gateways: int = 1) -> list[Arrival]:
@@ -28,11 +31,26 @@ def generate(scenario: Scenario, seed: int, gateways: int = 1) -> list[Arrival]:
     for i, stream in enumerate(scenario.streams):
         rng = random.Random(f"{seed}:{i}:{stream.name}")  # str seeds hash deterministically (SHA-512)
         lam = stream.rate * peak
+        groups = _groups(stream, random.Random(f"{seed}:{i}:{stream.name}:groups"))
         t = rng.expovariate(lam)
         while t < scenario.duration_s:
             if peak == 1.0 or rng.random() * peak < scenario.rate_factor(t):
-                out.append(Arrival(t, i, stream.prompt.sample(rng), stream.output.sample(rng),
-                                   rng.randrange(gateways)))
+                group, prefix = -1, 0
+                if groups:
+                    group = rng.choices(range(len(groups[0])), cum_weights=groups[1])[0]
+                    prefix = groups[0][group]
+                out.append(Arrival(t, i, prefix + stream.prompt.sample(rng), stream.output.sample(rng),
+                                   rng.randrange(gateways), group, prefix))
             t += rng.expovariate(lam)
     out.sort(key=lambda a: (a.time, a.stream))
     return out
+
+
+def _groups(stream: Stream, rng: random.Random) -> tuple[list[int], list[float]] | None:
+    """Each shared-prefix group's length and the cumulative Zipf weights of the groups."""
+    if stream.prefix is None:
+        return None
+    p = stream.prefix
+    lengths = [p.tokens.sample(rng) for _ in range(p.groups)]
+    weights = [1.0 / (k + 1) ** p.skew for k in range(p.groups)]
+    return lengths, list(itertools.accumulate(weights))

@@ -23,8 +23,9 @@ from extproc.fleetsim.arrivals import Arrival
 from extproc.fleetsim.fleet import Replica, build_replicas
 from extproc.fleetsim.gateways import build_gateways, gateway_config
 from extproc.fleetsim.scenario import Scenario
-from extproc.openai import Request
+from extproc.openai import CHARS_PER_TOKEN, Request
 from extproc.sim.engine import CapacityError, SeqState, SimRequest
+from extproc.sim.prefix import block_hashes
 
 PENDING, OK, REJECTED, FAILED = 0, 1, 2, 3
 STEP, SCRAPE, REFRESH, SYNC, LOSS = 0, 1, 2, 3, 4
@@ -64,6 +65,18 @@ class RunResult:
 
 
 ProgressFn = Callable[[float], None]
+
+
+def prompt_text(a: Arrival, i: int) -> str:
+    """A prompt whose first `prefix_tokens` are its group's and the rest its own (~4 characters per
+    token, as the gateway and the simulator count): what prefix-cache routing hashes, and what the
+    engine's prefix cache sees through the same hash chain the live simulator uses."""
+    shared = _fill(f"[stream {a.stream} group {a.group}]", a.prefix_tokens * CHARS_PER_TOKEN)
+    return shared + _fill(f"<request {i}>", (a.prompt_tokens - a.prefix_tokens) * CHARS_PER_TOKEN)
+
+
+def _fill(unit: str, chars: int) -> str:
+    return (unit * (chars // len(unit) + 1))[:chars]
 
 
 def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gateways: int = 1,
@@ -217,8 +230,9 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
         next_arrival = arrivals[ai].time if ai < n else math.inf
         clock.now = t = a.time
         stream = streams[a.stream]
+        text = prompt_text(a, i) if a.group >= 0 else ""
         request = Request(model, "/v1/chat/completions", stream=True, prompt_tokens=a.prompt_tokens,
-                          max_tokens=stream.max_tokens)
+                          max_tokens=stream.max_tokens, prompt=text)
         decision = gws[a.gateway].gateway.route(request, profiles[a.gateway], str(i))
         if decision is None:
             res.status[i] = REJECTED  # no routable pod: the client gets a 503 from the gateway
@@ -229,7 +243,8 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
         open_count += 1
         res.bucket_routed[r.gpu][int(t // BUCKET_S)] += 1
         try:
-            r.driver.add(SimRequest(str(i), a.prompt_tokens, a.output_tokens), t)
+            hashes = block_hashes(text, r.driver.engine.config.block_size * CHARS_PER_TOKEN) if text else ()
+            r.driver.add(SimRequest(str(i), a.prompt_tokens, a.output_tokens, hashes), t)
         except CapacityError:
             end_request(i, r, None, REJECTED, 400)  # too long for this engine: vLLM's 400
             continue

@@ -105,6 +105,8 @@ def summarize(run: RunResult) -> dict[str, Any]:
         "goodput_rps": met_total / window,
         "peak_queue": max(r.peak_waiting for r in run.replicas),
         "preemptions": sum(r.preemptions for r in run.replicas),
+        # prompt tokens found in the engines' prefix caches / looked up, over the whole run
+        "prefix_hit_rate": _prefix_hit_rate(run.replicas),
         **counts,
     }
     total = len(run.arrivals)
@@ -152,3 +154,9 @@ def strip_series(summary: dict[str, Any]) -> dict[str, Any]:
 def mean(values: Iterable[float]) -> float:
     values = list(values)
     return sum(values) / len(values) if values else 0.0
+
+
+def _prefix_hit_rate(replicas) -> float | None:  # noqa: ANN001
+    queries = sum(r.driver.engine.prefix_queries_total for r in replicas)
+    hits = sum(r.driver.engine.prefix_hits_total for r in replicas)
+    return hits / queries if queries else None

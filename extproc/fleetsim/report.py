@@ -48,6 +48,8 @@ def markdown(report: dict[str, Any]) -> str:
     for name, s in report["strategies"].items():
         c = s["cluster"]
         extra = f"; max rate meeting the SLO {s['max_rate_rps']:.1f} req/s" if s.get("max_rate_rps") else ""
+        if c.get("prefix_hit_rate") is not None:
+            extra += f"; prefix-cache hit rate {c['prefix_hit_rate'] * 100:.1f} % of prompt tokens"
         lines.append(f"- {name}: {c['arrived']} requests measured ({c['completed']} completed, {c['rejected']} "
                      f"rejected, {c['failed']} failed); {s['wall_s']:.1f} s wall{extra}")
     return "\n".join(lines)

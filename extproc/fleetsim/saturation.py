@@ -30,7 +30,8 @@ class MixSampler:
     def sample(self, rng: random.Random) -> tuple[int, int]:
         streams = self.scenario.streams
         s = rng.choices(streams, weights=[x.rate for x in streams])[0] if len(streams) > 1 else streams[0]
-        return s.prompt.sample(rng), s.output.sample(rng)
+        prefix = s.prefix.tokens.sample(rng) if s.prefix is not None else 0  # no cache hits: the full cost
+        return prefix + s.prompt.sample(rng), s.output.sample(rng)
 
 
 def build_engine(scenario: Scenario, gpu: str, tensor_parallel: int | None = None) -> Engine:
@@ -41,7 +42,7 @@ def build_engine(scenario: Scenario, gpu: str, tensor_parallel: int | None = Non
 def saturated_throughput(scenario: Scenario, gpu: str, tensor_parallel: int | None = None,
                          seed: int = 0, waves: int = 6) -> float:
     """Output tokens/s of one replica of `gpu` kept full with the scenario's mix (cached)."""
-    mix = tuple((s.rate / scenario.total_rate, s.prompt, s.output) for s in scenario.streams)
+    mix = tuple((s.rate / scenario.total_rate, s.prompt, s.output, s.prefix) for s in scenario.streams)
     key = (gpu, scenario.model, tensor_parallel, tuple(sorted(scenario.engine.items())), mix, seed, waves)
     if key not in _CACHE:
         _CACHE[key] = _measure(build_engine(scenario, gpu, tensor_parallel), MixSampler(scenario),

@@ -30,6 +30,17 @@ class Group:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedPrefix:
+    """Requests of a stream share long prefixes: each belongs to one of `groups` (a system prompt, a
+    few-shot template, a conversation's history), drawn with Zipf popularity `skew` (0: uniform); the
+    group's prefix length is drawn once from `tokens`; the stream's `prompt` lengths are what follows."""
+
+    groups: int
+    tokens: Lengths
+    skew: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
 class Stream:
     """One Poisson arrival stream with its own length distributions."""
 
@@ -40,6 +51,7 @@ class Stream:
     # What the client sends as max_tokens (routing may read it). None: clients send none, as most chat
     # clients; the engine still stops at the sampled output length, which routing never sees.
     max_tokens: int | None = None
+    prefix: SharedPrefix | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +209,19 @@ def _stream(raw: Any, i: int) -> Stream:
         raise ValueError(f"streams[{i}] ({name}): rate > 0")
     mt = raw.get("max_tokens")
     return Stream(name, rate, parse_lengths(raw.get("prompt"), f"{name}.prompt"),
-                  parse_lengths(raw.get("output"), f"{name}.output"), int(mt) if mt else None)
+                  parse_lengths(raw.get("output"), f"{name}.output"), int(mt) if mt else None,
+                  _prefix(raw.get("prefix"), name))
+
+
+def _prefix(raw: Any, name: str) -> SharedPrefix | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - {"groups", "tokens", "skew"}:
+        raise ValueError(f"{name}.prefix: a mapping of groups, tokens, skew")
+    groups, skew = int(raw.get("groups", 0)), float(raw.get("skew", 1.0))
+    if groups < 1 or skew < 0:
+        raise ValueError(f"{name}.prefix: groups >= 1 and skew >= 0")
+    return SharedPrefix(groups, parse_lengths(raw.get("tokens"), f"{name}.prefix.tokens"), skew)
 
 
 def _events(raw: list[Any], gpus: set[str]) -> tuple[tuple[RateChange, ...], tuple[ReplicaLoss, ...]]:
