@@ -107,3 +107,17 @@ def test_cli_writes_json_markdown_and_plot(tmp_path, capsys):
             assert key in s["cluster"]
     assert png.stat().st_size > 10000
     assert "| least-request | **cluster** |" in capsys.readouterr().out
+
+
+def test_shared_prefixes_hit_more_where_routing_follows_them():
+    shared = {"name": "chats", "rate": 20, "prefix": {"groups": 60, "tokens": 1500, "skew": 0},
+              "prompt": {"mean": 60, "sigma": 0.5, "max": 400},
+              "output": {"mean": 20, "sigma": 0.5, "max": 100}}
+    sc = small(streams=[shared], duration_s=20)
+    arrivals = generate(sc, seed=0)
+    assert all(a.group in range(60) and a.prompt_tokens > a.prefix_tokens == 1500 for a in arrivals)
+    rates = {s: run_strategy(sc, s, Options())["cluster"]["prefix_hit_rate"]
+             for s in ("prefix-cache,load-balance:0", "random")}
+    assert rates["random"] > 0  # the engines' caches work whatever routing does...
+    assert rates["prefix-cache,load-balance:0"] > rates["random"] + 0.1  # ...and affinity fills them
+    assert run_strategy(small(), "random", Options())["cluster"]["prefix_hit_rate"] is None  # no prefixes
