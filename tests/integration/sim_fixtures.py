@@ -5,13 +5,14 @@ from __future__ import annotations
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from extproc.localstack import Proc, free_port, port_open
 
-__all__ = ["SimProcess", "free_port", "http_status", "start_sim"]
+__all__ = ["SimProcess", "free_port", "http_status", "running_sims", "start_sim"]
 
 STARTUP_DEADLINE_S = 20.0
 
@@ -67,3 +68,16 @@ def start_sim(args: list[str], log_dir: Path, port: int | None = None, wait: str
         sim.stop()
         raise
     return sim
+
+
+@contextmanager
+def running_sims(args: list[str], log_dir: Path, n: int) -> Iterator[list[SimProcess]]:
+    """`n` engine simulators with the same flags, stopped on exit (a list: tests may replace one)."""
+    sims: list[SimProcess] = []
+    try:
+        for _ in range(n):
+            sims.append(start_sim(args, log_dir))
+        yield sims
+    finally:
+        for sim in sims:
+            sim.stop()

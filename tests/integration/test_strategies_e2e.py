@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from extproc.localstack import LocalStack, http_get
-from tests.integration.sim_fixtures import SimProcess, start_sim
+from tests.integration.sim_fixtures import SimProcess, running_sims
+from tests.support.stack import running_stack
 
 MODEL = "llama2-7b"
 SYSTEM = "You are a meticulous assistant who answers in one line. " * 120  # ~1,700 tokens
@@ -22,23 +22,15 @@ SYSTEM = "You are a meticulous assistant who answers in one line. " * 120  # ~1,
 @pytest.fixture(scope="module")
 def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SimProcess]]:
     log_dir = tmp_path_factory.mktemp("strategies")
-    args = ["--gpu", "A100-80GB", "--model", MODEL, "--time-scale", "10"]
-    box = [start_sim(args, log_dir) for _ in range(3)]
-    yield box
-    for sim in box:
-        sim.stop()
+    with running_sims(["--gpu", "A100-80GB", "--model", MODEL, "--time-scale", "10"], log_dir, 3) as box:
+        yield box
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, sims: list[SimProcess]) -> Iterator[LocalStack]:
-    log_dir: Path = tmp_path_factory.mktemp("strategies-stack")
-    s = LocalStack(config_path=log_dir / "gateway.yaml", log_dir=log_dir)
-    s.write_config({"models": {MODEL: {"pods": [
-        {"name": f"p{i}", "address": f"127.0.0.1:{sim.port}"} for i, sim in enumerate(sims)]}}})
-    s.start_gateway()
-    s.start_envoy()
-    yield s
-    s.stop()
+    pods = [{"name": f"p{i}", "address": f"127.0.0.1:{sim.port}"} for i, sim in enumerate(sims)]
+    with running_stack(tmp_path_factory.mktemp("strategies-stack"), {"models": {MODEL: {"pods": pods}}}) as s:
+        yield s
 
 
 def client(stack: LocalStack) -> openai.OpenAI:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from extproc.localstack import wait_until
-from tests.support.stack import Stack, start_upstream
+from tests.support.stack import Stack, running_stack, start_upstream
 
 MODEL = "llama2-7b"
 CHAT = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
@@ -22,15 +22,14 @@ MAX_BODY = 64 * 1024
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     log_dir: Path = tmp_path_factory.mktemp("bad-input")
     proc, port = start_upstream("a", log_dir)
-    s = Stack(config_path=log_dir / "gateway.yaml", log_dir=log_dir)
-    s.write_config({"models": {MODEL: {"pods": [{"name": "a", "address": f"127.0.0.1:{port}"}]}},
-                    "routing": {"default_strategy": "least-request"},
-                    "gateway": {"max_body_bytes": MAX_BODY}})
-    s.start_gateway()
-    s.start_envoy()
-    yield s
-    s.stop()
-    proc.stop()
+    try:
+        pods = [{"name": "a", "address": f"127.0.0.1:{port}"}]
+        with running_stack(log_dir, {"models": {MODEL: {"pods": pods}},
+                                     "routing": {"default_strategy": "least-request"},
+                                     "gateway": {"max_body_bytes": MAX_BODY}}) as s:
+            yield s
+    finally:
+        proc.stop()
 
 
 def raw_request(stack: Stack, head: bytes, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:

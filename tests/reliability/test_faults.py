@@ -17,6 +17,7 @@ from aiohttp import web
 
 from extproc.localstack import LocalStack, free_port, wait_until
 from tests.integration.sim_fixtures import SimProcess, start_sim
+from tests.support.stack import running_stack
 
 MODEL = "llama2-7b"
 SIM_ARGS = ["--gpu", "A100-80GB", "--model", MODEL, "--time-scale", "5"]
@@ -49,12 +50,8 @@ def config(sims: dict[str, SimProcess], metrics_port: dict[str, int] | None = No
 
 @pytest.fixture(scope="module")
 def stack(log_dir: Path, sims: dict[str, SimProcess]) -> Iterator[LocalStack]:
-    s = LocalStack(config_path=log_dir / "gateway.yaml", log_dir=log_dir)
-    s.write_config(config(sims))
-    s.start_gateway()
-    s.start_envoy(idle_timeout_seconds=IDLE_TIMEOUT_S)
-    yield s
-    s.stop()
+    with running_stack(log_dir, config(sims), idle_timeout_seconds=IDLE_TIMEOUT_S) as s:
+        yield s
 
 
 def set_faults(sim: SimProcess, faults: dict) -> None:

@@ -15,7 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from extproc.localstack import LocalStack, http_get, wait_until
-from tests.integration.sim_fixtures import SimProcess, start_sim
+from tests.integration.sim_fixtures import SimProcess, running_sims
+from tests.support.stack import running_stack
 
 MODEL = "llama2-7b"
 CONCURRENCY = 1000
@@ -31,21 +32,15 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def sims(log_dir: Path) -> Iterator[list[SimProcess]]:
     args = ["--gpu", "A100-80GB", "--model", MODEL, "--time-scale", "20", "--max-num-seqs", "512"]
-    box = [start_sim(args, log_dir) for _ in range(2)]
-    yield box
-    for sim in box:
-        sim.stop()
+    with running_sims(args, log_dir, 2) as box:
+        yield box
 
 
 @pytest.fixture(scope="module")
 def stack(log_dir: Path, sims: list[SimProcess]) -> Iterator[LocalStack]:
-    s = LocalStack(config_path=log_dir / "gateway.yaml", log_dir=log_dir)
-    s.write_config({"models": {MODEL: {"pods": [
-        {"name": f"p{i}", "address": f"127.0.0.1:{sim.port}"} for i, sim in enumerate(sims)]}}})
-    s.start_gateway()
-    s.start_envoy()
-    yield s
-    s.stop()
+    pods = [{"name": f"p{i}", "address": f"127.0.0.1:{sim.port}"} for i, sim in enumerate(sims)]
+    with running_stack(log_dir, {"models": {MODEL: {"pods": pods}}}) as s:
+        yield s
 
 
 def generated(sims: list[SimProcess]) -> float:

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from extproc.localstack import free_port, wait_until
-from tests.support.stack import Stack, start_upstream, upstream_stats
+from tests.support.stack import Stack, running_stack, start_upstream, upstream_stats
 
 MODEL = "llama2-7b"
 CHAT = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
@@ -41,16 +41,12 @@ def keys_file(log_dir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def stack(log_dir: Path, upstreams: dict[str, int], keys_file: Path) -> Iterator[Stack]:
-    s = Stack(config_path=log_dir / "gateway.yaml", log_dir=log_dir)
-    s.write_config({"models": {
-        MODEL: {"pods": [{"name": "a", "address": f"127.0.0.1:{upstreams['a']}"}]},
-        "dead-model": {"pods": [{"name": "gone", "address": f"127.0.0.1:{free_port()}"}]}},
-        "routing": {"default_strategy": "least-request"},
-        "gateway": {"api_keys_file": str(keys_file)}})
-    s.start_gateway()
-    s.start_envoy()
-    yield s
-    s.stop()
+    with running_stack(log_dir, {"models": {
+            MODEL: {"pods": [{"name": "a", "address": f"127.0.0.1:{upstreams['a']}"}]},
+            "dead-model": {"pods": [{"name": "gone", "address": f"127.0.0.1:{free_port()}"}]}},
+            "routing": {"default_strategy": "least-request"},
+            "gateway": {"api_keys_file": str(keys_file)}}) as s:
+        yield s
 
 
 async def post(stack: Stack, headers: dict[str, str], path: str = "/v1/chat/completions",

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from extproc.localstack import LocalStack as Stack
 from extproc.localstack import Proc, free_port, http_get, port_open
 
-__all__ = ["Stack", "start_upstream", "upstream_stats"]
+__all__ = ["Stack", "running_stack", "start_upstream", "upstream_stats"]
 
 
 def start_upstream(name: str, log_dir: Path) -> tuple[Proc, int]:
@@ -23,3 +25,17 @@ def start_upstream(name: str, log_dir: Path) -> tuple[Proc, int]:
 
 def upstream_stats(port: int) -> dict[str, Any]:
     return json.loads(http_get(f"http://127.0.0.1:{port}/stats")[1])
+
+
+@contextmanager
+def running_stack(log_dir: Path, config: dict[str, Any], env: dict[str, str] | None = None,
+                  **envoy_options: Any) -> Iterator[Stack]:
+    """The gateway (on `config`) and Envoy in front of it, stopped on exit."""
+    stack = Stack(config_path=log_dir / "gateway.yaml", log_dir=log_dir, env=env or {})
+    stack.write_config(config)
+    try:
+        stack.start_gateway()
+        stack.start_envoy(**envoy_options)
+        yield stack
+    finally:
+        stack.stop()
