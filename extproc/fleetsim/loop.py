@@ -88,7 +88,7 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
     by_addr = {r.address: r for r in replicas}
     oracle = {p.key: by_addr[p.address].saturated for p in config.pods} if oracle_capacity else None
     gws = build_gateways(gateways, config, clock, share_tokens, oracle)
-    profiles = [g.gateway.profile(strategy) for g in gws]
+    profiles = [g.gateway.profile(strategy, scenario.model) for g in gws]  # the model's own routingConfig
     by_address = {r.address: r for r in replicas}
     keys_of = [[p.key for p in g.gateway.pool.all_pods()] for g in gws]
     replicas_of = [[by_address[p.address] for p in g.gateway.pool.all_pods()] for g in gws]
@@ -184,7 +184,7 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
         for g in gws:
             g.gateway.apply(cfg)
         # apply() rebuilds profiles from names: take the new ones, as the live server would
-        profiles[:] = [g.gateway.profile(strategy) for g in gws]
+        profiles[:] = [g.gateway.profile(strategy, model) for g in gws]
         alive_keys = [[p.key for p in g.gateway.pool.all_pods()] for g in gws]
         keys_of[:] = alive_keys
         replicas_of[:] = [[by_address[p.address] for p in g.gateway.pool.all_pods()] for g in gws]
