@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup redis chromium test unit integration reliability soak fuzz demo bench bench-memory bench-sim validate-sim sim-fleet envoy-config clean
+.PHONY: setup redis chromium kubectl test unit integration reliability soak fuzz demo bench bench-memory bench-sim validate-sim sim-fleet envoy-config clean
 
 setup: $(STAMP)
 
@@ -32,13 +32,22 @@ chromium:
 	    echo "chromium is missing: install it (Debian: sudo apt-get install chromium)"; exit 1; \
 	  fi; }
 
-test: setup redis chromium
+# kubectl renders deploy/ (kubectl kustomize) in the manifest tests; Debian's kubernetes-client.
+kubectl:
+	@command -v kubectl >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null; \
+	  else \
+	    echo "kubectl is missing: install it (Debian: sudo apt-get install kubernetes-client)"; exit 1; \
+	  fi; }
+
+test: setup redis chromium kubectl
 	$(PY) -m pytest -q
 
-unit: setup
+unit: setup kubectl
 	$(PY) -m pytest -q tests/unit
 
-integration: setup redis chromium
+integration: setup redis chromium kubectl
 	$(PY) -m pytest -q tests/integration
 
 reliability: setup

@@ -38,8 +38,7 @@ FLEET_LABEL = "orchestration.aibrix.ai/raycluster-fleet-name"
 APP_NAME_LABEL = "app.kubernetes.io/name"
 # Where a pod's GPU type is read from, first found wins; else the deployment name stands for it
 # (the spec's prerequisite: one Deployment per GPU type).
-DEFAULT_GPU_LABELS = ("model.aibrix.ai/gpu", "machine.cluster.vke.volcengine.com/gpu-name",
-                      "nvidia.com/gpu.product")
+DEFAULT_GPU_LABELS = ("machine.cluster.vke.volcengine.com/gpu-name", "nvidia.com/gpu.product")
 KINDS = ("static", "kubernetes")
 DISCOVERY_KEYS = frozenset({"kind", "namespace", "port_annotation", "gpu_labels", "kubeconfig",
                             "label_selector", "watch_timeout_seconds", "backoff_seconds",
