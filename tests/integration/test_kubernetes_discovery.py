@@ -291,3 +291,50 @@ async def test_gateway_follows_discovery_and_a_reload_keeps_the_pods(api: FakeAp
         await eventually(lambda: gateway.pool.pod_at("10.0.0.1:8000") is None, "l20-a gone")
     finally:
         await stop(task)
+
+
+async def test_extproc_serve_routes_to_discovered_pods(api: FakeApiServer, tmp_path: Path) -> None:
+    """The wiring in `extproc serve`: a discovered pod shows in the gateway's per-pod metrics, and
+    leaves them when deleted."""
+    import sys
+
+    import aiohttp
+
+    from extproc.localstack import Proc, free_port
+
+    await api.change("ADDED", pod_object("l20-a", "127.0.0.1"))
+    config = tmp_path / "gateway.yaml"
+    config.write_text(json.dumps({"discovery": {"kind": "kubernetes", "kubeconfig": api.kubeconfig}}))
+    port, admin = free_port(), free_port()
+    proc = Proc("gateway", [sys.executable, "-m", "extproc", "serve", "--config", str(config),
+                            "--port", str(port), "--admin-port", str(admin)], tmp_path)
+    metrics = ""
+
+    async def scrape() -> str:
+        nonlocal metrics
+        assert proc.popen.poll() is None, proc.log()
+        try:
+            async with aiohttp.ClientSession() as session, \
+                    session.get(f"http://127.0.0.1:{admin}/metrics") as response:
+                metrics = await response.text()
+        except aiohttp.ClientError:
+            metrics = ""
+        return metrics
+
+    async def shows(text: str) -> bool:
+        return text in await scrape()
+
+    series = f'extproc_pod_healthy{{model="{MODEL}",pod="l20-a"}}'
+    try:
+        deadline = time.monotonic() + 20
+        while not await shows(series):
+            assert time.monotonic() < deadline, f"no {series} in:\n{metrics}\n{proc.log()}"
+            await asyncio.sleep(0.05)
+        await api.change("DELETED", pod_object("l20-a", "127.0.0.1"))
+        deadline = time.monotonic() + 10
+        while await shows(series):
+            assert time.monotonic() < deadline, "the deleted pod is still in the metrics"
+            await asyncio.sleep(0.05)
+    finally:
+        await api.drop_watches()
+        proc.stop()
