@@ -44,6 +44,9 @@ class Decision:
     key: str  # the gateway's own key for this request; the access log brings it back
 
 
+_UNSET = object()
+
+
 class Gateway:
     def __init__(self, config: Config, registry: CollectorRegistry | None = None,
                  clock: Callable[[], float] = time.monotonic, shared: SharedState | None = None,
@@ -57,6 +60,7 @@ class Gateway:
         self.requests_total = Counter("extproc_requests", "Requests handled, by outcome",
                                       ["model", "pod", "strategy", "code"], registry=self.registry)
         self._series: dict[tuple[str, str], set[tuple[str, str]]] = {}  # (model, pod) -> (strategy, code)
+        self._keys_file: object = _UNSET
         self.unmatched_records = Counter(
             "extproc_unmatched_access_logs", "Access-log records of requests this process did not "
             "route (it restarted while they streamed): tokens credited, no in-flight count to release",
@@ -88,12 +92,15 @@ class Gateway:
             raise ConfigError(f"routing: {exc}") from None
         self.router = router
         self.pool = Pool(config.pods, config.models)
-        self.api_keys = ApiKeys(Path(config.api_keys_file) if config.api_keys_file else None)
+        if self._keys_file is _UNSET or config.api_keys_file != self._keys_file:  # re-read on change only
+            self.api_keys = ApiKeys(Path(config.api_keys_file) if config.api_keys_file else None)
+            self._keys_file = config.api_keys_file
         self.config = config
         self.client_forbidden_headers = sorted(CLIENT_FORBIDDEN_HEADERS | {config.destination_header})
         self._rebuild_hooks()
         live = {p.key for p in config.pods} | {o.pod.key for o in self.open}
-        self._drop_series({(m, n) for m, n, _ in live} | {(m, "") for m in config.models})
+        # ("", "") and (model, ""): requests refused before a model or a pod was known
+        self._drop_series({(m, n) for m, n, _ in live} | {(m, "") for m in ("", *config.models)})
         self.accounting.forget(live)
         self.accounting.shared.track(config.pods)
 

@@ -96,5 +96,8 @@ def test_a_removed_pod_loses_its_request_series():
     AccessLogService(gw).record(entry(routed(gw)))
     sample = {"model": "m", "pod": "p0", "strategy": "random", "code": "200"}
     assert gw.registry.get_sample_value("extproc_requests_total", sample) == 1.0
+    gw.count("", "", "", "400")  # refused before any model or pod was known: not a pod's series
     gw.apply(parse({"models": {"m": {"pods": [{"name": "p1", "address": "10.0.0.2:8000"}]}}}, {}))
     assert gw.registry.get_sample_value("extproc_requests_total", sample) is None
+    refused = {"model": "", "pod": "", "strategy": "", "code": "400"}
+    assert gw.registry.get_sample_value("extproc_requests_total", refused) == 1.0
