@@ -10,9 +10,15 @@ from collections.abc import Sequence
 
 def _serve(args: argparse.Namespace) -> int:
     from extproc.server.app import serve
+    from extproc.server.tls import TlsError, settings_from
 
+    try:
+        tls = settings_from(args.tls_cert, args.tls_key, args.tls_client_ca)
+    except TlsError as exc:
+        print(f"extproc serve: {exc}", file=sys.stderr)
+        return 2
     return serve(args.config, port=args.port, admin_port=args.admin_port,
-                 host=args.host, admin_host=args.admin_host)
+                 host=args.host, admin_host=args.admin_host, tls=tls)
 
 
 def _envoy_config(args: argparse.Namespace) -> int:
@@ -70,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "(0.0.0.0 when Envoy runs elsewhere: then restrict it)")
     serve.add_argument("--admin-port", type=int, default=9090, help="/metrics and /healthz port")
     serve.add_argument("--admin-host", default="127.0.0.1", help="admin bind address")
+    serve.add_argument("--tls-cert", help="PEM certificate (chain) for the gRPC port; reloaded on change")
+    serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    serve.add_argument("--tls-client-ca", help="PEM CA bundle: clients must present a certificate it signed")
     serve.set_defaults(func=_serve)
 
     check = sub.add_parser("check-config", help="validate a config file and print what it would serve")

@@ -26,6 +26,7 @@ from extproc.server.access_log import AccessLogService
 from extproc.server.admin import admin_app
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor, parse_body
+from extproc.server.tls import ReloadingCredentials, TlsError, TlsSettings
 from extproc.server.traces import run_tracing
 from extproc.state.accounting import Accounting
 from extproc.state.shared import LocalState, RedisState, redis_url_from_env
@@ -95,7 +96,8 @@ class ConfigWatcher:
 
 
 async def run_server(config_path: str, *, port: int, admin_port: int, host: str = "127.0.0.1",
-                     admin_host: str = "127.0.0.1", stop: asyncio.Event | None = None) -> None:
+                     admin_host: str = "127.0.0.1", stop: asyncio.Event | None = None,
+                     tls: TlsSettings | None = None) -> None:
     path = Path(config_path)
     config = config_mod.load(path)
     registry = CollectorRegistry()
@@ -126,7 +128,10 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(AccessLogService(gateway), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if server.add_insecure_port(f"{host}:{port}") == 0:
+    # TLS (mTLS with a client CA) when configured; the certificate follows its files (server/tls.py)
+    bound = (server.add_secure_port(f"{host}:{port}", ReloadingCredentials(tls).server_credentials())
+             if tls else server.add_insecure_port(f"{host}:{port}"))
+    if bound == 0:
         raise OSError(f"cannot bind the ext_proc port {host}:{port}")
     serving = True
     for service in ("", EXTPROC_SERVICE):
@@ -184,7 +189,7 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
 
 
 def serve(config_path: str, *, port: int, admin_port: int, host: str = "127.0.0.1",
-          admin_host: str = "127.0.0.1") -> int:
+          admin_host: str = "127.0.0.1", tls: TlsSettings | None = None) -> int:
     try:
         import uvloop  # optional: faster loop when installed
         uvloop.install()
@@ -192,8 +197,8 @@ def serve(config_path: str, *, port: int, admin_port: int, host: str = "127.0.0.
         pass
     try:
         asyncio.run(run_server(config_path, port=port, admin_port=admin_port, host=host,
-                               admin_host=admin_host))
-    except config_mod.ConfigError as exc:
+                               admin_host=admin_host, tls=tls))
+    except (config_mod.ConfigError, TlsError) as exc:
         log.error("%s", exc)
         return 2
     return 0
