@@ -185,9 +185,25 @@ async def test_add_modify_delete_through_one_watch(api: FakeApiServer) -> None:
 
         await api.change("DELETED", pod_object("l20-a", "10.0.0.1", ready=False))
         await eventually(lambda: "l20-a" not in by_name(watcher), "l20-a deleted")
-        assert [p.name for p in seen[-1]] == ["v100-a"]
+        await eventually(lambda: [p.name for p in seen[-1]] == ["v100-a"], "the deletion handed on")
         assert len(api.lists) == 1  # all of it over one list and one watch
         assert len(api.watches) == 1 and api.watches[0]["resourceVersion"] == "101"
+    finally:
+        await stop(task)
+
+
+async def test_a_burst_of_events_is_applied_together_and_the_last_state_wins(api: FakeApiServer) -> None:
+    watcher, seen, task = await start(api)
+    try:
+        before = watcher.published
+        for i in range(60):  # a rollout: pods come and flip readiness
+            await api.change("ADDED" if i < 30 else "MODIFIED",
+                             pod_object(f"p{i % 30}", f"10.0.1.{i % 30}", ready=i >= 30))
+        await eventually(lambda: len(watcher.pods()) == 30 and all(p.ready for p in watcher.pods()),
+                         "30 ready pods")
+        await eventually(lambda: seen[-1] and len(seen[-1]) == 30 and all(p.ready for p in seen[-1]),
+                         "the last state handed on")
+        assert watcher.published - before < 30, watcher.published - before
     finally:
         await stop(task)
 
