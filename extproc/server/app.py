@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from extproc import config as config_mod
 from extproc.envoy_bootstrap import BUFFER_LIMIT_BYTES
+from extproc.pool.info import PodInfoCollector
 from extproc.pool.kubernetes import start_discovery
 from extproc.server import loops
 from extproc.server.access_log import AccessLogService
@@ -106,6 +107,7 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     scraper = MetricsScraper(registry, timeout=config.metrics_timeout_seconds)
     accounting = Accounting(shared, health=PodHealth(), samples=scraper.sample)
     gateway = Gateway(config, registry=registry, accounting=accounting)
+    registry.register(PodInfoCollector(lambda: gateway.pool.all_pods()))  # GPU type etc. per pod
     prober = HealthProber(accounting.health)
     # Long prompts are parsed in a worker process: the parser holds the GIL, a thread would not help.
     parser_pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))

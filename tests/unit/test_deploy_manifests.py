@@ -16,12 +16,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from extproc.config import DEFAULT_DESTINATION_HEADER, ENVOY_BUFFER_BYTES, parse
 from extproc.optimizer.deployments import load_config as load_optimizer_config
-from extproc.optimizer.service import metrics_text
 from extproc.pool.kubernetes import DiscoverySettings, pod_from_object
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -344,100 +341,3 @@ def test_service_monitors_select_existing_ports() -> None:
         ports = {p["name"] for p in services[0]["spec"]["ports"]}
         for endpoint in monitor["spec"]["endpoints"]:
             assert endpoint["port"] in ports and endpoint["path"].startswith("/metrics")
-
-
-# -- the dashboard only queries metrics that exist ------------------------------------------------
-
-PROMQL_WORDS = {
-    "sum",
-    "avg",
-    "max",
-    "min",
-    "count",
-    "rate",
-    "irate",
-    "increase",
-    "by",
-    "without",
-    "on",
-    "ignoring",
-    "group_left",
-    "group_right",
-    "and",
-    "or",
-    "unless",
-    "histogram_quantile",
-    "label_values",
-    "topk",
-    "bottomk",
-    "clamp_min",
-    "clamp_max",
-    "abs",
-    "offset",
-    "bool",
-}
-
-
-def queried_metrics(expr: str) -> set[str]:
-    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # strings
-    expr = re.sub(r"\{[^}]*\}", "", expr)  # label matchers
-    expr = re.sub(r"\[[^\]]*\]", "", expr)  # ranges
-    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)  # label lists
-    expr = re.sub(r",\s*[a-z_]+\s*\)", ")", expr)  # label_values(metric, label)
-    names = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", expr))
-    return {n for n in names if n not in PROMQL_WORDS and not n.startswith("__")}
-
-
-def test_queried_metrics_parser() -> None:
-    assert queried_metrics(
-        'sum by (model, pod) (rate(a_total{model=~"$m", code!~"2.."}[$__rate_interval])) '
-        '/ on (model, pod) avg by (model, pod) (b:c{x="y"}) / 100'
-    ) == {"a_total", "b:c"}
-    assert queried_metrics("label_values(extproc_x, model)") == {"extproc_x"}
-
-
-def exported_metric_names() -> set[str]:
-    """A live scrape of a gateway with one pod and Redis configured, plus the optimizer's exposition."""
-    from extproc.server.app import ConfigWatcher
-    from extproc.server.gateway import Gateway
-    from extproc.state.accounting import Accounting
-    from extproc.state.shared import RedisState
-
-    registry = CollectorRegistry()
-    shared = RedisState("redis://127.0.0.1:1/0", registry=registry)  # never connected: only its gauge
-    config = parse({"models": {"m": {"pods": [{"name": "p", "address": "127.0.0.1:9"}]}}}, {})
-    gateway = Gateway(config, registry=registry, accounting=Accounting(shared))
-    ConfigWatcher(Path("/nonexistent"), gateway, registry)
-    text = generate_latest(registry).decode() + metrics_text("m", 100)
-    names = set()
-    for family in text_string_to_metric_families(text):
-        names.add(family.name)
-        names.update(sample.name for sample in family.samples)
-        if family.type == "counter":
-            names.add(family.name + "_total")
-    return names
-
-
-def test_dashboard_queries_only_exported_metrics() -> None:
-    docs = render("observability")
-    config_map = one(docs, "ConfigMap", "extproc-grafana-dashboard")
-    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
-    dashboard = json.loads(config_map["data"]["extproc-dashboard.json"])
-    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    exprs += [v["query"]["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
-    queried = set().union(*(queried_metrics(e) for e in exprs))
-    exported = exported_metric_names()
-    assert "extproc_pod_capacity_tokens_per_second" in exported  # the scrape itself worked
-    assert queried <= exported, f"the dashboard queries metrics nobody exports: {sorted(queried - exported)}"
-    # the panels the issue asks for
-    for wanted in (
-        "extproc_requests_total",
-        "extproc_pod_running_requests",
-        "extproc_pod_kv_free_ratio",
-        "extproc_pod_capacity_tokens_per_second",
-        "extproc_output_tokens_total",
-        "vllm:deployment_replicas",
-    ):
-        assert wanted in queried, wanted
-    ids = [p["id"] for p in dashboard["panels"]]
-    assert len(ids) == len(set(ids))
