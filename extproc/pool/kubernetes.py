@@ -218,10 +218,12 @@ class PodWatcher:
         return api.list_pod_for_all_namespaces(**kwargs)
 
     async def run(self) -> None:
-        api = await self._api()
+        api = None
         try:
             while True:
                 try:
+                    if api is None:  # credentials not there yet (a Secret still mounting) are retried too
+                        api = await self._api()
                     await self._list(api)
                     await self._watch(api)
                 except asyncio.CancelledError:
@@ -229,8 +231,8 @@ class PodWatcher:
                 except Gone:
                     log.info("pod watch: resourceVersion %s expired (410), listing again",
                              self.resource_version)
-                except Exception as exc:  # disconnect, API error, bad JSON
-                    log.warning("pod discovery: %s: %s; listing again", type(exc).__name__, exc)
+                except Exception as exc:  # no credentials, disconnect, API error, bad JSON
+                    log.warning("pod discovery: %s: %s; retrying", type(exc).__name__, exc)
                 self.failures += 1
                 delay = min(self.settings.max_backoff_seconds,
                             self.settings.backoff_seconds * 2 ** (self.failures - 1))
@@ -238,7 +240,8 @@ class PodWatcher:
         finally:
             if self._pending is not None:
                 self._pending.cancel()
-            await api.api_client.close()
+            if api is not None:
+                await api.api_client.close()
 
     async def _list(self, api: Any) -> None:
         response = await self._call(api)

@@ -272,6 +272,23 @@ async def test_backoff_grows_while_lists_keep_failing(api: FakeApiServer) -> Non
         await stop(task)
 
 
+async def test_no_credentials_yet_is_retried(api: FakeApiServer, tmp_path: Path) -> None:
+    """A kubeconfig (or service-account token) that appears later: discovery starts then, not never."""
+    await api.change("ADDED", pod_object("l20-a"))
+    later = tmp_path / "later-kubeconfig"
+    watcher = PodWatcher(DiscoverySettings(kind="kubernetes", kubeconfig=str(later), backoff_seconds=0.02,
+                                           max_backoff_seconds=0.1), lambda pods: None)
+    task = asyncio.create_task(watcher.run())
+    try:
+        await eventually(lambda: watcher.failures >= 2, "failed attempts without a kubeconfig")
+        assert not task.done() and not api.lists
+        later.write_text(Path(api.kubeconfig).read_text())
+        await eventually(lambda: watcher.synced.is_set(), "the first list once the kubeconfig exists")
+        assert set(by_name(watcher)) == {"l20-a"}
+    finally:
+        await stop(task)
+
+
 async def test_one_namespace(api: FakeApiServer) -> None:
     await api.change("ADDED", pod_object("mine", namespace="serving"))
     await api.change("ADDED", pod_object("theirs", "10.0.0.9", namespace="other"))
