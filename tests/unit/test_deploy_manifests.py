@@ -25,11 +25,13 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DIRECTORIES = [
     ".",
+    "namespace",
     "gateway-plugin",
     "redis",
     "envoy-gateway",
     "optimizer",
     "observability",
+    "overlays/tls",
     "samples/heterogeneous",
 ]
 K8S_VERSION = "1.30.0"
@@ -341,3 +343,53 @@ def test_service_monitors_select_existing_ports() -> None:
         ports = {p["name"] for p in services[0]["spec"]["ports"]}
         for endpoint in monitor["spec"]["endpoints"]:
             assert endpoint["port"] in ports and endpoint["path"].startswith("/metrics")
+
+
+def serve_args(container: dict[str, Any]):
+    """The container's arguments as `extproc serve` parses them (the image's entrypoint)."""
+    from extproc.cli import build_parser
+
+    return build_parser().parse_args(["serve", *container["args"]])
+
+
+def test_gateway_args_are_ones_extproc_serve_accepts() -> None:
+    (container,) = one(render("."), "Deployment", "extproc-gateway")["spec"]["template"]["spec"]["containers"]
+    args = serve_args(container)
+    assert (args.port, args.admin_port, args.host) == (50052, 9090, "0.0.0.0")
+    assert args.tls_cert is None
+
+
+def test_tls_overlay() -> None:
+    docs = render("overlays/tls")
+    dep = one(docs, "Deployment", "extproc-gateway")
+    pod = dep["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = serve_args(container)
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "tls")
+    secret = next(v for v in pod["volumes"] if v["name"] == "tls")["secret"]["secretName"]
+    assert secret == "extproc-gateway-tls"
+    for path in (args.tls_cert, args.tls_key, args.tls_client_ca):
+        assert path and path.startswith(mount["mountPath"] + "/"), path
+    ports = {p["name"] for p in container["ports"]}
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert "grpc" not in container[probe], probe  # kubelet's gRPC probes cannot speak TLS
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"} and "metrics" in ports
+    service = one(docs, "Service", "extproc-gateway")
+    grpc_port = next(p for p in service["spec"]["ports"] if p["port"] == 50052)
+    assert "appProtocol" not in grpc_port  # not h2c any more
+    policy = one(docs, "BackendTLSPolicy")
+    (target,) = policy["spec"]["targetRefs"]
+    assert (target["kind"], target["name"], target["sectionName"]) == (
+        "Service",
+        "extproc-gateway",
+        grpc_port["name"],
+    )
+    svc = service["metadata"]
+    assert policy["spec"]["validation"]["hostname"] == f"{svc['name']}.{svc['namespace']}.svc"
+    assert policy["spec"]["validation"]["caCertificateRefs"][0]["kind"] == "ConfigMap"
+    proxy = one(docs, "EnvoyProxy")
+    assert proxy["spec"]["backendTLS"]["clientCertificateRef"]["kind"] == "Secret"
+    assert proxy["spec"]["telemetry"]["accessLog"]  # the patch kept the rest
+    # everything else is deploy/'s
+    base = {(d["kind"], d["metadata"]["name"]) for d in render(".")}
+    assert base <= {(d["kind"], d["metadata"]["name"]) for d in docs}
