@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from extproc.config import DEFAULT_DESTINATION_HEADER, ENVOY_BUFFER_BYTES
+from extproc.routing.slo_settings import MAX_WAIT_CEILING_SECONDS
 from extproc.server.responses import (
     ANSWERED_KEY,
     GATEWAY_METADATA_NAMESPACE,
@@ -43,7 +44,9 @@ class BootstrapOptions:
     extproc_address: str = "127.0.0.1"
     admin_port: int = 9901
     destination_header: str = DEFAULT_DESTINATION_HEADER
-    message_timeout_seconds: int = 300  # a long prompt's body is one message; don't cut it short
+    # A long prompt's body is one message; and a request held in the SLO queue is answered only when
+    # dispatched: both must outlast the longest allowed queue wait (routing.slo.max_wait_seconds).
+    message_timeout_seconds: int = max(300, int(MAX_WAIT_CEILING_SECONDS) + 60)
     upstream_connect_timeout_seconds: int = 5
     # A pod (or client) silent this long mid-request is cut off: 504 to the client, a failure for
     # the pod's health. Long enough for the longest gap between two tokens, prefill included.
@@ -61,7 +64,7 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
     no_route = {"status": 503, "body": {"inline_string": "no destination was chosen for this request"}}
     ext_proc = {
         "@type": TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-        "grpc_service": {"envoy_grpc": {"cluster_name": "extproc"}, "timeout": "30s"},
+        "grpc_service": {"envoy_grpc": {"cluster_name": "extproc"}, "timeout": f"{max(30, o.message_timeout_seconds)}s"},
         "failure_mode_allow": False,
         "message_timeout": f"{o.message_timeout_seconds}s",
         # Envoy drops metadata from the processor in namespaces not listed here.

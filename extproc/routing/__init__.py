@@ -10,6 +10,7 @@ from extproc.routing import (  # noqa: F401  (registration)
     random_pick,
     round_robin,
     session_affinity,
+    slo,
     throughput,
 )
 from extproc.routing.blend import StrategySpec

@@ -114,7 +114,7 @@ _AB_KEYS = {  # routing.auto_blend.* -> (per-model key, env suffix, kind)
                                          "ROUTING_AUTO_BLEND_PREFIX_CACHE_LOAD_BALANCE_WEIGHT", int),
 }
 _TOP_KEYS = frozenset({"default_strategy", "seed", "load_balance", "auto_blend", "cache_size",
-                       "prefix_cache"})
+                       "prefix_cache", "slo"})
 
 
 def env_variables() -> list[str]:
@@ -169,9 +169,12 @@ def parse_settings(routing: Mapping[str, Any],
     default = routing.get("default_strategy", DEFAULT_STRATEGY)
     if not isinstance(default, str) or not default.strip():
         raise SettingError(f"routing.default_strategy must be a strategy name, not {default!r}")
+    from extproc.routing.slo_settings import parse_slo  # late: the slo package imports this module
+
     return RoutingSettings(seed=seed, default_strategy=default.strip().lower(), load_balance=lb,
                            auto_blend=ab, models=models, cache_size=cache_size,
-                           prefix_cache=_prefix_cache(routing.get("prefix_cache")))
+                           prefix_cache=_prefix_cache(routing.get("prefix_cache")),
+                           extra={"slo": parse_slo(routing.get("slo"), SettingError)})
 
 
 def _prefix_cache(raw: Any) -> PrefixCacheSettings:

@@ -77,6 +77,9 @@ class Gateway:
         self.hooks = Hooks()
         self.router: Router | None = None
         self.apply(config)
+        from extproc.slo.server import SloRoom  # late: extproc.slo.server imports this module's types
+
+        self.slo = SloRoom(self)  # the SLO queue: requests slo-least-load-pulling holds back
 
     def apply(self, config: Config) -> None:
         """Swap in a new config. Learned state (capacity, counts, health) and open requests stay."""

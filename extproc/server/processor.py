@@ -22,6 +22,7 @@ from extproc import openai
 from extproc.config import ENVOY_MAX_HEADERS
 from extproc.openai import OpenAIError, Request
 from extproc.routing import StrategySpec, StrategySpecError, strategy_names
+from extproc.routing.slo import SloReject, SloWait
 from extproc.routing.session_affinity import MAX_SESSION_KEY_BYTES, SESSION_HEADER
 from extproc.server import responses
 from extproc.server.gateway import Decision, Gateway
@@ -57,7 +58,7 @@ def parse_body(path: str, body: bytes, header_model: str | None) -> Request | Op
 
 class Stream:
     __slots__ = ("_gw", "_path", "_strategy", "_request_id", "_header_model", "_has_length",
-                 "_decision", "_done", "_expect_trailers", "_spec", "_session")
+                 "_decision", "_done", "_expect_trailers", "_spec", "_session", "_queued")
 
     def __init__(self, gateway: Gateway) -> None:
         self._gw = gateway
@@ -71,6 +72,7 @@ class Stream:
         self._decision: Decision | None = None
         self._done = False  # answered by the gateway, or routed
         self._expect_trailers = False  # an HTTP/2 body followed by trailers: reply to those too
+        self._queued: tuple | None = None  # (request, profile, entry, body, end_of_stream): SLO queue
 
     @property
     def decision(self) -> Decision | None:
@@ -189,13 +191,42 @@ class Stream:
                               code="model_not_found")
         if self._session is not None:
             request = replace(request, session_key=self._session)
-        decision = gw.route(request, gw.profile(self._spec, request.model), self._request_id)
+        profile = gw.profile(self._spec, request.model)
+        try:
+            decision = gw.route(request, profile, self._request_id)
+        except SloWait as wait:  # slo-least-load-pulling: Process awaits wait_queued() (no reply yet)
+            self._queued = (request, profile, wait.entry, body, http_body.end_of_stream)
+            return None
+        except SloReject as rej:
+            raise gw.slo.reject(request.model, rej.reason, rej.retry_after) from None
+        return self._routed(decision, request, body, http_body.end_of_stream)
+
+    @property
+    def queued(self) -> bool:
+        return self._queued is not None
+
+    async def wait_queued(self) -> ProcessingResponse:
+        """Wait in the SLO queue (asynchronously: other streams go on); routed, or a 429."""
+        request, profile, entry, body, end_of_stream = self._queued
+        self._queued = None
+        try:
+            decision = await self._gw.slo.wait(request, profile, self._request_id, entry)
+            return self._routed(decision, request, body, end_of_stream)
+        except OpenAIError as err:
+            return self._reject(err)
+        except Exception:
+            log.exception("request %s: SLO queue error", self._request_id)
+            return self._reject(OpenAIError(500, "internal gateway error", type="server_error"))
+
+    def _routed(self, decision: Decision | None, request: Request, body: bytes,
+                end_of_stream: bool) -> ProcessingResponse:
+        gw = self._gw
         if decision is None:
             raise OpenAIError(503, f"no ready pod for model {request.model!r}",
                               type="service_unavailable", code="no_ready_pod")
         self._decision = decision
         self._done = True
-        self._expect_trailers = not http_body.end_of_stream
+        self._expect_trailers = not end_of_stream
         new_body = openai.with_usage_requested(body, request) if gw.config.include_usage else None
         return responses.route(gw.config.destination_header, decision.pod, decision.key,
                                self._request_id, self._strategy, new_body, self._has_length)
@@ -213,6 +244,8 @@ class Stream:
         headers = self._reply_headers()
         if err.status == 401:
             headers = [*headers, ("www-authenticate", "Bearer")]
+        if (retry := getattr(err, "retry_after", None)) is not None:
+            headers = [*headers, ("retry-after", str(retry))]
         return responses.immediate(err.status, err.body(), headers)
 
 
@@ -236,7 +269,10 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
                     self.offloaded.inc()
                     parsed = await asyncio.get_running_loop().run_in_executor(
                         self._pool, parse_body, *stream.parse_args(msg.request_body.body))
-                yield stream.handle(msg, parsed)
+                reply = stream.handle(msg, parsed)
+                if reply is None and stream.queued:
+                    reply = await stream.wait_queued()
+                yield reply
                 if stream.finished:
                     # Close our side now: Envoy would otherwise hold this stream open for the whole
                     # response, and a gateway crash would then cut every running generation.

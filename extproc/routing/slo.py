@@ -1,0 +1,162 @@
+"""The SLO family: route each request to a GPU type likely to meet its SLO, from per-GPU profiles.
+
+    slo-pack-load           the pod with the largest utilization + consumption still ≤ 1 (consolidate);
+                            none fits: the least loaded after placement
+    slo-least-load          the lowest current utilization among pods of suitable types (tput > 0 for the
+                            request's cell), ignoring the SLO prediction
+    slo-least-load-pulling  the lowest utilization + consumption ≤ 1; none fits: the request waits in the
+    (= slo)                 gateway queue (SloWait), or is rejected when its SLO cannot be met (SloReject)
+
+Load model and signature: extproc.slo (docs/slo-routing.md). Pods whose deployment has no usable profile
+are not judged; with no profiles for the model at all, or no suitable pod, load-balance routes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from extproc.openai import Request
+from extproc.routing.framework import PodView, Profile, RoutingSettings, build, register
+from extproc.slo.model import PER_TOKEN
+from extproc.slo.queue import REJECT_BREACHED, Entry
+from extproc.slo.state import SloSettings, SloState, deployment_of
+
+EPS = 1e-9
+VARIANTS = ("slo-pack-load", "slo-least-load", "slo-least-load-pulling")
+
+
+class SloWait(Exception):
+    """The request should wait in the gateway queue (slo-least-load-pulling, nothing fits)."""
+
+    def __init__(self, entry: Entry) -> None:
+        super().__init__(entry.model)
+        self.entry = entry
+
+
+class SloReject(Exception):
+    """The request's SLO cannot be met (breached before it could be served): a 429."""
+
+    def __init__(self, reason: str, retry_after: float) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+def slo_state(settings: RoutingSettings) -> SloState:
+    slo_settings = settings.extra.get("slo") if settings.extra else None
+    if settings.state is None:
+        return SloState(slo_settings)
+    state = settings.state.slot("slo", lambda: SloState(slo_settings))
+    if slo_settings is not None and state.settings != slo_settings:
+        state.configure(slo_settings)
+    return state
+
+
+@dataclass(slots=True)
+class _Row:
+    view: PodView
+    consumption: float
+    utilization: float
+    slack: float
+
+
+class SloPolicy:
+    def __init__(self, variant: str, state: SloState, fallback: Profile, rng) -> None:
+        self.variant = variant
+        self.state = state
+        self.fallback = fallback
+        self.rng = rng
+
+    def _rows(self, request: Request, pods: Sequence[PodView], now: float):
+        table = self.state.table(request.model)
+        if not table:
+            return None, None
+        sig = self.state.signature(request, now)
+        rows = []
+        for v in pods:
+            dm = table.get(deployment_of(v.pod))
+            if dm is None:
+                continue
+            c = dm.consumption(sig)
+            if c is None:
+                continue
+            rows.append(_Row(v, c, self.state.utilization(v.pod, v.running, c), dm.slack(sig)))
+        return sig, rows
+
+    def _best(self, rows: list[_Row], key) -> PodView:
+        best = min(key(r) for r in rows)
+        tied = [r for r in rows if key(r) <= best + EPS]
+        return (tied[0] if len(tied) == 1 else self.rng.choice(tied)).view
+
+    def pick(self, request: Request, pods: Sequence[PodView], now: float) -> PodView | None:
+        sig, rows = self._rows(request, pods, now)
+        if not rows:
+            return self.fallback.pick(request, pods, now)
+        if self.variant == "slo-least-load":
+            return self._best(rows, lambda r: r.utilization)
+        fits = [r for r in rows if r.utilization + r.consumption <= 1.0 + EPS]
+        if self.variant == "slo-pack-load":
+            if fits:
+                return self._best(fits, lambda r: -(r.utilization + r.consumption))
+            return self._best(rows, lambda r: r.utilization + r.consumption)
+        # slo-least-load-pulling
+        state = self.state
+        queue_open = state.settings.max_queue > 0
+        if queue_open and not state.dispatching and state.queues.length(request.model) > 0:
+            raise SloWait(self._entry(request, sig, now))  # others wait already: no overtaking
+        if fits:
+            if state.dispatching:  # a queued request: the most relaxed deployment, then the least load
+                most = max(r.slack for r in fits)
+                fits = [r for r in fits if r.slack >= most - EPS]
+            return self._best(fits, lambda r: r.utilization + r.consumption)
+        if not queue_open:
+            return self._best(rows, lambda r: r.utilization + r.consumption)
+        raise SloWait(self._entry(request, sig, now))
+
+    def _entry(self, request: Request, sig, now: float) -> Entry:
+        """The queue entry: slack on the most relaxed deployment that can serve this shape at all."""
+        table = self.state.table(request.model)
+        usable = [dm for dm in table.values() if dm.consumption(sig) is not None]
+        best = max(usable, key=lambda dm: dm.slack(sig))
+        slack = best.slack(sig)
+        scale = float(sig.output_tokens) if best.metric in PER_TOKEN else 1.0
+        max_wait = self.state.settings.max_wait_seconds
+        wait = max_wait if math.isinf(slack) else min(max_wait, slack * scale)
+        retry = max(1.0, min(dm.expected(sig) if dm.metric not in PER_TOKEN else
+                             dm.expected(sig) * sig.output_tokens for dm in usable))
+        if wait <= 0:
+            raise SloReject(REJECT_BREACHED, retry)
+        entry = Entry(request.model, best.cell(sig), now, slack if not math.isinf(slack) else max_wait,
+                      scale, now + wait)
+        entry.retry_after = retry
+        return entry
+
+
+@dataclass(slots=True)
+class SloProfile(Profile):
+    policy: SloPolicy | None = None
+
+    def pick(self, request: Request, pods: Sequence[PodView], now: float) -> PodView | None:
+        pods = self.candidates(request, pods, now)
+        if not pods:
+            return None
+        return self.policy.pick(request, pods, now)
+
+
+def _factory(variant: str, name: str):
+    def make(settings: RoutingSettings) -> Profile:
+        state = slo_state(settings)
+        fallback = build("load-balance", settings)
+        policy = SloPolicy(variant, state, fallback, settings.rng())
+        return SloProfile(name, fallback.picker, exclusive=True, hooks_of=[state, *fallback.plugins()],
+                          policy=policy)
+    return make
+
+
+for _variant in VARIANTS:
+    register(_variant)(_factory(_variant, _variant))
+register("slo")(_factory("slo-least-load-pulling", "slo"))
+
+__all__ = ["SloProfile", "SloReject", "SloSettings", "SloWait", "VARIANTS"]

@@ -1,0 +1,125 @@
+"""What SLO routing learns and keeps across config reloads: profile tables, predictors, the in-flight
+consumption ledger, the queue. One SloState per gateway, in RoutingState's store (key "slo"), shared by
+every slo* strategy of every model; it is itself the post-choice / post-response hook (registered once,
+whatever number of strategies use it)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from extproc.openai import Request
+from extproc.pool.pod import Pod
+from extproc.profiles import Profile
+from extproc.slo.model import DeploymentModel, Signature, build_table
+from extproc.slo.predictor import OutputPredictor
+from extproc.slo.queue import Queues
+from extproc.state.record import RequestRecord
+
+FLEET_LABEL = "orchestration.aibrix.ai/raycluster-fleet-name"
+APP_NAME_LABEL = "app.kubernetes.io/name"
+LEDGER_LIMIT = 4096  # consumptions remembered per pod (the newest `running` of them are counted)
+
+
+def deployment_of(pod: Pod) -> str:
+    """The pool config's deployment, else the fleet label, else app.kubernetes.io/name. (Discovered
+    pods already carry the ReplicaSet owner's name without its hash: extproc.pool.kubernetes.)"""
+    if pod.deployment:
+        return pod.deployment
+    labels = pod.labels or {}
+    return labels.get(FLEET_LABEL) or labels.get(APP_NAME_LABEL) or ""
+
+
+@dataclass(slots=True, frozen=True)
+class SloSettings:
+    max_queue: int = 256             # waiting requests per model; beyond it: 429 queue_full
+    max_wait_seconds: float = 60.0   # the longest any request waits (Envoy's message timeout exceeds it)
+    window_seconds: float = 240.0    # the output predictor's window (AIBrix: 240 s)
+    slot_seconds: float = 10.0       # ... rotated every 10 s
+    default_output_tokens: int = 256  # predicted output with no history and no max_tokens
+    profile_refresh_seconds: float = 10.0
+    profiles: tuple[str, ...] = ()   # profile files (AIBrix JSON); Redis `aibrix:profile_*` too
+
+
+class SloState:
+    def __init__(self, settings: SloSettings | None = None) -> None:
+        self.settings = settings or SloSettings()
+        self.tables: dict[str, dict[str, DeploymentModel]] = {}
+        self.predictors: dict[str, OutputPredictor] = {}
+        self.ledger: dict[tuple, deque[float | None]] = {}
+        self.queues = Queues(self.settings.max_queue)
+        self.dispatching = False  # set by the server while it re-routes queued requests
+
+    def configure(self, settings: SloSettings) -> None:
+        self.settings = settings
+        self.queues.max_length = settings.max_queue
+
+    # -- profiles ---------------------------------------------------------------------------------
+
+    def set_profiles(self, model: str, profiles: Mapping[str, Profile]) -> None:
+        """deployment name -> profile for one model (from files and Redis, newest `created` won)."""
+        old = self.tables.get(model, {})
+        if {k: v.profile for k, v in old.items()} == dict(profiles):
+            return  # unchanged: no rebuild, no repeated estimate log lines
+        self.tables[model] = build_table(profiles)
+
+    def table(self, model: str) -> dict[str, DeploymentModel]:
+        return self.tables.get(model) or {}
+
+    # -- the request's signature ------------------------------------------------------------------
+
+    def predictor(self, model: str) -> OutputPredictor:
+        p = self.predictors.get(model)
+        if p is None:
+            s = self.settings
+            p = self.predictors[model] = OutputPredictor(s.window_seconds, s.slot_seconds,
+                                                         s.default_output_tokens)
+        return p
+
+    def signature(self, request: Request, now: float) -> Signature:
+        out = self.predictor(request.model).predict(request.prompt_tokens, request.max_tokens, now)
+        return Signature(max(1, request.prompt_tokens), out)
+
+    # -- the load model ---------------------------------------------------------------------------
+
+    def utilization(self, pod: Pod, running: int, fill: float) -> float:
+        """Sum of the pod's in-flight consumptions. `running` (exact, across gateways) says how many;
+        the newest that many recorded here are summed, requests this gateway did not see (another
+        replica's) count as the mean of the known ones, else as `fill`."""
+        if running <= 0:
+            return 0.0
+        entries = self.ledger.get(pod.key)
+        known = [c for c in list(entries)[-running:] if c is not None] if entries else []
+        mean = sum(known) / len(known) if known else fill
+        return sum(known) + (running - len(known)) * mean
+
+    def consumption(self, request: Request, pod: Pod, now: float) -> float | None:
+        dm = self.table(request.model).get(deployment_of(pod))
+        if dm is None:
+            return None
+        return dm.consumption(self.signature(request, now))
+
+    # -- hooks (registered once, through each slo* strategy's hooks_of) ---------------------------
+
+    def post_choice(self, request: Request, chosen, now: float) -> None:
+        pod = chosen.pod
+        entries = self.ledger.get(pod.key)
+        if entries is None:
+            entries = self.ledger[pod.key] = deque(maxlen=LEDGER_LIMIT)
+        entries.append(self.consumption(request, pod, now) if self.table(request.model) else None)
+
+    def post_response(self, record: RequestRecord, now: float) -> None:
+        entries = self.ledger.get(record.pod.key)
+        if entries:
+            entries.popleft()  # the oldest: `utilization` counts only the newest `running` anyway
+        if record.ok and record.output_tokens and record.prompt_tokens is not None:
+            self.predictor(record.model).observe(record.prompt_tokens, record.output_tokens, now)
+
+    def deployment_utilization(self, views) -> dict[tuple[str, str], float]:
+        """(model, deployment) -> mean pod utilization, for the metric."""
+        sums: dict[tuple[str, str], list[float]] = {}
+        for v in views:
+            dep = deployment_of(v.pod)
+            sums.setdefault((v.pod.model, dep), []).append(self.utilization(v.pod, v.running, 0.0))
+        return {k: sum(u) / len(u) for k, u in sums.items()}
