@@ -148,6 +148,8 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     background = loops.start(gateway, scraper, prober)
     if discovery is not None:
         background.append(discovery)
+    # SLO routing's profiles: files named in routing.slo.profiles and Redis aibrix:profile_* (every 10 s)
+    background.append(asyncio.create_task(gateway.slo.run_profiles(redis_url), name="slo-profiles"))
     if tracing_enabled(os.environ):
         if redis_url:
             background.append(asyncio.create_task(run_tracing(gateway, redis_url), name="traces"))
