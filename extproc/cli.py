@@ -43,6 +43,10 @@ def _check_config(args: argparse.Namespace) -> int:
     print(f"default strategy: {config.default_strategy}; destination header: {config.destination_header}; "
           f"max body: {config.max_body_bytes} bytes; Redis: {'on' if config.redis_url else 'off'}")
     print(f"model paths: {', '.join(sorted(config.model_paths))}")
+    if config.discovery.enabled:
+        d = config.discovery
+        print(f"discovery: kubernetes, pods labelled {d.label_selector} in {d.namespace or 'all namespaces'} "
+              "(listed below: the file's pods only)")
     for model in config.models:
         pods = [p for p in config.pods if p.model == model]
         print(f"model {model}: {len(pods)} pod(s)")

@@ -71,3 +71,12 @@ def test_discovery_section() -> None:
             parse({"models": {}, "discovery": bad}, {})
     with pytest.raises(ConfigError, match="names no models"):
         parse({"discovery": {"kind": "static"}}, {})
+
+
+def test_check_config_names_discovery(tmp_path, capsys) -> None:
+    from extproc.cli import main
+
+    path = tmp_path / "gateway.yaml"
+    path.write_text("discovery: {kind: kubernetes, namespace: serving}\n")
+    assert main(["check-config", str(path)]) == 0
+    assert "discovery: kubernetes, pods labelled model.aibrix.ai/name in serving" in capsys.readouterr().out
