@@ -1,0 +1,254 @@
+"""The slo* strategies on hand-built pools, and the gateway queue: dispatch on completion, urgency,
+rejection (breached, full) with Retry-After, a cancelled wait leaving the queue at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
+from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, HttpHeaders, ProcessingRequest
+
+from extproc.config import ConfigError, parse
+from extproc.openai import Request
+from extproc.pool import Pod
+from extproc.profiles import parse_profile
+from extproc.routing import PodView, RoutingSettings, RoutingState, build
+from extproc.routing.slo import SloReject, SloWait
+from extproc.server.gateway import Gateway
+from extproc.server.processor import Stream
+from extproc.slo.server import Rejected
+
+
+def profile(name: str, tput: float, e2e: float, target: float = 10.0, tput_long: float | None = None):
+    """2x2 grid (outputs 8, 256; inputs 128, 1024); `tput_long` for the long-output row."""
+    long = tput if tput_long is None else tput_long
+    return parse_profile({"gpu": name, "cost": 1.0, "tputs": [[tput, tput], [long, long]],
+                          "indexes": [[8, 256], [128, 1024]], "e2e": [[e2e, e2e], [e2e, e2e]],
+                          "slos": {"percentile": 99, "e2e": target}, "created": 1.0})
+
+
+FAST = profile("fast", tput=10, e2e=0.5)    # consumption 0.2
+SLOW = profile("slow", tput=2, e2e=1.0, tput_long=0)      # consumption 0.5; cannot serve long outputs
+
+
+def pod(name: str, deployment: str) -> Pod:
+    return Pod("m", name, f"10.0.0.{len(name) + hash(name) % 200 + 1}:8000", deployment=deployment)
+
+
+def req(max_tokens: int = 8, prompt: int = 128) -> Request:
+    return Request(model="m", path="/v1/chat/completions", prompt_tokens=prompt, max_tokens=max_tokens)
+
+
+@pytest.fixture
+def routing():
+    state = RoutingState.seeded(1)
+    settings = RoutingSettings(state=state, model="m")
+    strategies = {n: build(n, settings) for n in ("slo", "slo-pack-load", "slo-least-load")}
+    slo = state.store["slo"]
+    slo.set_profiles("m", {"fast": FAST, "slow": SLOW})
+    return strategies, slo
+
+
+def views(**running) -> list[PodView]:
+    pods = {"fast0": pod("fast0", "fast"), "fast1": pod("fast1", "fast"), "slow0": pod("slow0", "slow")}
+    return [PodView(pods[n], running=running.get(n, 0)) for n in pods]
+
+
+def test_variants_choose_by_utilization(routing):
+    s, _ = routing
+    pool = views(fast0=3, fast1=1)   # utilizations 0.6, 0.2, 0 (unseen requests count as this one)
+    assert s["slo-least-load"].pick(req(), pool, 0).pod.name == "slow0"        # lowest utilization
+    assert s["slo-pack-load"].pick(req(), pool, 0).pod.name == "fast0"         # 0.8 ≤ 1, the fullest
+    assert s["slo"].pick(req(), pool, 0).pod.name == "fast1"                   # lowest util + cons: 0.4
+
+
+def test_unsuitable_type_is_never_chosen(routing):
+    s, _ = routing
+    long = req(max_tokens=256)                   # slow's tput is 0 for long outputs
+    pool = views(fast0=4, fast1=4)
+    for name in ("slo", "slo-pack-load", "slo-least-load"):
+        assert s[name].pick(long, pool, 0).pod.deployment == "fast"
+
+
+def test_nothing_fits(routing):
+    s, _ = routing
+    pool = views(fast0=5, fast1=5, slow0=2)      # 1.0 + 0.2 and 1.0 + 0.5: over capacity everywhere
+    with pytest.raises(SloWait) as wait:
+        s["slo"].pick(req(), pool, 0)
+    assert wait.value.entry.deadline == pytest.approx(min(60.0, 10 - 0.5))  # the most relaxed: fast
+    assert s["slo-pack-load"].pick(req(), pool, 0).pod.deployment == "fast"  # least over after placing
+    assert s["slo-least-load"].pick(req(), pool, 0).pod.name in ("fast0", "fast1", "slow0")
+
+
+def test_breached_on_arrival_is_rejected(routing):
+    s, slo = routing
+    slo.set_profiles("m", {"fast": profile("fast", 10, 0.5, target=0.4)})   # expected 0.5 > target
+    with pytest.raises(SloReject) as rej:
+        s["slo"].pick(req(), views(fast0=5, fast1=5), 0)
+    assert rej.value.reason == "slo_breached"
+
+
+def test_without_profiles_load_balance_routes(routing):
+    s, slo = routing
+    slo.tables.clear()
+    for name in s:
+        assert s[name].pick(req(), views(fast0=2, slow0=1), 0).pod.name == "fast1"
+
+
+def test_predictor_fed_by_completions_changes_the_cell(routing):
+    s, slo = routing
+    pool = views()
+    chosen = s["slo"].pick(req(max_tokens=None), pool, 0)
+    assert slo.signature(req(max_tokens=None), 0).output_tokens == 256   # default, no history
+    from extproc.state.record import RequestRecord
+    for _ in range(3):
+        slo.post_response(RequestRecord("r", "m", chosen.pod, "slo", 200, 128, 8, "usage", 0.1, 0.5), 1.0)
+    assert slo.signature(req(max_tokens=None), 2.0).output_tokens == 8
+
+
+def test_config_validates_slo_keys():
+    with pytest.raises(ConfigError, match="routing.slo.max_queuee"):
+        parse({"models": {"m": {"pods": []}}, "routing": {"slo": {"max_queuee": 1}}}, {})
+    with pytest.raises(ConfigError, match="max_wait_seconds"):
+        parse({"models": {"m": {"pods": []}}, "routing": {"slo": {"max_wait_seconds": 10_000}}}, {})
+
+
+# -- the live queue ------------------------------------------------------------------------------
+
+def gateway(max_queue: int = 4, max_wait: float = 5.0) -> Gateway:
+    cfg = {"models": {"m": {"pods": [{"name": "fast0", "address": "10.0.0.1:8000", "deployment": "fast"}]}},
+           "routing": {"default_strategy": "slo",
+                       "slo": {"max_queue": max_queue, "max_wait_seconds": max_wait}}}
+    gw = Gateway(parse(cfg, {}))
+    gw.slo.state.set_profiles("m", {"fast": profile("fast", tput=2, e2e=1.0)})   # consumption 0.5
+    return gw
+
+
+async def poll(cond, timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+def test_queued_request_is_dispatched_when_a_completion_frees_capacity():
+    async def main():
+        gw = gateway()
+        profile_ = gw.profile(None, "m")
+        d1 = gw.route(req(), profile_, "r1")
+        gw.route(req(), profile_, "r2")                        # utilization 1.0 now
+        with pytest.raises(SloWait) as wait:
+            gw.route(req(), profile_, "r3")
+        task = asyncio.create_task(gw.slo.wait(req(), profile_, "r3", wait.value.entry))
+        await poll(lambda: gw.slo.state.queues.length("m") == 1)
+        assert not task.done()
+        # a new arrival queues behind it, it does not overtake
+        with pytest.raises(SloWait):
+            gw.route(req(), profile_, "r4")
+        gw.complete(d1.key, status=200, prompt_tokens=128, output_tokens=8)
+        decision = await asyncio.wait_for(task, 5)
+        assert decision.pod.name == "fast0" and gw.slo.state.queues.length("m") == 0
+        assert len(gw.open) == 2
+        assert gw.registry.get_sample_value("extproc_slo_queue_wait_seconds_count",
+                                            {"model": "m", "outcome": "dispatched"}) == 1
+    asyncio.run(main())
+
+
+def test_most_urgent_is_dispatched_first():
+    async def main():
+        gw = gateway()
+        p = gw.profile(None, "m")
+        d1 = gw.route(req(), p, "r1")
+        gw.route(req(), p, "r2")
+        entries = []
+        for rid, r in (("relaxed", req(max_tokens=8)), ("urgent", req(max_tokens=8))):
+            with pytest.raises(SloWait) as w:
+                gw.slo.state.dispatching = False
+                p.pick(r, gw.accounting.views("m", gw.pool.ready_pods("m"), gw.clock()), gw.clock())
+            entries.append((rid, r, w.value.entry))
+        entries[1][2].slack = -100.0    # the second arrival is far more urgent (own sub-queue)
+        entries[1][2].key = "other"
+        tasks = {rid: asyncio.create_task(gw.slo.wait(r, p, rid, e)) for rid, r, e in entries}
+        await poll(lambda: gw.slo.state.queues.length("m") == 2)
+        gw.complete(d1.key, status=200, prompt_tokens=128, output_tokens=8)
+        await poll(lambda: any(t.done() for t in tasks.values()))
+        assert tasks["urgent"].done() and not tasks["relaxed"].done()
+        tasks["relaxed"].cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+    asyncio.run(main())
+
+
+def test_breached_while_waiting_and_full_queue_get_429():
+    async def main():
+        gw = gateway(max_queue=1, max_wait=0.2)
+        p = gw.profile(None, "m")
+        gw.route(req(), p, "r1")
+        gw.route(req(), p, "r2")
+        with pytest.raises(SloWait) as w1:
+            gw.route(req(), p, "r3")
+        first = asyncio.create_task(gw.slo.wait(req(), p, "r3", w1.value.entry))
+        await poll(lambda: gw.slo.state.queues.length("m") == 1)
+        with pytest.raises(SloWait) as w2:
+            gw.route(req(), p, "r4")
+        with pytest.raises(Rejected) as full:
+            await gw.slo.wait(req(), p, "r4", w2.value.entry)
+        assert full.value.status == 429 and full.value.code == "queue_full" and full.value.retry_after >= 1
+        with pytest.raises(Rejected) as breached:
+            await asyncio.wait_for(first, 5)
+        assert breached.value.code == "slo_breached"
+        assert gw.slo.state.queues.length("m") == 0
+        for reason in ("queue_full", "slo_breached"):
+            assert gw.registry.get_sample_value("extproc_slo_rejections_total",
+                                                {"model": "m", "reason": reason}) == 1
+    asyncio.run(main())
+
+
+def test_cancelled_wait_leaves_the_queue_at_once():
+    async def main():
+        gw = gateway()
+        p = gw.profile(None, "m")
+        gw.route(req(), p, "r1")
+        gw.route(req(), p, "r2")
+        with pytest.raises(SloWait) as w:
+            gw.route(req(), p, "r3")
+        task = asyncio.create_task(gw.slo.wait(req(), p, "r3", w.value.entry))
+        await poll(lambda: gw.slo.state.queues.length("m") == 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert gw.slo.state.queues.length("m") == 0
+        assert gw.registry.get_sample_value("extproc_slo_queue_length", {"model": "m"}) == 0
+        assert len(gw.open) == 2   # nothing routed for the cancelled one
+    asyncio.run(main())
+
+
+def _headers() -> ProcessingRequest:
+    pairs = {":path": "/v1/chat/completions", ":method": "POST", "x-request-id": "q"}
+    return ProcessingRequest(request_headers=HttpHeaders(headers=HeaderMap(
+        headers=[HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()])))
+
+
+def _body() -> ProcessingRequest:
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    return ProcessingRequest(request_body=HttpBody(body=json.dumps(body).encode(), end_of_stream=True))
+
+
+def test_stream_waits_then_gets_429_with_retry_after():
+    async def main():
+        gw = gateway(max_wait=0.1)
+        p = gw.profile(None, "m")
+        gw.route(req(), p, "r1")
+        gw.route(req(), p, "r2")
+        stream = Stream(gw)
+        stream.handle(_headers())
+        assert stream.handle(_body()) is None and stream.queued
+        reply = await asyncio.wait_for(stream.wait_queued(), 5)
+        imm = reply.immediate_response
+        headers = {h.header.key: h.header.raw_value.decode() for h in imm.headers.set_headers}
+        assert imm.status.code == 429 and headers["retry-after"] == "1"
+        assert json.loads(imm.body)["error"]["code"] == "slo_breached"
+        assert stream.finished
+    asyncio.run(main())
