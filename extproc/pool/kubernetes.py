@@ -46,6 +46,7 @@ DISCOVERY_KEYS = frozenset({"kind", "namespace", "port_annotation", "gpu_labels"
 # Pod events closer together than this are applied together: applying a 1,000-pod pool costs ~8 ms
 # of event loop, and a rollout sends several events per pod. Readiness still takes effect within it.
 APPLY_INTERVAL_SECONDS = 0.05
+LIST_READ_TIMEOUT_SECONDS = 60.0
 POD_TEMPLATE_HASH = re.compile(r"-[a-z0-9]{5,10}$")  # a ReplicaSet name is <deployment>-<template hash>
 
 
@@ -244,7 +245,7 @@ class PodWatcher:
                 await api.api_client.close()
 
     async def _list(self, api: Any) -> None:
-        response = await self._call(api)
+        response = await self._call(api, _request_timeout=_timeout(LIST_READ_TIMEOUT_SECONDS))
         async with response:
             body = await response.read()
             if response.status != 200:
@@ -266,12 +267,16 @@ class PodWatcher:
         while True:
             response = await self._call(api, watch=True, resource_version=self.resource_version,
                                         allow_watch_bookmarks=True,
-                                        timeout_seconds=int(self.settings.watch_timeout_seconds))
+                                        timeout_seconds=int(self.settings.watch_timeout_seconds),
+                                        # a connection that died silently is given up after this
+                                        _request_timeout=_timeout(self.settings.watch_timeout_seconds + 30))
             async with response:
                 if response.status == 410:
                     raise Gone()
                 if response.status != 200:
                     raise RuntimeError(f"pod watch: HTTP {response.status}")
+                # one JSON event per line; the client's 2 MiB read buffer allows 4 MiB lines, above
+                # the largest object etcd stores (1.5 MiB)
                 while line := await response.content.readline():
                     if line.strip():
                         self._event(json.loads(line))
@@ -322,6 +327,12 @@ class PodWatcher:
             self._on_change(self.pods())
         except Exception:  # the gateway refused it (logged there); the watch goes on
             log.exception("pod discovery: applying %d pods failed", len(self._objects))
+
+
+def _timeout(read_seconds: float) -> Any:
+    import aiohttp
+
+    return aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read_seconds)
 
 
 def _name(obj: Mapping[str, Any]) -> str:

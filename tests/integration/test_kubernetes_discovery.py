@@ -114,7 +114,9 @@ class FakeApiServer:
         while True:
             for version, kind, obj in [] if self.paused else self.events:
                 if version > sent and namespace in (None, obj["metadata"]["namespace"]):
-                    await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+                    data = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+                    for start in range(0, len(data), 65536):  # in chunks, as a real server flushes
+                        await response.write(data[start : start + 65536])
             sent = sent if self.paused else self.version
             if self._drop != drop:
                 if self.watch_timeout_ends:
@@ -204,6 +206,21 @@ async def test_a_burst_of_events_is_applied_together_and_the_last_state_wins(api
         await eventually(lambda: seen[-1] and len(seen[-1]) == 30 and all(p.ready for p in seen[-1]),
                          "the last state handed on")
         assert watcher.published - before < 30, watcher.published - before
+    finally:
+        await stop(task)
+
+
+async def test_a_pod_near_the_largest_object_etcd_stores(api: FakeApiServer) -> None:
+    watcher, _, task = await start(api)
+    try:
+        big = pod_object("l20-big", "10.0.0.5")
+        # near etcd's 1.5 MiB object limit: above aiohttp's default line limit (512 KiB), within the
+        # kubernetes client's (4 MiB)
+        big["metadata"]["annotations"] = {"example.com/blob": "x" * 1_400_000}
+        await api.change("ADDED", big)
+        await api.change("ADDED", pod_object("l20-after", "10.0.0.6"))
+        await eventually(lambda: {"l20-big", "l20-after"} <= set(by_name(watcher)), "both pods")
+        assert len(api.lists) == 1  # no failure, no relist
     finally:
         await stop(task)
 
