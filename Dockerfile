@@ -23,7 +23,8 @@ RUN groupadd --system --gid 10001 extproc \
 COPY --from=build /opt/extproc /opt/extproc
 USER 10001:10001
 EXPOSE 50052 9090
-# gRPC health of the ext_proc server itself (the same check Kubernetes' grpc probes make).
+# gRPC health of the ext_proc server itself (the same check Kubernetes' grpc probes make), plaintext on
+# port 50052: with --tls-cert or another --port, override it (or use the admin port's /healthz).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
   CMD ["python", "-c", "import grpc, sys; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; ch = grpc.insecure_channel('127.0.0.1:50052'); r = g.HealthStub(ch).Check(h.HealthCheckRequest(), timeout=2); sys.exit(r.status != h.HealthCheckResponse.SERVING)"]
 ENTRYPOINT ["extproc", "serve"]
