@@ -17,6 +17,7 @@ The conversion of a pod object (`pod_from_object`) is a pure function, tested wi
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import random
@@ -103,27 +104,42 @@ def parse_settings(raw: Mapping[str, Any]) -> DiscoverySettings:
 
 
 # -- pure conversion ------------------------------------------------------------------------------
+# Total over any JSON: an exception here would look like a broken watch and relist forever.
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _maps(value: Any) -> list[Mapping[str, Any]]:
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
+
+
+def _labels(meta: Mapping[str, Any], key: str = "labels") -> dict[str, str]:
+    return {str(k): str(v) for k, v in _map(meta.get(key)).items() if v is not None}
+
 
 def deployment_of(meta: Mapping[str, Any]) -> str:
     """The rule the SLO profiles use: fleet label, app name label, else the ReplicaSet owner's name
     without its pod-template hash."""
-    labels = meta.get("labels") or {}
+    labels = _labels(_map(meta))
     for key in (FLEET_LABEL, APP_NAME_LABEL):
         if labels.get(key):
-            return str(labels[key])
-    for owner in meta.get("ownerReferences") or ():
-        if owner.get("kind") == "ReplicaSet" and owner.get("name"):
-            name = str(owner["name"])
+            return labels[key]
+    for owner in _maps(_map(meta).get("ownerReferences")):
+        name = str(owner.get("name") or "")
+        if owner.get("kind") == "ReplicaSet" and name:
             template = labels.get("pod-template-hash")
             if template and name.endswith(f"-{template}"):
                 return name[: -len(template) - 1]
             return POD_TEMPLATE_HASH.sub("", name)
-        if owner.get("kind") in ("StatefulSet", "LeaderWorkerSet") and owner.get("name"):
-            return str(owner["name"])
+        if owner.get("kind") in ("StatefulSet", "LeaderWorkerSet") and name:
+            return name
     return ""
 
 
 def _port(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
     try:
         port = int(str(value))
     except (TypeError, ValueError):
@@ -134,11 +150,11 @@ def _port(value: Any) -> int | None:
 def serving_port(obj: Mapping[str, Any], settings: DiscoverySettings) -> int | None:
     """The annotation (or a label of that name), else a container port named http/serve, else the
     first container port declared."""
-    meta = obj.get("metadata") or {}
-    for source in (meta.get("annotations") or {}, meta.get("labels") or {}):
+    meta = _map(obj.get("metadata"))
+    for source in (_labels(meta, "annotations"), _labels(meta)):
         if settings.port_annotation in source:
             return _port(source[settings.port_annotation])
-    ports = [p for c in (obj.get("spec") or {}).get("containers") or () for p in c.get("ports") or ()
+    ports = [p for c in _maps(_map(obj.get("spec")).get("containers")) for p in _maps(c.get("ports"))
              if p.get("protocol", "TCP") == "TCP"]
     for p in ports:
         if p.get("name") in ("http", "serve", "serving"):
@@ -147,34 +163,37 @@ def serving_port(obj: Mapping[str, Any], settings: DiscoverySettings) -> int | N
 
 
 def is_ready(obj: Mapping[str, Any]) -> bool:
-    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    meta, status = _map(obj.get("metadata")), _map(obj.get("status"))
     if meta.get("deletionTimestamp") or status.get("phase") != "Running":
         return False
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in status.get("conditions") or ())
+    conditions = _maps(status.get("conditions"))
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def pod_from_object(obj: Mapping[str, Any], settings: DiscoverySettings) -> Pod | None:
     """A Kubernetes pod object as the gateway's Pod; None when it cannot be routed to at all (no model
     label, no IP yet, no port)."""
-    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    obj = _map(obj)
+    meta, status = _map(obj.get("metadata")), _map(obj.get("status"))
+    labels = _labels(meta)
     model = labels.get(MODEL_LABEL)
-    ip = status.get("podIP")
     port = serving_port(obj, settings)
-    if not model or not ip or port is None or status.get("phase") in ("Succeeded", "Failed"):
+    try:
+        ip = ipaddress.ip_address(str(status.get("podIP")))  # ORIGINAL_DST needs a literal address
+    except ValueError:
         return None
-    address = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+    if not model or port is None or status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    address = f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
     deployment = deployment_of(meta)
     gpu = next((labels[k] for k in settings.gpu_labels if labels.get(k)), deployment)
     engine = labels.get(ENGINE_LABEL, "vllm").lower()
     if engine not in ENGINES:
         engine = "vllm"
-    annotations = meta.get("annotations") or {}
-    metrics_port = _port(annotations.get(METRIC_PORT_LABEL, labels.get(METRIC_PORT_LABEL)))
-    return Pod(model=model, name=str(meta.get("name", "")), address=address, deployment=deployment,
+    metrics_port = _port(_labels(meta, "annotations").get(METRIC_PORT_LABEL, labels.get(METRIC_PORT_LABEL)))
+    return Pod(model=model, name=str(meta.get("name") or ""), address=address, deployment=deployment,
                labels={**labels, "gpu": gpu}, ready=is_ready(obj),
-               namespace=str(meta.get("namespace", "default")), engine=engine, metrics_port=metrics_port)
+               namespace=str(meta.get("namespace") or "default"), engine=engine, metrics_port=metrics_port)
 
 
 # -- the watch ------------------------------------------------------------------------------------
@@ -252,12 +271,12 @@ class PodWatcher:
                 raise RuntimeError(f"pod list: HTTP {response.status}: {body[:200]!r}")
         data = json.loads(body)
         objects = {}
-        for obj in data.get("items") or ():
+        for obj in _maps(_map(data).get("items")):
             pod = pod_from_object(obj, self.settings)
             if pod is not None:
                 objects[_name(obj)] = pod
         self._objects = objects
-        self.resource_version = (data.get("metadata") or {}).get("resourceVersion")
+        self.resource_version = _map(_map(data).get("metadata")).get("resourceVersion")
         self.lists += 1
         self._publish()
         self.synced.set()
@@ -284,12 +303,13 @@ class PodWatcher:
             # the server's timeout ended the watch cleanly: resume from the last version
 
     def _event(self, event: Mapping[str, Any]) -> None:
-        kind, obj = event.get("type"), event.get("object") or {}
+        event = _map(event)
+        kind, obj = event.get("type"), _map(event.get("object"))
         if kind == "ERROR":
             if obj.get("code") == 410:
                 raise Gone()
             raise RuntimeError(f"watch error: {obj.get('message') or obj}")
-        version = (obj.get("metadata") or {}).get("resourceVersion")
+        version = _map(obj.get("metadata")).get("resourceVersion")
         if version:
             self.resource_version = version
         if kind == "BOOKMARK":
@@ -336,7 +356,7 @@ def _timeout(read_seconds: float) -> Any:
 
 
 def _name(obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
+    meta = _map(_map(obj).get("metadata"))
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from extproc.config import ConfigError, parse
 from extproc.pool.kubernetes import DiscoverySettings, deployment_of, pod_from_object
@@ -35,6 +37,7 @@ def test_port_from_annotation_then_named_container_port() -> None:
         == "10.1.2.3:7000"
     assert pod_from_object(obj(spec={"containers": [{}]}), S) is None  # no port at all
     assert pod_from_object(obj(status__podIP="fd00::1"), S).address == "[fd00::1]:8000"
+    assert pod_from_object(obj(status__podIP="pod-a.local"), S) is None  # ORIGINAL_DST needs an IP
 
 
 def test_ready_only_when_running_ready_and_not_terminating() -> None:
@@ -80,3 +83,23 @@ def test_check_config_names_discovery(tmp_path, capsys) -> None:
     path.write_text("discovery: {kind: kubernetes, namespace: serving}\n")
     assert main(["check-config", str(path)]) == 0
     assert "discovery: kubernetes, pods labelled model.aibrix.ai/name in serving" in capsys.readouterr().out
+
+
+# Whatever shape a pod object has, converting it never raises: an exception in the watch would be
+# taken for a broken connection and relist forever.
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                 max_size=3), max_leaves=12)
+_maybe = st.one_of(_json, st.fixed_dictionaries({}, optional={
+    "labels": st.dictionaries(st.sampled_from(["model.aibrix.ai/name", "model.aibrix.ai/engine",
+                                               "model.aibrix.ai/port", "pod-template-hash", "x"]), _json),
+    "annotations": _json, "ownerReferences": _json, "name": _json, "namespace": _json,
+    "deletionTimestamp": _json, "podIP": _json, "phase": _json, "conditions": _json, "containers": _json,
+}))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.fixed_dictionaries({}, optional={"metadata": _maybe, "spec": _maybe, "status": _maybe}))
+def test_any_object_converts_or_is_skipped(obj) -> None:
+    pod = pod_from_object(obj, S)
+    assert pod is None or pod.model
