@@ -44,7 +44,8 @@ def parse_slo(raw: Any, error: type[Exception]) -> SloSettings:
             values["profiles"] = tuple(value)
             continue
         if key not in SLO_KEYS:
-            raise error(f"routing.slo.{key} is not a setting (known: {', '.join(sorted([*SLO_KEYS, 'profiles']))})")
+            known = ", ".join(sorted([*SLO_KEYS, "profiles"]))
+            raise error(f"routing.slo.{key} is not a setting (known: {known})")
         field, kind, low, high = SLO_KEYS[key]
         numeric = isinstance(value, int) if kind is int else isinstance(value, int | float)
         if isinstance(value, bool) or not numeric or not low <= value <= high:

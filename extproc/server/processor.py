@@ -22,8 +22,8 @@ from extproc import openai
 from extproc.config import ENVOY_MAX_HEADERS
 from extproc.openai import OpenAIError, Request
 from extproc.routing import StrategySpec, StrategySpecError, strategy_names
-from extproc.routing.slo import SloReject, SloWait
 from extproc.routing.session_affinity import MAX_SESSION_KEY_BYTES, SESSION_HEADER
+from extproc.routing.slo import SloReject, SloWait
 from extproc.server import responses
 from extproc.server.gateway import Decision, Gateway
 

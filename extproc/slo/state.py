@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import islice
 
 from extproc.openai import Request
 from extproc.pool.pod import Pod
@@ -90,7 +91,7 @@ class SloState:
         if running <= 0:
             return 0.0
         entries = self.ledger.get(pod.key)
-        known = [c for c in list(entries)[-running:] if c is not None] if entries else []
+        known = [c for c in islice(reversed(entries), running) if c is not None] if entries else []
         mean = sum(known) / len(known) if known else fill
         return sum(known) + (running - len(known)) * mean
 

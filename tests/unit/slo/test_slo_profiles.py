@@ -66,8 +66,8 @@ def test_newer_created_wins_between_file_and_redis(tmp_path, file_created, winne
 def test_deployment_rule():
     assert deployment_of(Pod("m", "p", "10.0.0.1:1", deployment="cfg",
                              labels={"app.kubernetes.io/name": "app"})) == "cfg"
-    assert deployment_of(Pod("m", "p", "10.0.0.1:1", labels={
-        "orchestration.aibrix.ai/raycluster-fleet-name": "fleet", "app.kubernetes.io/name": "app"})) == "fleet"
+    both = {"orchestration.aibrix.ai/raycluster-fleet-name": "fleet", "app.kubernetes.io/name": "app"}
+    assert deployment_of(Pod("m", "p", "10.0.0.1:1", labels=both)) == "fleet"
     assert deployment_of(Pod("m", "p", "10.0.0.1:1", labels={"app.kubernetes.io/name": "app"})) == "app"
 
 
