@@ -20,6 +20,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from extproc.openai import OpenAIError
 from extproc.routing.slo import SloReject, SloWait
+from extproc.slo.dispatch import dispatch
 from extproc.slo.queue import REJECT_BREACHED, REJECT_FULL, Entry, Full
 from extproc.slo.state import SloState, deployment_of
 
@@ -136,40 +137,32 @@ class SloRoom:
         state = self.state
         if state is None:
             return 0
-        queue = state.queues.of(model)
-        n = 0
-        while queue.length:
-            now = self._gw.clock()
-            entry = queue.most_urgent(now)
-            waiter: _Waiter = entry.payload  # type: ignore[assignment]
-            if waiter.future.done():  # cancelled: leaves in its own finally
-                queue.remove(entry)
-                continue
-            state.dispatching = True
+
+        def route(entry: Entry) -> object:
+            w: _Waiter = entry.payload  # type: ignore[assignment]
             try:
-                decision = self._gw.route(waiter.request, waiter.profile, waiter.request_id)
-            except SloWait:
-                break  # the most urgent still does not fit: nobody overtakes it
-            except SloReject as rej:
-                queue.remove(entry)
-                waiter.future.set_exception(self.reject(model, rej.reason, rej.retry_after))
-                continue
+                return self._gw.route(w.request, w.profile, w.request_id)
+            except (SloWait, SloReject):
+                raise
             except Exception as exc:  # a bug costs this request, not the queue
                 log.exception("slo dispatch failed")
-                queue.remove(entry)
-                waiter.future.set_exception(exc)
-                continue
-            finally:
-                state.dispatching = False
-            queue.remove(entry)
-            n += 1
-            if decision is None:
-                waiter.future.set_exception(OpenAIError(503, f"no ready pod for model {model!r}",
-                                                        type="service_unavailable", code="no_ready_pod"))
+                return exc
+
+        left = dispatch(state, model, self._gw.clock(), route,
+                        skip=lambda e: e.payload.future.done())  # type: ignore[union-attr]
+        for entry, result in left:
+            fut = entry.payload.future  # type: ignore[union-attr]
+            if isinstance(result, SloReject):
+                fut.set_exception(self.reject(model, result.reason, result.retry_after))
+            elif isinstance(result, Exception):
+                fut.set_exception(result)
+            elif result is None:
+                fut.set_exception(OpenAIError(503, f"no ready pod for model {model!r}",
+                                              type="service_unavailable", code="no_ready_pod"))
             else:
-                waiter.future.set_result(decision)
+                fut.set_result(result)
         self._length(model)
-        return n
+        return len(left)
 
     def _length(self, model: str) -> None:
         state = self.state
