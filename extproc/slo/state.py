@@ -47,6 +47,7 @@ class SloState:
     def __init__(self, settings: SloSettings | None = None) -> None:
         self.settings = settings or SloSettings()
         self.tables: dict[str, dict[str, DeploymentModel]] = {}
+        self._sources: dict[str, dict[str, Profile]] = {}  # what each table was built from
         self.predictors: dict[str, OutputPredictor] = {}
         self.ledger: dict[tuple, deque[float | None]] = {}
         self.queues = Queues(self.settings.max_queue)
@@ -60,9 +61,10 @@ class SloState:
 
     def set_profiles(self, model: str, profiles: Mapping[str, Profile]) -> None:
         """deployment name -> profile for one model (from files and Redis, newest `created` won)."""
-        old = self.tables.get(model, {})
-        if {k: v.profile for k, v in old.items()} == dict(profiles):
-            return  # unchanged: no rebuild, no repeated estimate log lines
+        profiles = dict(profiles)
+        if self._sources.get(model) == profiles:
+            return  # unchanged: no rebuild, no repeated "estimated" / "left out" log lines
+        self._sources[model] = profiles
         self.tables[model] = build_table(profiles)
 
     def table(self, model: str) -> dict[str, DeploymentModel]:

@@ -99,3 +99,12 @@ def test_queue_most_urgent_head_fifo_within_a_signature_and_bound():
     q.remove(a1)
     assert q.most_urgent(10) is a2
     assert [e for e in q.breached(100)] == [a2]
+
+
+def test_unusable_profile_is_logged_once_across_refreshes(caplog):
+    from extproc.slo.state import SloState
+    s = SloState()
+    for _ in range(3):   # the refresh loop offers the same profiles every 10 s
+        s.set_profiles("m", {"a40": load_profile(A40)})
+    assert s.table("m") == {}
+    assert caplog.text.count("fallback") == 1
