@@ -3,7 +3,9 @@
 Per pod, exponentially weighted averages of the time to first token and the time per output token,
 learned from every finished request (the post-response hook: the tally's tokens and Envoy's timings).
 A request's prediction is TTFT + TPOT x its expected output (`max_tokens`, else 128). A pod with no
-observation yet scores 0, so it is tried first: a new or recovered pod is explored, not starved.
+observation yet scores 0 while it is idle, so it is tried first: a new or recovered pod is explored, not
+starved. Once it has a request in flight it scores the mean of the observed pods until its first answer
+arrives: otherwise every request in that interval (seconds, at hundreds of requests/s) would herd onto it.
 Streamed requests give both figures; a non-streamed one (its first byte is its last) only a time per
 token that includes its prefill.
 """
@@ -62,7 +64,10 @@ class LeastLatencyScorer:
     def score(self, request: Request, pods: Sequence[PodView], now: float) -> list[float]:
         out = request.max_tokens or DEFAULT_OUTPUT_TOKENS
         predictions = [self.model.predict(p.pod.key, out) for p in pods]
-        return [0.0 if p is None else p for p in predictions]  # unobserved: explored first
+        known = [x for x in predictions if x is not None]
+        fill = sum(known) / len(known) if known else 0.0
+        # unobserved: explored first while idle, then an average pod
+        return [x if x is not None else 0.0 if p.running == 0 else fill for x, p in zip(predictions, pods)]
 
 
 @register("least-latency")

@@ -24,9 +24,11 @@ from extproc.routing.framework import MaxScorePicker, PodView, Profile, RoutingS
 from extproc.routing.gate import loads
 from extproc.routing.settings import LoadBalanceSettings, PrefixCacheSettings
 
-# What one table entry costs in memory (measured with tracemalloc: an int key, the OrderedDict link,
-# a small dict of pods), rounded up so that the byte cap holds.
+# What the table costs in memory, measured with tracemalloc on CPython 3.11 and rounded up so that the
+# byte cap holds: a block held by one pod (int key, OrderedDict link, a small dict) ~361 bytes; each
+# further pod holding it grows that dict by ~18-27 bytes and adds a timestamp (24).
 ENTRY_BYTES = 400
+HOLDER_BYTES = 64
 
 
 def block_hashes(text: str, block_tokens: int, max_blocks: int) -> list[int]:
@@ -41,14 +43,23 @@ def block_hashes(text: str, block_tokens: int, max_blocks: int) -> list[int]:
 
 
 class PrefixTable:
-    """Block hash -> {pod: last used}, least recently used evicted beyond `max_entries`."""
+    """Block hash -> {pod: last used}; least recently used blocks evicted while the estimated size is
+    over `max_bytes`. A block every pod serves (a common system prompt) costs more than one a single pod
+    holds, so holders are counted, not only blocks."""
 
-    def __init__(self, max_entries: int) -> None:
-        self.max_entries = max_entries
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
         self._blocks: OrderedDict[int, dict[PodKey, float]] = OrderedDict()
+        self._holders = 0  # (block, pod) pairs
 
     def __len__(self) -> int:
         return len(self._blocks)
+
+    @property
+    def size_bytes(self) -> int:
+        """The estimated memory held (what the cap is checked against)."""
+        blocks = len(self._blocks)
+        return blocks * ENTRY_BYTES + (self._holders - blocks) * HOLDER_BYTES
 
     def match(self, hashes: Sequence[int]) -> dict[PodKey, int]:
         """Per pod, how many leading blocks of `hashes` it holds without a gap."""
@@ -68,15 +79,19 @@ class PrefixTable:
 
     def insert(self, hashes: Sequence[int], pod: PodKey, now: float) -> None:
         blocks = self._blocks
+        added = 0
         for h in hashes:
             entry = blocks.get(h)
             if entry is None:
                 blocks[h] = {pod: now}
+                added += 1
             else:
+                added += pod not in entry
                 entry[pod] = now
                 blocks.move_to_end(h)
-        while len(blocks) > self.max_entries:
-            blocks.popitem(last=False)
+        self._holders += added
+        while blocks and self.size_bytes > self.max_bytes:
+            self._holders -= len(blocks.popitem(last=False)[1])
 
     def forget_pods(self, live: set[PodKey]) -> None:
         """Drop pods that left the pool (a pod back at another address has a cold cache)."""
@@ -84,6 +99,7 @@ class PrefixTable:
             entry = self._blocks[h]
             for pod in [p for p in entry if p not in live]:
                 del entry[pod]
+                self._holders -= 1
             if not entry:
                 del self._blocks[h]
 
@@ -102,16 +118,12 @@ class PrefixCache:
     def configure(self, settings: PrefixCacheSettings) -> None:
         self.settings = settings
         for table in self.tables.values():
-            table.max_entries = self.max_entries
-
-    @property
-    def max_entries(self) -> int:
-        return max(1, self.settings.table_bytes // ENTRY_BYTES)
+            table.max_bytes = settings.table_bytes
 
     def table(self, model: str) -> PrefixTable:
         table = self.tables.get(model)
         if table is None:
-            table = self.tables[model] = PrefixTable(self.max_entries)
+            table = self.tables[model] = PrefixTable(self.settings.table_bytes)
         return table
 
     def hashes(self, request: Request) -> list[int]:

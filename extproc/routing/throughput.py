@@ -28,15 +28,24 @@ class RecentTokens:
             key = record.pod.key
             self._events.setdefault(key, deque()).append((now, record.output_tokens))
             self._sums[key] = self._sums.get(key, 0) + record.output_tokens
+            # Trimmed here too: every built strategy's hooks see every response (the gateway builds all
+            # of them to validate a config), so a pool that never routes by throughput must not grow.
+            self._expire(key, now)
 
     def rate(self, key: PodKey, now: float) -> float:
-        events = self._events.get(key)
-        if not events:
+        if not self._events.get(key):
             return 0.0
-        horizon = now - WINDOW_SECONDS
+        self._expire(key, now)
+        return self._sums[key] / WINDOW_SECONDS
+
+    def __len__(self) -> int:
+        """Events held, over every pod (bounded by the window)."""
+        return sum(map(len, self._events.values()))
+
+    def _expire(self, key: PodKey, now: float) -> None:
+        events, horizon = self._events[key], now - WINDOW_SECONDS
         while events and events[0][0] <= horizon:
             self._sums[key] -= events.popleft()[1]
-        return self._sums[key] / WINDOW_SECONDS
 
 
 class ThroughputScorer:
