@@ -64,7 +64,8 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
     no_route = {"status": 503, "body": {"inline_string": "no destination was chosen for this request"}}
     ext_proc = {
         "@type": TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-        "grpc_service": {"envoy_grpc": {"cluster_name": "extproc"}, "timeout": f"{max(30, o.message_timeout_seconds)}s"},
+        "grpc_service": {"envoy_grpc": {"cluster_name": "extproc"},
+                         "timeout": f"{max(30, o.message_timeout_seconds)}s"},  # > the SLO queue's wait
         "failure_mode_allow": False,
         "message_timeout": f"{o.message_timeout_seconds}s",
         # Envoy drops metadata from the processor in namespaces not listed here.
