@@ -108,3 +108,21 @@ def test_unusable_profile_is_logged_once_across_refreshes(caplog):
         s.set_profiles("m", {"a40": load_profile(A40)})
     assert s.table("m") == {}
     assert caplog.text.count("fallback") == 1
+
+
+def test_envoy_waits_longer_than_the_longest_allowed_queue_wait():
+    from extproc.envoy_bootstrap import BootstrapOptions, bootstrap
+    from extproc.routing.slo_settings import MAX_WAIT_CEILING_SECONDS
+
+    def find(node):
+        if isinstance(node, dict):
+            if str(node.get("@type", "")).endswith("ext_proc.v3.ExternalProcessor"):
+                return node
+            node = list(node.values())
+        if isinstance(node, list):
+            return next((f for f in map(find, node) if f is not None), None)
+        return None
+
+    ext_proc = find(bootstrap(BootstrapOptions()))
+    assert float(ext_proc["message_timeout"].rstrip("s")) > MAX_WAIT_CEILING_SECONDS
+    assert float(ext_proc["grpc_service"]["timeout"].rstrip("s")) > MAX_WAIT_CEILING_SECONDS
