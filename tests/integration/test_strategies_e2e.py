@@ -70,6 +70,14 @@ def test_a_session_keeps_its_pod(stack: LocalStack):
     assert len(spread) == 3  # different sessions use every pod
 
 
+def test_a_session_key_over_256_bytes_is_refused_with_an_openai_error(stack: LocalStack):
+    assert ask(stack, "edge", "session-affinity", **{"x-aibrix-session-key": "k" * 256})
+    with pytest.raises(openai.BadRequestError) as refused:
+        ask(stack, "too long", "session-affinity", **{"x-aibrix-session-key": "k" * 257})
+    error = refused.value.body
+    assert error["code"] == "invalid_session_key" and error["param"] == "x-aibrix-session-key", error
+
+
 def test_round_robin_alternates_exactly(stack: LocalStack):
     pods = [ask(stack, f"q{i}", "round-robin") for i in range(9)]
     assert Counter(pods) == {"p0": 3, "p1": 3, "p2": 3}
