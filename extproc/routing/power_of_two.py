@@ -1,28 +1,39 @@
 """`power-of-two`: two pods drawn at random, the one with the lower capacity-normalised load (the
 load-balance score) wins. Nearly as even as scoring every pod, at a constant cost, and never herds:
-gateways with stale counts do not all pick the same "best" pod. Blended, it votes as load-balance."""
+gateways with stale counts do not all pick the same "best" pod.
+
+The draw is a Filter, so it survives blending: a bare `power-of-two` is auto-blended with load-balance
+and least-request, and the blend then chooses between the two drawn pods. Were the draw in the picker,
+a blend (which has its own picker) would silently turn it into "the least loaded of all".
+"""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
 
+from extproc.openai import Request
 from extproc.routing.framework import PodView, Profile, RoutingSettings, register
-from extproc.routing.load_balance import LoadBalanceScorer
+from extproc.routing.load_balance import LoadBalanceScorer, LowestScorePicker
 
 
-class TwoChoicesPicker:
+class TwoChoices:
+    """Keeps two pods drawn uniformly at random (all of them when there are two or fewer)."""
+
+    __slots__ = ("_rng",)
+
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
 
-    def pick(self, pods: Sequence[PodView], scores: Sequence[float]) -> PodView:
+    def filter(self, request: Request, pods: Sequence[PodView], now: float) -> Sequence[PodView]:
+        if len(pods) <= 2:
+            return pods
         i, j = self._rng.sample(range(len(pods)), 2)
-        if scores[i] == scores[j]:
-            return pods[self._rng.choice((i, j))]
-        return pods[i] if scores[i] < scores[j] else pods[j]
+        return [pods[i], pods[j]]
 
 
 @register("power-of-two")
 def build(settings: RoutingSettings) -> Profile:
-    return Profile("power-of-two", TwoChoicesPicker(settings.rng()),
-                   scorers=[(LoadBalanceScorer(settings.load_balance), 1.0)])
+    # Ties between the two (equal scores) go to the least KV usage, then at random: LowestScorePicker.
+    return Profile("power-of-two", LowestScorePicker(settings.rng()),
+                   scorers=[(LoadBalanceScorer(settings.load_balance), 1.0)], filters=[TwoChoices(settings.rng())])

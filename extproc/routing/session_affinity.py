@@ -5,7 +5,12 @@ Rendezvous (highest-random-weight) hashing over the candidate pods: each (sessio
 deterministic hash and the highest wins. Adding or removing a pod moves only the sessions that win or
 lose on it; a pod that is gone or unhealthy is not a candidate, so its sessions re-pin to their next
 best pod by themselves. Every gateway replica computes the same answer without sharing anything.
-Without a session key the request is routed as load-balance routes it.
+
+The pin is a Filter, not a Scorer: blended (and a bare `session-affinity` is auto-blended with
+load-balance and least-request) a scorer's vote would be outweighed as soon as the session's pod is not
+the least loaded, whereas members' filters stay hard constraints. The imbalance gate still runs first,
+so a pod far more loaded than the rest (the gate's rule) sheds its sessions until it recovers.
+Without a session key nothing is filtered and the request is routed as load-balance routes it.
 """
 
 from __future__ import annotations
@@ -26,34 +31,22 @@ def rendezvous(session: str, pod_name: str) -> int:
     return int.from_bytes(digest, "big")
 
 
-class SessionScorer:
-    """1.0 for the session's pod, 0.0 for the others; NaN everywhere (no opinion) without a key."""
+def session_pod(session: str, pods: Sequence[PodView]) -> PodView:
+    """The session's pod among `pods`: the highest rendezvous weight (pod names are unique per model)."""
+    return max(pods, key=lambda p: rendezvous(session, p.pod.name))
 
-    def score(self, request: Request, pods: Sequence[PodView], now: float) -> list[float]:
+
+class SessionFilter:
+    """Narrows the candidates to the session's pod; leaves them all when the request has no session."""
+
+    def filter(self, request: Request, pods: Sequence[PodView], now: float) -> Sequence[PodView]:
         key = request.session_key
-        if not key:
-            return [float("nan")] * len(pods)
-        weights = [rendezvous(key, p.pod.name) for p in pods]
-        best = max(weights)
-        return [1.0 if w == best else 0.0 for w in weights]
-
-
-class SessionPicker:
-    """Routing alone: the session's pod, or load-balance's choice when the request has no session."""
-
-    def __init__(self, load_balance: LoadBalanceScorer, fallback: LowestScorePicker) -> None:
-        self._load_balance = load_balance
-        self._fallback = fallback
-
-    def pick(self, pods: Sequence[PodView], scores: Sequence[float]) -> PodView:
-        for pod, score in zip(pods, scores):
-            if score == 1.0:
-                return pod
-        # load-balance reads only the pod views, not the request or the clock
-        return self._fallback.pick(pods, self._load_balance.score(None, pods, 0.0))  # type: ignore[arg-type]
+        if not key or len(pods) < 2:
+            return pods
+        return [session_pod(key, pods)]
 
 
 @register("session-affinity")
 def build(settings: RoutingSettings) -> Profile:
-    picker = SessionPicker(LoadBalanceScorer(settings.load_balance), LowestScorePicker(settings.rng()))
-    return Profile("session-affinity", picker, scorers=[(SessionScorer(), 1.0)])
+    return Profile("session-affinity", LowestScorePicker(settings.rng()),
+                   scorers=[(LoadBalanceScorer(settings.load_balance), 1.0)], filters=[SessionFilter()])

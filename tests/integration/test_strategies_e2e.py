@@ -70,6 +70,30 @@ def test_a_session_keeps_its_pod(stack: LocalStack):
     assert len(spread) == 3  # different sessions use every pod
 
 
+def test_a_session_keeps_its_pod_while_that_pod_is_the_busiest(stack: LocalStack):
+    # A bare `session-affinity` is auto-blended with load-balance and least-request; the pin must
+    # still hold when the session's pod is not the least loaded (three streams open on it).
+    home = ask(stack, "where", "session-affinity", **{"x-aibrix-session-key": "dave"})
+    neighbours = [k for k in (f"n-{i}" for i in range(60))
+                  if ask(stack, "where", "session-affinity", **{"x-aibrix-session-key": k}) == home][:3]
+    assert len(neighbours) == 3
+    streams = [client(stack).chat.completions.create(
+        model=MODEL, max_tokens=4000, stream=True, extra_headers={
+            "routing-strategy": "session-affinity", "x-aibrix-session-key": k},
+        messages=[{"role": "user", "content": "a long answer, please"}]) for k in neighbours]
+    try:
+        for stream in streams:
+            next(iter(stream))  # routed and generating: counted in flight on `home`
+        turns = [ask(stack, f"turn {i}", "session-affinity", **{"x-aibrix-session-key": "dave"})
+                 for i in range(3)]
+        assert turns == [home] * 3
+        others = {ask(stack, "hi", "load-balance") for _ in range(4)}
+        assert home not in others  # it really is the busiest pod
+    finally:
+        for stream in streams:
+            stream.close()
+
+
 def test_a_session_key_over_256_bytes_is_refused_with_an_openai_error(stack: LocalStack):
     assert ask(stack, "edge", "session-affinity", **{"x-aibrix-session-key": "k" * 256})
     with pytest.raises(openai.BadRequestError) as refused:

@@ -155,16 +155,36 @@ def test_without_a_session_key_it_routes_as_load_balance():
     assert p.pick(REQ, pods, 0.0).pod.name == "fast"
 
 
+def test_a_session_keeps_its_pod_as_the_header_routes_it_when_loads_differ():
+    # A bare `session-affinity` header is auto-blended with load-balance and least-request: the pin
+    # must hold although the session's pod is not the least loaded (loads below the imbalance gate).
+    router = Router(RoutingSettings(), RoutingState.seeded(0))
+    p = router.profile_for("session-affinity", "m")
+    idle = [view("a"), view("b"), view("c")]
+    busy = [view("a", 0), view("b", 2, kv_free=0.3), view("c", 4)]
+    sessions = [f"user-{i}" for i in range(60)]
+    pinned = {s: p.pick(replace(REQ, session_key=s), idle, 0.0).pod.name for s in sessions}
+    assert set(pinned.values()) == {"a", "b", "c"}
+    assert all(p.pick(replace(REQ, session_key=s), busy, 1.0).pod.name == pinned[s] for s in sessions)
+    assert p.pick(REQ, busy, 1.0).pod.name == "a"  # no session: the load-aware choice
+
+
 # -- power-of-two, least-kv-cache -------------------------------------------------------------------
 
-def test_power_of_two_takes_the_less_loaded_of_two_random_pods():
-    p = profile("power-of-two")
+@pytest.mark.parametrize("how", ["alone", "as the header routes it (auto-blended)"])
+def test_power_of_two_takes_the_less_loaded_of_two_random_pods(how: str):
+    if how == "alone":
+        p = profile("power-of-two")
+    else:
+        p = Router(RoutingSettings(), RoutingState.seeded(0)).profile_for("power-of-two", "m")
     pods = [view("busy", 9, capacity=1000.0), view("idle", 0, capacity=1000.0)]
     assert {p.pick(REQ, pods, 0.0).pod.name for _ in range(50)} == {"idle"}
-    many = [view(f"p{i}", i, capacity=1000.0) for i in range(10)]
+    many = [view(f"p{i}", i, capacity=1000.0) for i in range(10)]  # below the imbalance gate
     picks = [p.pick(REQ, many, 0.0).pod.name for _ in range(2000)]
     assert "p9" not in picks  # the most loaded pod never wins a pair
-    assert picks.count("p0") > picks.count("p5") > 0
+    # p_k wins the (9 - k) of the 45 pairs that hold a more loaded pod: 2000 x (9 - k)/45 expected
+    # (400, 178, 44); bounds at ~4 standard deviations
+    assert 330 < picks.count("p0") < 470 and 125 < picks.count("p5") < 230 and 15 < picks.count("p8") < 80
 
 
 def test_least_kv_cache_prefers_free_kv_and_fills_unreported():
