@@ -36,4 +36,5 @@ class TwoChoices:
 def build(settings: RoutingSettings) -> Profile:
     # Ties between the two (equal scores) go to the least KV usage, then at random: LowestScorePicker.
     return Profile("power-of-two", LowestScorePicker(settings.rng()),
-                   scorers=[(LoadBalanceScorer(settings.load_balance), 1.0)], filters=[TwoChoices(settings.rng())])
+                   scorers=[(LoadBalanceScorer(settings.load_balance), 1.0)],
+                   filters=[TwoChoices(settings.rng())])
