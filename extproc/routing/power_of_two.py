@@ -18,14 +18,23 @@ from extproc.routing.load_balance import LoadBalanceScorer, LowestScorePicker
 
 
 class TwoChoices:
-    """Keeps two pods drawn uniformly at random (all of them when there are two or fewer)."""
+    """Keeps two pods drawn uniformly at random (all of them when there are two or fewer). Pods under
+    load-balance's critical free-KV level are drawn only when too few others remain, as load-balance
+    passes over them: otherwise a pair of two such pods would route into KV exhaustion."""
 
-    __slots__ = ("_rng",)
+    __slots__ = ("_rng", "_kv_critical")
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, kv_critical: float) -> None:
         self._rng = rng
+        self._kv_critical = kv_critical
 
     def filter(self, request: Request, pods: Sequence[PodView], now: float) -> Sequence[PodView]:
+        critical = self._kv_critical
+        usable = [p for p in pods if p.kv_free is None or not p.kv_free < critical]  # NaN: not reported
+        if len(usable) >= 2:
+            pods = usable
+        elif usable:
+            return usable
         if len(pods) <= 2:
             return pods
         i, j = self._rng.sample(range(len(pods)), 2)
@@ -37,4 +46,4 @@ def build(settings: RoutingSettings) -> Profile:
     # Ties between the two (equal scores) go to the least KV usage, then at random: LowestScorePicker.
     return Profile("power-of-two", LowestScorePicker(settings.rng()),
                    scorers=[(LoadBalanceScorer(settings.load_balance), 1.0)],
-                   filters=[TwoChoices(settings.rng())])
+                   filters=[TwoChoices(settings.rng(), settings.load_balance.kv_critical_free)])

@@ -187,6 +187,15 @@ def test_power_of_two_takes_the_less_loaded_of_two_random_pods(how: str):
     assert 330 < picks.count("p0") < 470 and 125 < picks.count("p5") < 230 and 15 < picks.count("p8") < 80
 
 
+def test_power_of_two_draws_kv_critical_pods_only_when_little_else_is_left():
+    p = profile("power-of-two")
+    full = [view(f"full{i}", 0, kv_free=0.05) for i in range(6)]  # idle, but under kv_critical_free
+    pods = [*full, view("ok1", 5), view("ok2", 6, kv_free=0.5)]
+    assert {p.pick(REQ, pods, 0.0).pod.name for _ in range(50)} == {"ok1"}  # the better of the usable two
+    assert {p.pick(REQ, pods[:6] + pods[7:], 0.0).pod.name for _ in range(20)} == {"ok2"}
+    assert len({p.pick(REQ, pods[:6], 0.0).pod.name for _ in range(50)}) > 1  # all critical: still routes
+
+
 def test_least_kv_cache_prefers_free_kv_and_fills_unreported():
     p = profile("least-kv-cache")
     assert p.pick(REQ, [view("full", kv_free=0.1), view("free", kv_free=0.8)], 0.0).pod.name == "free"
