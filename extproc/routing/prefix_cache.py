@@ -51,6 +51,7 @@ class PrefixTable:
         self.max_bytes = max_bytes
         self._blocks: OrderedDict[int, dict[PodKey, float]] = OrderedDict()
         self._holders = 0  # (block, pod) pairs
+        self.pods: set[PodKey] = set()  # every pod inserted since the last forget_pods (cheap to check)
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -90,11 +91,16 @@ class PrefixTable:
                 entry[pod] = now
                 blocks.move_to_end(h)
         self._holders += added
+        self.pods.add(pod)
         while blocks and self.size_bytes > self.max_bytes:
             self._holders -= len(blocks.popitem(last=False)[1])
 
     def forget_pods(self, live: set[PodKey]) -> None:
-        """Drop pods that left the pool (a pod back at another address has a cold cache)."""
+        """Drop pods that left the pool (a pod back at another address has a cold cache). A full scan,
+        so only when a pod the table knows has left."""
+        if self.pods <= live:
+            return
+        self.pods &= live
         for h in [h for h, entry in self._blocks.items() if not entry.keys() <= live]:
             entry = self._blocks[h]
             for pod in [p for p in entry if p not in live]:
@@ -125,6 +131,12 @@ class PrefixCache:
         if table is None:
             table = self.tables[model] = PrefixTable(self.settings.table_bytes)
         return table
+
+    def forget(self, live: set[PodKey]) -> None:
+        """The pool changed: forget pods not in `live` (their caches are gone with them; a pod that
+        comes back, even at the same address, starts cold)."""
+        for table in self.tables.values():
+            table.forget_pods(live)
 
     def hashes(self, request: Request) -> list[int]:
         """The request's block hashes, computed once for its scoring and its post-choice hook."""

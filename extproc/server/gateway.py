@@ -105,6 +105,8 @@ class Gateway:
         # ("", "") and (model, ""): requests refused before a model or a pod was known
         self._drop_series({(m, n) for m, n, _ in live} | {(m, "") for m in ("", *config.models)})
         self.accounting.forget(live)
+        if (prefixes := self.router.state.store.get("prefix-cache")) is not None:
+            prefixes.forget(live)  # a departed pod's cache went with it
         self.accounting.shared.track(config.pods)
 
     def add_hook(self, plugin: object) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from extproc.openai import parse_request
 from extproc.pool import Pod
-from extproc.routing import Router, RoutingSettings, build
+from extproc.routing import PodView, Router, RoutingSettings, build
 from extproc.routing.least_latency import LatencyModel
 from extproc.routing.prefix_cache import ENTRY_BYTES, HOLDER_BYTES, PrefixTable, block_hashes
 from extproc.routing.session_affinity import rendezvous
@@ -131,6 +131,26 @@ def test_prefix_table_survives_a_reload():
     Router(parse_settings({"prefix_cache": {"table_bytes": 1 << 20}}), state).profile_for("prefix-cache", "m")
     assert state.store["prefix-cache"] is cache and cache.table("m") is table
     assert table.max_bytes == 1 << 20 and len(table) == 2  # the new cap, the learned blocks kept
+
+
+def test_a_pod_leaving_the_pool_leaves_the_prefix_table():
+    from extproc.config import parse
+    from extproc.server.gateway import Gateway
+
+    def config(*names: str):
+        pods = [{"name": n, "address": f"10.0.0.{i + 1}:8000"} for i, n in enumerate(names)]
+        return parse({"models": {"m": {"pods": pods}}}, {})
+
+    gw = Gateway(config("a", "b"))
+    views = [PodView(pod) for pod in gw.pool.ready_pods("m")]
+    request = chat(LONG + "q")
+    for chosen in views:  # both pods served the prefix (every strategy's hooks are live after apply)
+        gw.hooks.post_choice(request, chosen, 0.0)
+    cache = gw.router.state.store["prefix-cache"]
+    hashes = cache.hashes(request)
+    assert set(cache.table("m").match(hashes)) == {v.pod.key for v in views}
+    gw.apply(config("a"))
+    assert set(cache.table("m").match(hashes)) == {views[0].pod.key}
 
 
 # -- session-affinity --------------------------------------------------------------------------------
