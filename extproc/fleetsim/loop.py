@@ -23,12 +23,17 @@ from extproc.fleetsim.arrivals import Arrival
 from extproc.fleetsim.fleet import Replica, build_replicas
 from extproc.fleetsim.gateways import build_gateways, gateway_config
 from extproc.fleetsim.scenario import Scenario
+from extproc.fleetsim.slo_profiles import load_slo_profiles
 from extproc.openai import CHARS_PER_TOKEN, Request
+from extproc.routing.slo import SloProfile, SloReject, SloWait
+from extproc.server.gateway import Decision
 from extproc.sim.engine import CapacityError, SeqState, SimRequest
 from extproc.sim.prefix import block_hashes
+from extproc.slo.dispatch import dispatch, expire
+from extproc.slo.queue import Entry, Full
 
 PENDING, OK, REJECTED, FAILED = 0, 1, 2, 3
-STEP, SCRAPE, REFRESH, SYNC, LOSS = 0, 1, 2, 3, 4
+STEP, SCRAPE, REFRESH, SYNC, LOSS, EXPIRE, DISPATCH = 0, 1, 2, 3, 4, 5, 6
 BUCKET_S = 5.0  # resolution of the time series (utilization over time)
 NAN = math.nan
 
@@ -89,6 +94,9 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
     oracle = {p.key: by_addr[p.address].saturated for p in config.pods} if oracle_capacity else None
     gws = build_gateways(gateways, config, clock, share_tokens, oracle)
     profiles = [g.gateway.profile(strategy, scenario.model) for g in gws]  # the model's own routingConfig
+    slo = [load_slo_profiles(scenario, g.gateway, replicas) if isinstance(p, SloProfile) else None
+           for g, p in zip(gws, profiles)]
+    queued: dict[int, tuple[Request, str]] = {}  # arrival index -> (request, prompt text): SLO queue
     by_address = {r.address: r for r in replicas}
     keys_of = [[p.key for p in g.gateway.pool.all_pods()] for g in gws]
     replicas_of = [[by_address[p.address] for p in g.gateway.pool.all_pods()] for g in gws]
@@ -139,6 +147,8 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
                 if out > 1:
                     res.tpot[i] = (seq.finish_time - seq.first_token_time) / (out - 1)  # type: ignore[operator]
         key = decision_key[i]
+        if slo[arrival.gateway] is not None:
+            push(clock.now, DISPATCH, arrival.gateway)  # capacity may have freed: the queue goes next
         if key is not None:
             gws[arrival.gateway].gateway.complete(
                 key, status=code, output_tokens=out, token_source="usage", ttfb_s=ttfb,
@@ -189,6 +199,45 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
         keys_of[:] = alive_keys
         replicas_of[:] = [[by_address[p.address] for p in g.gateway.pool.all_pods()] for g in gws]
 
+    def start(i: int, decision: Decision | None, text: str, t: float) -> None:
+        if decision is None:
+            res.status[i] = REJECTED  # no routable pod: the client gets a 503 from the gateway
+            return
+        nonlocal open_count
+        a = arrivals[i]
+        r = by_address[decision.pod.address]
+        res.replica_of[i] = r.index
+        decision_key[i] = decision.key
+        open_count += 1
+        res.bucket_routed[r.gpu][min(nb - 1, int(t // BUCKET_S))] += 1
+        try:
+            hashes = block_hashes(text, r.driver.engine.config.block_size * CHARS_PER_TOKEN) if text else ()
+            r.driver.add(SimRequest(str(i), a.prompt_tokens, a.output_tokens, hashes), t)
+        except CapacityError:
+            end_request(i, r, None, REJECTED, 400)  # too long for this engine: vLLM's 400
+            return
+        r.open[str(i)] = i
+        if r.scheduled < 0:
+            on_step(r, t)  # idle engine: start a step now
+
+    def drain(g: int, t: float) -> None:
+        """The SLO queue's dispatch rule (extproc.slo.dispatch), as the live waiting room runs it."""
+        state = slo[g]
+        if state is None or not state.queues.length(model):
+            return
+
+        def route(entry: Entry) -> object:
+            request, _ = queued[entry.payload]  # type: ignore[index]
+            return gws[g].gateway.route(request, profiles[g], str(entry.payload))
+
+        for entry, result in dispatch(state, model, t, route):
+            i = entry.payload
+            _, text = queued.pop(i)  # type: ignore[arg-type]
+            if isinstance(result, SloReject):
+                res.status[i] = REJECTED  # type: ignore[index]
+            else:
+                start(i, result, text, t)  # type: ignore[arg-type]
+
     ai = 0
     next_arrival = arrivals[0].time if n else math.inf
     last_progress = 0.0
@@ -202,7 +251,16 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
                     r.scheduled = -1.0
                     on_step(r, t)
                 continue
-            if ai >= n and open_count == 0:
+            if kind == EXPIRE:
+                for entry in expire(slo[arg], model, t):  # type: ignore[arg-type]
+                    queued.pop(entry.payload)  # type: ignore[arg-type]
+                    res.status[entry.payload] = REJECTED  # type: ignore[index]  (a 429: SLO breached)
+                push(t, DISPATCH, arg)
+                continue
+            if kind == DISPATCH:
+                drain(arg, t)
+                continue
+            if ai >= n and open_count == 0 and not queued:
                 break  # only background ticks left
             if t > duration + drain_limit_s:
                 break
@@ -233,24 +291,24 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
         text = prompt_text(a, i) if a.group >= 0 else ""
         request = Request(model, "/v1/chat/completions", stream=True, prompt_tokens=a.prompt_tokens,
                           max_tokens=stream.max_tokens, prompt=text)
-        decision = gws[a.gateway].gateway.route(request, profiles[a.gateway], str(i))
-        if decision is None:
-            res.status[i] = REJECTED  # no routable pod: the client gets a 503 from the gateway
-            continue
-        r = by_address[decision.pod.address]
-        res.replica_of[i] = r.index
-        decision_key[i] = decision.key
-        open_count += 1
-        res.bucket_routed[r.gpu][int(t // BUCKET_S)] += 1
         try:
-            hashes = block_hashes(text, r.driver.engine.config.block_size * CHARS_PER_TOKEN) if text else ()
-            r.driver.add(SimRequest(str(i), a.prompt_tokens, a.output_tokens, hashes), t)
-        except CapacityError:
-            end_request(i, r, None, REJECTED, 400)  # too long for this engine: vLLM's 400
+            decision = gws[a.gateway].gateway.route(request, profiles[a.gateway], str(i))
+        except SloWait as wait:  # slo-least-load-pulling: wait in this gateway's queue
+            wait.entry.payload = i
+            try:
+                slo[a.gateway].queues.push(wait.entry)  # type: ignore[union-attr]
+            except Full:
+                res.status[i] = REJECTED  # 429 queue_full
+                continue
+            queued[i] = (request, text)
+            push(wait.entry.deadline, EXPIRE, a.gateway)
             continue
-        r.open[str(i)] = i
-        if r.scheduled < 0:
-            on_step(r, t)  # idle engine: start a step now
+        except SloReject:
+            res.status[i] = REJECTED  # 429 slo_breached
+            continue
+        start(i, decision, text, t)
+    for i in list(queued):  # still waiting when the run ended: never served
+        res.status[i] = REJECTED
     # Anything still open after the drain limit ends as a failure, so every request is accounted for.
     for r in replicas:
         for rid, i in list(r.open.items()):

@@ -48,6 +48,15 @@ def _headers(http_headers) -> dict[str, str]:
             for h in http_headers.headers.headers if h.key in WANTED_HEADERS}
 
 
+def _header_bytes(value: str) -> int:
+    """A header value's length on the wire: raw_value arrives decoded as latin-1 (one char per byte);
+    the older `value` field is text that may hold any character."""
+    try:
+        return len(value.encode("latin-1"))
+    except UnicodeEncodeError:
+        return len(value.encode("utf-8", "replace"))
+
+
 def parse_body(path: str, body: bytes, header_model: str | None) -> Request | OpenAIError:
     """Pure parsing, module-level so a worker process can run it."""
     try:
@@ -134,7 +143,7 @@ class Stream:
         self._request_id = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         self._header_model = headers.get(MODEL_HEADER)
         self._session = headers.get(SESSION_HEADER) or None
-        if self._session is not None and len(self._session.encode("latin-1")) > MAX_SESSION_KEY_BYTES:
+        if self._session is not None and _header_bytes(self._session) > MAX_SESSION_KEY_BYTES:
             raise openai.bad_request(f"{SESSION_HEADER} is longer than {MAX_SESSION_KEY_BYTES} bytes",
                                      param=SESSION_HEADER, code="invalid_session_key")
         self._has_length = "content-length" in headers

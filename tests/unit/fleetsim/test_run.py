@@ -121,3 +121,20 @@ def test_shared_prefixes_hit_more_where_routing_follows_them():
     assert rates["random"] > 0  # the engines' caches work whatever routing does...
     assert rates["prefix-cache,load-balance:0"] > rates["random"] + 0.1  # ...and affinity fills them
     assert run_strategy(small(), "random", Options())["cluster"]["prefix_hit_rate"] is None  # no prefixes
+
+
+def test_slo_routing_in_the_simulation_queues_and_rejects_instead_of_overloading(monkeypatch):
+    from extproc.fleetsim import slo_profiles
+
+    monkeypatch.setattr(slo_profiles, "INPUTS", (128, 512))  # a small grid: seconds, not a minute
+    monkeypatch.setattr(slo_profiles, "OUTPUTS", (64, 256))
+    monkeypatch.setattr(slo_profiles, "SAMPLES", 150)
+    monkeypatch.setattr(slo_profiles, "_CACHE", {})
+    busy = {**CHAT, "rate": 400}  # far beyond what 4 replicas serve within the SLO
+    sc = small(streams=[busy], duration_s=6, warmup_s=1)
+    s = run_strategy(sc, "slo", Options())
+    c = s["cluster"]
+    assert c["arrived"] == c["completed"] + c["rejected"] + c["failed"]  # every request accounted for
+    assert c["rejected"] > 0  # 429s: queue full or SLO breached, not an unbounded backlog
+    lb = run_strategy(sc, "load-balance", Options())["cluster"]
+    assert lb["rejected"] == 0 and c["tpot_p99_s"] < lb["tpot_p99_s"]

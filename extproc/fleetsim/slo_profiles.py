@@ -1,0 +1,83 @@
+"""SLO profiles for the fleet simulation, measured on the engine model in virtual time.
+
+The same procedure as `extproc benchmark` + `extproc gen-profile` (profiling/), without sockets: for
+every (input, output) cell, Poisson arrivals at rates 1, 2, 4, … on one replica of the GPU type; each
+run gives AIBrix's metric lines; the cell's throughput at the SLO is chosen by gen-profile's own rule
+(profiling.selection.select). Cached per (GPU, model, SLO, engine settings).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from extproc.fleetsim.saturation import build_engine
+from extproc.fleetsim.scenario import Scenario
+from extproc.profiles import Profile
+from extproc.profiling.gen_profile import build_profile
+from extproc.profiling.records import MetricLine
+from extproc.profiling.selection import SLOs, select
+from extproc.profiling.stats import Summary
+from extproc.sim.virtual import LoadResult, run_open_loop
+from extproc.slo.state import SloState
+
+INPUTS = (128, 512, 2048, 4096, 7168)  # 7168 + 1024 fits an 8K context
+OUTPUTS = (16, 64, 256, 1024)
+RATES = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+SAMPLES = 400  # a realised Poisson rate within a few % of the nominal one (gen-profile checks TPUT)
+
+
+def scenario_slos(scenario: Scenario) -> SLOs:
+    targets = {k: v for k, v in (("tpot", scenario.slo.tpot_s), ("ttft", scenario.slo.ttft_s)) if v}
+    return SLOs(percentile=99, targets=targets)
+
+
+def _lines(i: int, o: int, rate: float, res: LoadResult) -> list[MetricLine]:
+    done = res.finished
+    span = max(res.duration, 1e-9)
+
+    def line(metric: str, values: list[float] | None = None, mean: float | None = None) -> MetricLine:
+        stats = {"mean": mean} if values is None else Summary.of(values or [0.0]).as_fields()
+        return MetricLine(i, o, rate, metric, stats)
+
+    tpots = [(s.finish_time - s.first_token_time) / (s.num_output - 1)  # type: ignore[operator]
+             for s in done if s.num_output > 1]
+    return [line("TPUT", mean=len(done) / span), line("TT", mean=sum(s.num_output for s in done) / span),
+            line("E2E", [s.finish_time - s.arrival for s in done]),  # type: ignore[operator]
+            line("TTFT", [s.first_token_time - s.arrival for s in done]),  # type: ignore[operator]
+            line("TPOT", tpots)]
+
+
+def virtual_profile(scenario: Scenario, gpu: str, deployment: str) -> Profile:
+    """The GPU type's profile (AIBrix's format) for the scenario's model and SLO, named `deployment`."""
+    slos = scenario_slos(scenario)
+    key = (gpu, scenario.model, tuple(sorted(scenario.engine.items())), tuple(sorted(slos.targets.items())))
+    if key not in _CACHE:
+        _CACHE[key] = _profile(scenario, gpu, slos)
+    return replace(_CACHE[key], gpu=deployment)
+
+
+_CACHE: dict[tuple[object, ...], Profile] = {}
+
+
+def _profile(scenario: Scenario, gpu: str, slos: SLOs) -> Profile:
+    lines: list[MetricLine] = []
+    for i in INPUTS:
+        for o in OUTPUTS:
+            for rate in RATES:
+                engine = build_engine(scenario, gpu)
+                if i + o > engine.max_model_len:
+                    break
+                cell = _lines(i, o, rate, run_open_loop(engine, rate, i, o, SAMPLES))
+                lines.extend(cell)
+                by = {line.metric: line for line in cell}
+                if not all(slos.passes(m, by.get(m)) for m in ("TPOT", "TTFT") if slos.is_set(m)):
+                    break  # higher rates only get worse
+    return build_profile(gpu, select(lines, slos, f"virtual {gpu}"), 1.0, slos, 0.0)
+
+
+def load_slo_profiles(scenario: Scenario, gateway, replicas) -> SloState:  # noqa: ANN001
+    """Give a simulated gateway's SLO state one profile per deployment (GPU type) of the fleet."""
+    state: SloState = gateway.router.state.store["slo"]  # built with the slo* strategies at config load
+    gpus = {r.deployment: r.gpu for r in replicas}
+    state.set_profiles(scenario.model, {d: virtual_profile(scenario, gpu, d) for d, gpu in gpus.items()})
+    return state
