@@ -77,6 +77,7 @@ def _profile(scenario: Scenario, gpu: str, slos: SLOs) -> Profile:
 
 def load_slo_profiles(scenario: Scenario, gateway, replicas) -> SloState:  # noqa: ANN001
     """Give a simulated gateway's SLO state one profile per deployment (GPU type) of the fleet."""
+    gateway.slo.dispatches = False  # the simulation runs the queue itself, in virtual time
     state: SloState = gateway.router.state.store["slo"]  # built with the slo* strategies at config load
     gpus = {r.deployment: r.gpu for r in replicas}
     state.set_profiles(scenario.model, {d: virtual_profile(scenario, gpu, d) for d, gpu in gpus.items()})

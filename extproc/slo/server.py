@@ -74,6 +74,8 @@ class SloRoom:
                                   "reason: slo_breached, queue_full", ["model", "reason"], registry=reg)
         reg.register(_UtilizationCollector(self))
         self._dispatch_scheduled: set[str] = set()
+        # False where something else runs the queue (the fleet simulation dispatches in virtual time)
+        self.dispatches = True
         gateway.add_hook(self)  # post_response: a completion may free capacity
 
     @property
@@ -175,7 +177,8 @@ class SloRoom:
         finishing request's other hooks run first, and the gateway is not re-entered)."""
         state = self.state
         model = record.model
-        if state is None or not state.queues.length(model) or model in self._dispatch_scheduled:
+        if not self.dispatches or state is None or not state.queues.length(model) \
+                or model in self._dispatch_scheduled:
             return
         try:
             loop = asyncio.get_running_loop()
