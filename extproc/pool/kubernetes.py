@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from extproc.pool.pod import ENGINE_LABEL, ENGINES, METRIC_PORT_LABEL, Pod
+from extproc.pool.pod import APP_NAME_LABEL, ENGINE_LABEL, ENGINES, FLEET_LABEL, METRIC_PORT_LABEL, Pod
 
 if TYPE_CHECKING:
     from extproc.config import Config
@@ -35,8 +35,6 @@ log = logging.getLogger(__name__)
 
 MODEL_LABEL = "model.aibrix.ai/name"
 PORT_KEY = "model.aibrix.ai/port"  # AIBrix's key for the serving port (annotation or label)
-FLEET_LABEL = "orchestration.aibrix.ai/raycluster-fleet-name"
-APP_NAME_LABEL = "app.kubernetes.io/name"
 # Where a pod's GPU type is read from, first found wins; else the deployment name stands for it
 # (the spec's prerequisite: one Deployment per GPU type).
 DEFAULT_GPU_LABELS = ("machine.cluster.vke.volcengine.com/gpu-name", "nvidia.com/gpu.product")

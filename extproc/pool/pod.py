@@ -9,6 +9,9 @@ PodKey = tuple[str, str, str]  # (model, pod name, address): a pod that reappear
 ENGINES = ("vllm", "sglang", "trtllm")
 ENGINE_LABEL = "model.aibrix.ai/engine"        # AIBrix's label naming a pod's inference engine
 METRIC_PORT_LABEL = "model.aibrix.ai/metric-port"
+# A pod's deployment, when the pool config does not name it (AIBrix's labels, in this order)
+FLEET_LABEL = "orchestration.aibrix.ai/raycluster-fleet-name"
+APP_NAME_LABEL = "app.kubernetes.io/name"
 
 
 @dataclass(slots=True, frozen=True)

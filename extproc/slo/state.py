@@ -11,15 +11,13 @@ from dataclasses import dataclass
 from itertools import islice
 
 from extproc.openai import Request
-from extproc.pool.pod import Pod
+from extproc.pool.pod import APP_NAME_LABEL, FLEET_LABEL, Pod
 from extproc.profiles import Profile
 from extproc.slo.model import DeploymentModel, Signature, build_table
 from extproc.slo.predictor import OutputPredictor
 from extproc.slo.queue import Queues
 from extproc.state.record import RequestRecord
 
-FLEET_LABEL = "orchestration.aibrix.ai/raycluster-fleet-name"
-APP_NAME_LABEL = "app.kubernetes.io/name"
 LEDGER_LIMIT = 4096  # consumptions remembered per pod (the newest `running` of them are counted)
 
 
