@@ -48,6 +48,7 @@ class Accounting:
         self.shared = shared
         self.capacity = capacity or CapacityEstimator()
         self.health = health or PodHealth()
+        self.health.on_change = self._health_changed
         self.samples = samples
         self.output_tokens: dict[PodKey, int] = {}  # this gateway's own tally, for /metrics
         self._cache: dict[str, _Cached] = {}  # per model
@@ -63,6 +64,12 @@ class Accounting:
         if view is not None:
             view.running += 1
 
+    def _health_changed(self, key: PodKey, healthy: bool) -> None:
+        """A pod left or rejoined routing (a response, scrape or probe): the cached view follows now."""
+        view = self._live.get(key)
+        if view is not None:
+            view.healthy = healthy
+
     def post_response(self, record: RequestRecord, now: float) -> None:
         key = record.pod.key
         self.shared.add_running(record.pod, -1)
@@ -72,7 +79,6 @@ class Accounting:
         view = self._live.get(key)
         if view is not None:
             view.running = max(0, view.running - 1)
-            view.healthy = self.health.healthy(key)
 
     def credit(self, pod: Pod, tokens: int | None) -> None:
         """Completed output tokens of one request (also for a request this gateway did not route,

@@ -7,7 +7,7 @@ an ejected pod back off exponentially up to `probe_max`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from extproc.pool.pod import PodKey
@@ -28,6 +28,8 @@ class PodHealth:
         self.probe_initial = probe_initial
         self.probe_max = probe_max
         self._pods: dict[PodKey, _State] = {}
+        # Told (key, healthy) when a pod leaves or rejoins routing: Accounting updates its cached views
+        self.on_change: Callable[[PodKey, bool], None] | None = None
 
     def _state(self, key: PodKey) -> _State:
         s = self._pods.get(key)
@@ -39,41 +41,46 @@ class PodHealth:
         s = self._pods.get(key)
         return s is None or s.healthy
 
-    def _eject(self, s: _State, now: float) -> None:
+    def _eject(self, key: PodKey, s: _State, now: float) -> None:
         if s.healthy:
             s.healthy = False
             s.backoff = self.probe_initial
             s.next_probe = now + s.backoff
+            if self.on_change is not None:
+                self.on_change(key, False)
 
-    def _admit(self, s: _State) -> None:
+    def _admit(self, key: PodKey, s: _State) -> None:
+        was = s.healthy
         s.healthy = True
         s.bad_responses = s.bad_scrapes = 0
+        if not was and self.on_change is not None:
+            self.on_change(key, True)
 
     def observe_response(self, key: PodKey, status: int, connect_failure: bool, now: float) -> None:
         s = self._state(key)
         if connect_failure:
-            self._eject(s, now)
+            self._eject(key, s, now)
         elif status >= 500:
             s.bad_responses += 1
             if s.bad_responses >= self.failures_to_eject:
-                self._eject(s, now)
+                self._eject(key, s, now)
         elif status > 0:
             s.bad_responses = 0
             if not s.healthy:  # it answered: it is back
-                self._admit(s)
+                self._admit(key, s)
 
     def observe_scrape(self, key: PodKey, ok: bool, connect_refused: bool, now: float) -> None:
         s = self._state(key)
         if ok:
             s.bad_scrapes = 0
             if not s.healthy:
-                self._admit(s)
+                self._admit(key, s)
         elif connect_refused:
-            self._eject(s, now)
+            self._eject(key, s, now)
         else:
             s.bad_scrapes += 1
             if s.bad_scrapes >= self.failures_to_eject:
-                self._eject(s, now)
+                self._eject(key, s, now)
 
     def due_probes(self, now: float) -> list[PodKey]:
         return [k for k, s in self._pods.items() if not s.healthy and s.next_probe <= now]
@@ -81,7 +88,7 @@ class PodHealth:
     def probe_result(self, key: PodKey, ok: bool, now: float) -> None:
         s = self._state(key)
         if ok:
-            self._admit(s)
+            self._admit(key, s)
         else:
             s.backoff = min(self.probe_max, max(self.probe_initial, s.backoff * 2))
             s.next_probe = now + s.backoff

@@ -31,7 +31,8 @@ def test_older_vllm_name_and_nan():
 
 
 def test_sglang_names():
-    s = parse_metrics("sglang:num_running_reqs 7\nsglang:num_queue_reqs 2\nsglang:token_usage 0.9\n", "sglang", 0)
+    text = "sglang:num_running_reqs 7\nsglang:num_queue_reqs 2\nsglang:token_usage 0.9\n"
+    s = parse_metrics(text, "sglang", 0)
     assert (s.running, s.waiting, s.kv_usage) == (7, 2, 0.9)
 
 
@@ -80,3 +81,17 @@ def test_scrapes_refused_eject_now_timeouts_after_three():
     assert not h.healthy(KEY)
     h.forget([])
     assert h.healthy(KEY)
+
+
+def test_routing_views_follow_ejection_and_readmission_at_once():
+    from extproc.pool.pod import Pod
+    from extproc.state.accounting import Accounting
+    from extproc.state.shared import LocalState
+
+    pods = [Pod("m", "a", "10.0.0.1:8000"), Pod("m", "b", "10.0.0.2:8000")]
+    acc = Accounting(LocalState())
+    views = acc.views("m", pods, 0.0)
+    acc.health.observe_response(pods[0].key, 0, True, 0.01)  # connection refused
+    assert [v.healthy for v in acc.views("m", pods, 0.02)] == [False, True]  # cached, yet current
+    acc.health.probe_result(pods[0].key, True, 0.1)  # a probe succeeded
+    assert acc.views("m", pods, 0.11) is views and views[0].healthy  # the same cached views, updated
