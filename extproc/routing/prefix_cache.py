@@ -112,8 +112,9 @@ class PrefixTable:
 
 class PrefixCache:
     """The learned part, one per gateway (kept in RoutingState, so it survives reloads): a table per
-    model, the lookup counts, and the post-choice hook that records where every request went —
-    whichever strategy routed it, since the engine caches whatever it serves."""
+    model, the lookup counts, and the post-choice hook that records where requests went — once
+    prefix-cache has routed a model, whichever strategy routes its later requests, since the engine
+    caches whatever it serves."""
 
     def __init__(self, settings: PrefixCacheSettings) -> None:
         self.settings = settings
@@ -151,9 +152,11 @@ class PrefixCache:
         counts[0 if matched else 1] += 1
 
     def post_choice(self, request: Request, chosen: PodView, now: float) -> None:
-        hashes = self.hashes(request)
-        if hashes:
-            self.table(request.model).insert(hashes, chosen.pod.key, now)
+        # Only for models prefix-cache has scored (its table exists): other models' requests are not
+        # hashed at all, so a gateway that never routes by prefix pays nothing per request.
+        table = self.tables.get(request.model)
+        if table is not None and (hashes := self.hashes(request)):
+            table.insert(hashes, chosen.pod.key, now)
 
 
 def overloaded(pods: Sequence[PodView], settings: LoadBalanceSettings) -> list[bool]:

@@ -44,9 +44,6 @@ class Decision:
     key: str  # the gateway's own key for this request; the access log brings it back
 
 
-_UNSET = object()
-
-
 class Gateway:
     def __init__(self, config: Config, registry: CollectorRegistry | None = None,
                  clock: Callable[[], float] = time.monotonic, shared: SharedState | None = None,
@@ -60,7 +57,8 @@ class Gateway:
         self.requests_total = Counter("extproc_requests", "Requests handled, by outcome",
                                       ["model", "pod", "strategy", "code"], registry=self.registry)
         self._series: dict[tuple[str, str], set[tuple[str, str]]] = {}  # (model, pod) -> (strategy, code)
-        self._keys_file: object = _UNSET
+        self.api_keys = ApiKeys()  # EXTPROC_API_KEYS; apply() adds a config's key file
+        self._keys_file: str | None = None
         self.unmatched_records = Counter(
             "extproc_unmatched_access_logs", "Access-log records of requests this process did not "
             "route (it restarted while they streamed): tokens credited, no in-flight count to release",
@@ -95,7 +93,7 @@ class Gateway:
             raise ConfigError(f"routing: {exc}") from None
         self.router = router
         self.pool = Pool(config.pods, config.models)
-        if self._keys_file is _UNSET or config.api_keys_file != self._keys_file:  # re-read on change only
+        if config.api_keys_file != self._keys_file:  # re-read only when the setting changes
             self.api_keys = ApiKeys(Path(config.api_keys_file) if config.api_keys_file else None)
             self._keys_file = config.api_keys_file
         self.config = config

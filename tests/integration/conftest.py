@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.stack import Stack, start_upstream
+from tests.support.stack import Stack, running_upstreams
 
 MODEL = "llama2-7b"
 
@@ -18,10 +18,8 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def upstreams(log_dir: Path) -> Iterator[dict[str, int]]:
     """Two local upstreams: `a` is the model's pod, `b` is a port no route should ever reach."""
-    procs = {name: start_upstream(name, log_dir) for name in ("a", "b")}
-    yield {name: port for name, (_, port) in procs.items()}
-    for proc, _ in procs.values():
-        proc.stop()
+    with running_upstreams(log_dir) as ports:
+        yield ports
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from extproc.localstack import free_port, wait_until
-from tests.support.stack import Stack, running_stack, start_upstream, upstream_stats
+from tests.support.stack import Stack, running_stack, running_upstreams, upstream_stats
 
 MODEL = "llama2-7b"
 CHAT = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
@@ -26,10 +26,8 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def upstreams(log_dir: Path) -> Iterator[dict[str, int]]:
     """`a` is the model's pod; `b` a local port no request may ever reach."""
-    procs = {name: start_upstream(name, log_dir) for name in ("a", "b")}
-    yield {name: port for name, (_, port) in procs.items()}
-    for proc, _ in procs.values():
-        proc.stop()
+    with running_upstreams(log_dir) as ports:
+        yield ports
 
 
 @pytest.fixture(scope="module")

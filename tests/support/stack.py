@@ -12,7 +12,7 @@ from typing import Any
 from extproc.localstack import LocalStack as Stack
 from extproc.localstack import Proc, free_port, http_get, port_open
 
-__all__ = ["Stack", "running_stack", "start_upstream", "upstream_stats"]
+__all__ = ["Stack", "running_stack", "running_upstreams", "start_upstream", "upstream_stats"]
 
 
 def start_upstream(name: str, log_dir: Path) -> tuple[Proc, int]:
@@ -39,3 +39,14 @@ def running_stack(log_dir: Path, config: dict[str, Any], env: dict[str, str] | N
         yield stack
     finally:
         stack.stop()
+
+
+@contextmanager
+def running_upstreams(log_dir: Path, names: tuple[str, ...] = ("a", "b")) -> Iterator[dict[str, int]]:
+    """Test upstreams by name -> port (by convention `a` is a pod, `b` a port no route should reach)."""
+    procs = {name: start_upstream(name, log_dir) for name in names}
+    try:
+        yield {name: port for name, (_, port) in procs.items()}
+    finally:
+        for proc, _ in procs.values():
+            proc.stop()

@@ -144,9 +144,10 @@ def test_a_pod_leaving_the_pool_leaves_the_prefix_table():
     gw = Gateway(config("a", "b"))
     views = [PodView(pod) for pod in gw.pool.ready_pods("m")]
     request = chat(LONG + "q")
+    cache = gw.router.state.store["prefix-cache"]
+    cache.table("m")  # prefix-cache has routed this model: its hook records every later choice
     for chosen in views:  # both pods served the prefix (every strategy's hooks are live after apply)
         gw.hooks.post_choice(request, chosen, 0.0)
-    cache = gw.router.state.store["prefix-cache"]
     hashes = cache.hashes(request)
     assert set(cache.table("m").match(hashes)) == {v.pod.key for v in views}
     gw.apply(config("a"))
@@ -278,3 +279,15 @@ def test_every_new_strategy_blends_and_survives_validation():
     for name in ("prefix-cache", "session-affinity", "power-of-two", "least-latency", "least-kv-cache",
                  "throughput"):
         assert router.profile_for(f"{name}:3,load-balance:1", "m").pick(REQ, pods, 0.0) is not None
+
+
+def test_requests_of_models_prefix_cache_never_scored_are_not_hashed():
+    state = RoutingState.seeded(0)
+    p = profile("prefix-cache", state)
+    cache = state.store["prefix-cache"]
+    request, pods = chat(LONG + "q"), [view("a"), view("b")]
+    cache.post_choice(request, pods[0], 0.0)  # routed by another strategy before prefix-cache ran
+    assert cache.tables == {} and cache._last[0] is None
+    p.pick(request, pods, 1.0)
+    cache.post_choice(request, pods[0], 1.0)
+    assert len(cache.tables["m"]) > 0
