@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import json
 import logging
 import os
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+SHUTDOWN_SECONDS = 5.0  # open HTTP requests get this long to finish on SIGTERM
 
 
 def add_commands(sub: Any) -> None:
@@ -129,7 +132,8 @@ async def _serve(args: argparse.Namespace) -> int:
         ServiceSettings(interval=args.interval, window_seconds=args.window),
         profile_files=profile_files,
     )
-    runner = web.AppRunner(service.app(), access_log=None)
+    # A dashboard tab left open must not hold shutdown for aiohttp's default 60 s.
+    runner = web.AppRunner(service.app(), access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
     log.info("GPU optimizer on http://%s:%d (Redis %s)", args.host, args.port, redact_url(url))
@@ -141,6 +145,8 @@ async def _serve(args: argparse.Namespace) -> int:
     try:
         await stop.wait()
     finally:
+        # If shutdown ever hangs, the stacks land in the log before the supervisor's SIGKILL.
+        faulthandler.dump_traceback_later(SHUTDOWN_SECONDS + 5, exit=True)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await runner.cleanup()

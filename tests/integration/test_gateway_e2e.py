@@ -97,7 +97,13 @@ async def test_client_sent_destination_header_is_ignored(stack: Stack, upstreams
     assert seen["x-gateway-destination-endpoint"] == f"127.0.0.1:{upstreams['a']}"
 
 
+def settled(stack: Stack) -> None:
+    """Earlier tests' requests are released by Envoy's access log, batched: wait for them to land."""
+    wait_until(lambda: stack.running(MODEL, "a100-0") == 0, what="earlier requests released")
+
+
 async def test_in_flight_count_returns_to_zero_after_client_aborts(stack: Stack):
+    settled(stack)
     aborted_before = stack.sample("extproc_requests_total", code="aborted")
     async with aiohttp.ClientSession() as session:
         async def start_stream() -> aiohttp.ClientResponse:
@@ -132,6 +138,7 @@ async def test_in_flight_count_returns_to_zero_after_upstream_resets(stack: Stac
 
 
 async def test_in_flight_is_counted_while_streaming(stack: Stack):
+    settled(stack)
     async with aiohttp.ClientSession() as session:
         resp = await session.post(stack.url + "/v1/chat/completions",
                                   json={**CHAT, "stream": True, "max_tokens": 10_000},
