@@ -181,7 +181,8 @@ class Gateway:
             status=status, prompt_tokens=prompt_tokens if prompt_tokens is not None
             else entry.request.prompt_tokens, output_tokens=output_tokens, token_source=token_source,
             ttfb_s=ttfb_s, e2e_s=e2e_s if e2e_s is not None else now - entry.started,
-            connect_failure=connect_failure, aborted=aborted, stream=entry.request.stream)
+            connect_failure=connect_failure, aborted=aborted, stream=entry.request.stream,
+            request=entry.request)
         self.hooks.post_response(record, now)
         self.count(entry.request.model, entry.pod.name, entry.strategy, "aborted" if aborted else str(status))
 

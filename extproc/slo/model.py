@@ -48,12 +48,16 @@ class DeploymentModel:
         return self.profile.cell(sig.input_tokens, sig.output_tokens)
 
     def consumption(self, sig: Signature) -> float | None:
-        """The share of a pod one such request holds; None: this deployment cannot meet the SLO."""
+        """The share of a pod one such request holds; None: this deployment cannot meet the SLO.
+
+        At most 1: where tput × e2e < 1 a pod meets the SLO only serving such requests one at a time,
+        so one of them takes a whole (idle) pod. Uncapped, it would fit nowhere and wait at the head of
+        the queue until its deadline, holding up everyone behind it."""
         o, i = self.cell(sig)
         tput, e2e = self.profile.tputs[o][i], self.e2e[o][i]
         if tput <= 0 or e2e <= 0:
             return None
-        return 1.0 / (tput * e2e)
+        return min(1.0, 1.0 / (tput * e2e))
 
     def expected(self, sig: Signature) -> float:
         """The expected value of the SLO's metric for this signature (seconds, or seconds per token)."""

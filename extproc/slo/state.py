@@ -5,7 +5,6 @@ whatever number of strategies use it)."""
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import islice
@@ -19,6 +18,8 @@ from extproc.slo.queue import Queues
 from extproc.state.record import RequestRecord
 
 LEDGER_LIMIT = 4096  # consumptions remembered per pod (the newest `running` of them are counted)
+
+Ledger = dict[int, "float | None"]  # id(routed Request) -> its consumption, oldest first
 
 
 def deployment_of(pod: Pod) -> str:
@@ -41,13 +42,16 @@ class SloSettings:
     profiles: tuple[str, ...] = ()   # profile files (AIBrix JSON); Redis `aibrix:profile_*` too
 
 
+_MISSING = object()
+
+
 class SloState:
     def __init__(self, settings: SloSettings | None = None) -> None:
         self.settings = settings or SloSettings()
         self.tables: dict[str, dict[str, DeploymentModel]] = {}
         self._sources: dict[str, dict[str, Profile]] = {}  # what each table was built from
         self.predictors: dict[str, OutputPredictor] = {}
-        self.ledger: dict[tuple, deque[float | None]] = {}
+        self.ledger: dict[tuple, Ledger] = {}
         self.queues = Queues(self.settings.max_queue)
         self.dispatching = False  # set by the server while it re-routes queued requests
 
@@ -91,7 +95,7 @@ class SloState:
         if running <= 0:
             return 0.0
         entries = self.ledger.get(pod.key)
-        known = [c for c in islice(reversed(entries), running) if c is not None] if entries else []
+        known = [c for c in islice(reversed(entries.values()), running) if c is not None] if entries else []
         mean = sum(known) / len(known) if known else fill
         return sum(known) + (running - len(known)) * mean
 
@@ -105,15 +109,18 @@ class SloState:
 
     def post_choice(self, request: Request, chosen, now: float) -> None:
         pod = chosen.pod
-        entries = self.ledger.get(pod.key)
-        if entries is None:
-            entries = self.ledger[pod.key] = deque(maxlen=LEDGER_LIMIT)
-        entries.append(self.consumption(request, pod, now) if self.table(request.model) else None)
+        entries = self.ledger.setdefault(pod.key, {})
+        if len(entries) >= LEDGER_LIMIT:
+            del entries[next(iter(entries))]
+        # Keyed by the Request object, alive in the gateway's open-request table until its record, so
+        # the request that finishes takes its own consumption away: shapes finish out of order.
+        entries[id(request)] = self.consumption(request, pod, now) if self.table(request.model) else None
 
     def post_response(self, record: RequestRecord, now: float) -> None:
         entries = self.ledger.get(record.pod.key)
         if entries:
-            entries.popleft()  # the oldest: `utilization` counts only the newest `running` anyway
+            if record.request is None or entries.pop(id(record.request), _MISSING) is _MISSING:
+                del entries[next(iter(entries))]  # not routed here: the oldest goes
         if record.ok and record.output_tokens and record.prompt_tokens is not None:
             self.predictor(record.model).observe(record.prompt_tokens, record.output_tokens, now)
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from extproc.pool.pod import Pod
+
+if TYPE_CHECKING:
+    from extproc.openai import Request
 
 # How output_tokens was obtained: the engine's own usage report, counted content-bearing stream
 # events (no usage in the response), or not at all (compressed or unparsable body, cut before usage).
@@ -28,6 +32,7 @@ class RequestRecord:
     connect_failure: bool = False  # the pod refused or reset the connection before answering
     aborted: bool = False          # the client went away, or the stream was reset mid-body
     stream: bool = False
+    request: Request | None = None  # the routed request itself (None: not routed by this gateway)
 
     @property
     def ok(self) -> bool:

@@ -108,6 +108,29 @@ def test_predictor_fed_by_completions_changes_the_cell(routing):
     assert slo.signature(req(max_tokens=None), 2.0).output_tokens == 8
 
 
+def test_a_shape_a_pod_serves_only_alone_takes_an_idle_pod(routing):
+    s, slo = routing
+    # tput x e2e = 0.25 x 2 = 0.5 < 1: at the SLO rate a pod holds such requests one at a time
+    slo.set_profiles("m", {"fast": profile("fast", tput=0.25, e2e=2.0)})
+    assert slo.consumption(req(), pod("fast0", "fast"), 0) == 1.0
+    assert s["slo"].pick(req(), views(fast0=1), 0).pod.name == "fast1"   # the idle pod, not a wait
+    with pytest.raises(SloWait):
+        s["slo"].pick(req(), views(fast0=1, fast1=1), 0)
+
+
+def test_the_request_that_finishes_takes_its_own_consumption_away(routing):
+    from extproc.state.record import RequestRecord
+    _, slo = routing
+    fast0 = pod("fast0", "fast")
+    long, short = req(max_tokens=256), req(max_tokens=8)
+    slo.set_profiles("m", {"fast": profile("fast", tput=10, e2e=0.5, tput_long=4)})  # 0.2, 0.5
+    slo.post_choice(long, PodView(fast0), 0)    # routed first, finishes last
+    slo.post_choice(short, PodView(fast0), 0)
+    assert slo.utilization(fast0, 2, 0.0) == pytest.approx(0.7)
+    slo.post_response(RequestRecord("s", "m", fast0, "slo", 200, 128, 8, "usage", 0.1, 0.5, request=short), 1)
+    assert slo.utilization(fast0, 1, 0.0) == pytest.approx(0.5)  # the long one's, not the short one's
+
+
 def test_config_validates_slo_keys():
     with pytest.raises(ConfigError, match="routing.slo.max_queuee"):
         parse({"models": {"m": {"pods": []}}, "routing": {"slo": {"max_queuee": 1}}}, {})
