@@ -138,3 +138,16 @@ def test_slo_routing_in_the_simulation_queues_and_rejects_instead_of_overloading
     assert c["rejected"] > 0  # 429s: queue full or SLO breached, not an unbounded backlog
     lb = run_strategy(sc, "load-balance", Options())["cluster"]
     assert lb["rejected"] == 0 and c["tpot_p99_s"] < lb["tpot_p99_s"]
+
+
+def test_virtual_profile_measures_below_one_request_a_second_where_one_misses_the_slo(monkeypatch):
+    from extproc.fleetsim import slo_profiles
+    from extproc.fleetsim.scenario import load
+
+    monkeypatch.setattr(slo_profiles, "INPUTS", (4096,))  # a 4K prompt's ~1 s prefill stalls decodes
+    monkeypatch.setattr(slo_profiles, "OUTPUTS", (64,))
+    monkeypatch.setattr(slo_profiles, "SAMPLES", 100)
+    monkeypatch.setattr(slo_profiles, "_CACHE", {})
+    sc = load("slo-a10-l20")
+    profile = slo_profiles.virtual_profile(sc, "L20", "l20")
+    assert 0 < profile.tputs[0][0] < 1  # served, slowly: not "this GPU type cannot serve it"
