@@ -9,6 +9,15 @@ carries more requests looks like a hotspot and is excluded before any capacity-a
 compares running × mean capacity / capacity: still in "requests" (so min-gap keeps its meaning and its
 default), but a pod twice as fast as the mean counts each request as half.
 
+KV-critical pods (free KV below load-balance's `kvCritical`; unreported or NaN counts as fully free) are
+left to the strategy's guardrail, and the gate never works against it:
+  * the imbalance test compares only the KV-healthy pods, and only they can be kept: an idle pod that is
+    out of KV does not make busy healthy pods look like hotspots, nor is it the pod the gate keeps;
+  * when the test does not fire, every pod is passed on (critical ones too: load-balance skips them,
+    blended they are penalised, and a strategy that ignores KV behaves as it would without the gate);
+  * when every pod is critical the gate stands aside: KV headroom, not running count, is then what
+    decides (load-balance's "most KV headroom" rule), and a load filter would drop that very pod.
+
 Pure: a firing is counted in `counts[model]` (RoutingState.imbalance_total), which the gateway exports
 as `extproc_load_imbalance_total{model}`.
 """
@@ -16,7 +25,9 @@ as `extproc_load_imbalance_total{model}`.
 from __future__ import annotations
 
 from collections.abc import MutableMapping, Sequence
-from operator import attrgetter, truediv
+from functools import partial
+from itertools import compress
+from operator import attrgetter, is_not, truediv
 
 from extproc.openai import Request
 from extproc.routing.framework import PodView, capacities
@@ -44,10 +55,15 @@ def _ratios(pods: Sequence[PodView], capacity_aware: bool) -> tuple[list[float],
 
 def least_loaded(values: Sequence[float], factor: float, min_gap: float, scale: float = 1.0) -> list[int] | None:
     """Indices of the least-loaded pods when load (values × scale) is severely skewed, else None."""
-    n = len(values)
-    if n < 2:
+    if len(values) < 2:
         return None
-    low, high = min(values), max(values)
+    return _skewed(values, min(values), max(values), factor, min_gap, scale)
+
+
+def _skewed(values: Sequence[float], low: float, high: float, factor: float, min_gap: float,
+            scale: float) -> list[int] | None:
+    """least_loaded, given the values' minimum and maximum (the gate has them already)."""
+    n = len(values)
     if (high - low) * scale < min_gap:
         return None
     if n > 2 and high * scale <= factor * ((sum(values) - high) * scale / (n - 1) + 1):
@@ -57,7 +73,28 @@ def least_loaded(values: Sequence[float], factor: float, min_gap: float, scale: 
     return keep if len(keep) < n else None  # all tied (min-gap 0): nothing to exclude, nothing to count
 
 
+def kv_healthy(pods: Sequence[PodView], critical: float) -> list[bool] | None:
+    """Per pod, free KV at or above `critical` (unreported or NaN: fully free); None when every pod
+    is, the common case, decided in one pass without a Python loop over the pods."""
+    if _lowest_kv_free(pods) >= critical:  # False for a NaN: the exact check below decides
+        return None
+    flags = [k is None or not k < critical for k in map(_kv_free, pods)]  # NaN < critical is False
+    return None if all(flags) else flags
+
+
+def _lowest_kv_free(pods: Sequence[PodView]) -> float:
+    """The least reported free-KV fraction (1.0 when none is reported). `min` skips a NaN unless the
+    first value is one, and then returns NaN, so a NaN never hides a critical pod from the caller."""
+    try:
+        low = min(map(_kv_free, pods), default=1.0)
+    except TypeError:  # a None (not reported) among numbers: compare only the reported values
+        return min(filter(_reported, map(_kv_free, pods)), default=1.0)
+    return 1.0 if low is None else low
+
+
 _running = attrgetter("running")
+_kv_free = attrgetter("kv_free")
+_reported = partial(is_not, None)
 
 
 class ImbalanceGate:
@@ -72,11 +109,32 @@ class ImbalanceGate:
         self.capacity_aware = capacity_aware
 
     def filter(self, request: Request, pods: Sequence[PodView], now: float) -> Sequence[PodView]:
-        if len(pods) < 2:
-            return pods
-        ratios, scale = _ratios(pods, self.capacity_aware)
-        keep = least_loaded(ratios, self.settings.imbalance_factor, self.settings.imbalance_min_gap, scale)
+        keep = self._cool(pods) if len(pods) > 1 else None
         if keep is None:
             return pods
         self.counts[request.model] = self.counts.get(request.model, 0) + 1
         return [pods[i] for i in keep]
+
+    def _cool(self, pods: Sequence[PodView]) -> list[int] | None:
+        """Indices of the pods to keep when the gate fires, else None (keep every pod)."""
+        s = self.settings
+        ratios, scale = _ratios(pods, self.capacity_aware)
+        low, high = min(ratios), max(ratios)
+        if (high - low) * scale < s.imbalance_min_gap:
+            return None  # the usual answer, before any KV check: no subset of the pods spreads wider
+        healthy = kv_healthy(pods, s.kv_critical_free)
+        if healthy is None:  # every pod KV-healthy
+            return _skewed(ratios, low, high, s.imbalance_factor, s.imbalance_min_gap, scale)
+        if not any(healthy):
+            return None  # all KV-critical: the strategy's "most KV headroom" rule decides, not load
+        # Compared, and kept, among the healthy pods only (still in requests of the fleet's mean pod).
+        subset = list(compress(ratios, healthy))
+        return _among(healthy, least_loaded(subset, s.imbalance_factor, s.imbalance_min_gap, scale))
+
+
+def _among(mask: list[bool], keep: list[int] | None) -> list[int] | None:
+    """Indices into the masked-in subset mapped back to indices into the whole list."""
+    if keep is None:
+        return None
+    index = list(compress(range(len(mask)), mask))
+    return [index[i] for i in keep]

@@ -1,3 +1,6 @@
+import math
+import random
+
 import pytest
 
 from extproc.openai import Request
@@ -82,3 +85,65 @@ def test_per_model_gate_settings():
     pods = [view("a", 0, model="lax"), view("b", 50, model="lax")]
     assert len(r.profile_for("random", "lax").candidates(REQ, pods, 0.0)) == 2
     assert len(r.profile_for("random", "m").candidates(REQ, pods, 0.0)) == 1
+
+
+# -- KV-critical pods (free KV below load-balance's kvCritical, 0.10 by default) ----------------------
+
+def load_balance(model="m"):
+    r = Router(RoutingSettings(seed=1))
+    return r, r.profile_for("load-balance", model)
+
+
+def test_an_idle_pod_out_of_kv_does_not_win_over_a_busy_healthy_one():
+    """The issue: the gate compared the idle nearly-full pod with the busy one, kept only the full one,
+    and load-balance then had to route to 5 % free KV although 60 % was free next door."""
+    r, lb = load_balance()
+    pods = [view("full", 0, capacity=1000, kv_free=0.05), view("healthy", 20, capacity=1000, kv_free=0.6)]
+    assert lb.pick(REQ, pods, 0.0).pod.name == "healthy"
+    assert r.imbalance_total == {}  # one healthy pod: nothing to compare it with, the gate does not fire
+
+
+def test_a_critical_idle_pod_does_not_make_the_gate_fire():
+    # over all pods 22 > 2 × (mean of the others 9 + 1) fires; the healthy pods alone are 4 apart
+    r, lb = load_balance()
+    pods = [view("full", 0, kv_free=0.05), view("h1", 22, kv_free=0.6), view("h2", 18, kv_free=0.6)]
+    assert names(lb.candidates(REQ, pods, 0.0)) == ["full", "h1", "h2"]
+    assert lb.pick(REQ, pods, 0.0).pod.name == "h2" and r.imbalance_total == {}
+
+
+def test_the_gate_keeps_only_healthy_pods_when_it_fires():
+    g, counts = gate()
+    pods = [view("c1", 0, kv_free=0.05), view("c2", 0, kv_free=0.01), view("h1", 20, kv_free=0.6),
+            view("h2", 2, kv_free=0.5), view("h3", 3)]  # h3 does not report KV: fully free
+    assert names(g.filter(REQ, pods, 0.0)) == ["h2"] and counts == {"m": 1}
+
+
+def test_the_gate_never_leaves_only_critical_pods_when_a_healthy_one_exists():
+    rng = random.Random(7)
+    r, lb = load_balance()
+    for _ in range(500):
+        pods = [view(f"p{i}", rng.choice((0, 1, 2, 5, 20, 40)), capacity=rng.choice((None, 1000.0, 3000.0)),
+                     kv_free=rng.choice((None, math.nan, 0.0, 0.05, 0.099, 0.1, 0.6, 1.0)))
+                for i in range(rng.randint(2, 6))]
+        kept = lb.candidates(REQ, pods, 0.0)
+        healthy = [p for p in pods if p.kv_free is None or not p.kv_free < 0.1]  # NaN: healthy
+        assert kept and (not healthy or any(p in healthy for p in kept)), names(pods)
+        if len(kept) < len(pods):  # the gate fired: what it kept is healthy
+            assert all(p in healthy for p in kept), names(pods)
+
+
+def test_all_critical_the_most_kv_headroom_wins_even_when_busiest():
+    r, lb = load_balance()
+    two = [view("idle", 0, kv_free=0.02), view("busy", 20, kv_free=0.08)]
+    assert lb.pick(REQ, two, 0.0).pod.name == "busy"
+    many = [view("c1", 1, kv_free=0.03), view("c2", 1, kv_free=0.04), view("c3", 30, kv_free=0.09)]
+    assert lb.pick(REQ, many, 0.0).pod.name == "c3"
+    assert r.imbalance_total == {}  # the gate stood aside: not counted
+
+
+def test_unreported_or_nan_kv_counts_as_healthy():
+    g, counts = gate()
+    pods = [view("nan", 0, kv_free=math.nan), view("none", 0), view("busy", 20, kv_free=0.6)]
+    assert names(g.filter(REQ, pods, 0.0)) == ["nan", "none"] and counts == {"m": 1}
+    pods = [view("busy", 20, kv_free=math.nan), view("idle", 0, kv_free=0.5)]  # a NaN first, for min()
+    assert names(g.filter(REQ, pods, 0.0)) == ["idle"]

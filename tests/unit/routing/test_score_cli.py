@@ -63,3 +63,22 @@ def test_blends_and_the_gate_show_what_routing_does(monkeypatch):
 def test_bad_input_exits_2_with_a_message(tmp_path, capsys, pods, args):
     assert run(tmp_path, pods, *args) == 2
     assert capsys.readouterr().err.startswith("extproc score: ")
+
+
+def test_a_nearly_full_idle_pod_beside_a_busy_healthy_one(tmp_path, capsys):
+    """The issue's reproduction: the gate used to exclude "healthy" and leave only "full" (5 % free)."""
+    pods = [{"name": "full", "running": 0, "tokens_per_s": 1000, "kv_free": 0.05},
+            {"name": "healthy", "running": 20, "tokens_per_s": 1000, "kv_free": 0.6}]
+    assert run(tmp_path, pods, "--json") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["chosen"] == "healthy" and "excluded" not in out and out["scores"]["full"] == "inf"
+
+
+def test_every_pod_critical_the_most_kv_headroom_wins_gate_on(tmp_path, capsys):
+    pods = [{"name": "idle", "running": 0, "tokens_per_s": 1000, "kv_free": 0.02},
+            {"name": "busy", "running": 20, "tokens_per_s": 1000, "kv_free": 0.08}]
+    assert run(tmp_path, pods, "--json") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out == {"chosen": "busy", "scores": {"idle": "inf", "busy": "inf"}}
+    # blended, the gate still does not drop the pod with the most headroom
+    assert score(pods, "least-request", {}).excluded == []
