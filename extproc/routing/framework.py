@@ -21,6 +21,7 @@ from extproc.openai import Request
 from extproc.pool.pod import Pod
 from extproc.routing.settings import RoutingSettings
 from extproc.state.record import RequestRecord
+from extproc.state.speed import Speed
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class PodView:
     cpu_kv_usage: float | None = None   # used fraction of the CPU (swap/offload) KV cache
     capacity: float | None = None       # learned output tokens/s (already mean-filled for new pods)
     healthy: bool = True
+    speed: Speed | None = None          # time per token against load (capacity: speed); None: unknown
 
     @property
     def gpu(self) -> str:

@@ -37,6 +37,10 @@ class LoadBalanceSettings:
     kv_critical_free: float = 0.10    # below this free-KV fraction a pod scores +Inf
     imbalance_factor: float = 2.0
     imbalance_min_gap: float = 8.0    # in requests (capacity-normalised)
+    capacity: str = "speed"           # what the score divides by: speed at load, or AIBrix's observed rate
+
+
+CAPACITY_MODES = ("speed", "observed")
 
 
 @dataclass(slots=True, frozen=True)
@@ -192,6 +196,12 @@ def _prefix_cache(raw: Any) -> PrefixCacheSettings:
 
 
 def _load_balance(base: LoadBalanceSettings, raw: Any, where: str, *, snake: bool) -> LoadBalanceSettings:
+    raw = dict(_mapping(raw, where))
+    mode = raw.pop("capacity", None)  # the one word-valued knob (the same key in both spellings)
+    if mode is not None:
+        if mode not in CAPACITY_MODES:
+            raise SettingError(f"{where}.capacity must be one of {', '.join(CAPACITY_MODES)}, not {mode!r}")
+        base = replace(base, capacity=mode)
     values = _values(raw, where, _LB_KEYS, snake)
     for key, value in values.items():
         _check("load_balance", key, value, f"{where}.{key if snake else _LB_KEYS[key][0]}")

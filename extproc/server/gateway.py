@@ -103,6 +103,9 @@ class Gateway:
         # ("", "") and (model, ""): requests refused before a model or a pod was known
         self._drop_series({(m, n) for m, n, _ in live} | {(m, "") for m in ("", *config.models)})
         self.accounting.forget(live)
+        settings = config.routing_settings
+        self.accounting.default_mode = settings.load_balance.capacity
+        self.accounting.capacity_modes = {m: r.load_balance.capacity for m, r in settings.models.items()}
         if (prefixes := self.router.state.store.get("prefix-cache")) is not None:
             prefixes.forget(live)  # a departed pod's cache went with it
         self.accounting.shared.track(config.pods)

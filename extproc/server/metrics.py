@@ -33,7 +33,15 @@ class PodMetricsCollector:
         kv_free = GaugeMetricFamily("extproc_pod_kv_free_ratio", "Free fraction of the GPU KV cache",
                                     labels=LABELS)
         capacity = GaugeMetricFamily("extproc_pod_capacity_tokens_per_second",
-                                     "Learned serving capacity (output tokens/s)", labels=LABELS)
+                                     "Learned serving capacity (output tokens/s): saturated throughput "
+                                     "for the current mix (capacity: speed), else the observed rate",
+                                     labels=LABELS)
+        observed = GaugeMetricFamily("extproc_pod_observed_tokens_per_second",
+                                     "Output tokens/s the pod was seen to produce while busy (AIBrix's "
+                                     "estimate, capacity: observed)", labels=LABELS)
+        tpot = GaugeMetricFamily("extproc_pod_time_per_output_token_seconds",
+                                 "Fitted time per output token at the pod's current in-flight count",
+                                 labels=LABELS)
         healthy = GaugeMetricFamily("extproc_pod_healthy", "1 while the pod receives traffic",
                                     labels=LABELS)
         tokens = CounterMetricFamily("extproc_output_tokens", "Output tokens tallied by this gateway",
@@ -49,6 +57,10 @@ class PodMetricsCollector:
                 kv_free.add_metric(labels, view.kv_free)
             if view.capacity is not None:
                 capacity.add_metric(labels, view.capacity)
+            if (rate := acc.capacity.estimate(key)) is not None:
+                observed.add_metric(labels, rate)
+            if (speed := acc.speed.speed(key)) is not None:
+                tpot.add_metric(labels, speed.tpot(max(1, view.running)))
             healthy.add_metric(labels, 1.0 if view.healthy else 0.0)
             tokens.add_metric(labels, acc.output_tokens.get(key, 0))
         imbalance = CounterMetricFamily("extproc_load_imbalance", "Times the load-imbalance gate kept only "
@@ -61,4 +73,4 @@ class PodMetricsCollector:
         for model, (matched, unmatched) in getattr(cache, "lookups", {}).items():
             prefix.add_metric([model, "matched"], matched)
             prefix.add_metric([model, "unmatched"], unmatched)
-        yield from (running, local, queued, kv_free, capacity, healthy, tokens, imbalance, prefix)
+        yield from (running, local, queued, kv_free, capacity, observed, tpot, healthy, tokens, imbalance, prefix)

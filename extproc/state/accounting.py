@@ -18,6 +18,7 @@ from extproc.routing.framework import PodView
 from extproc.state.capacity import BusyClock, CapacityEstimator
 from extproc.state.record import RequestRecord
 from extproc.state.shared import SharedState
+from extproc.state.speed import LoadIntegral, SpeedEstimator
 from extproc.telemetry.engine_metrics import EngineSample
 from extproc.telemetry.health import PodHealth
 
@@ -42,11 +43,21 @@ class _Cached:
     synced: float
 
 
+SPEED, OBSERVED = "speed", "observed"  # routing.load_balance.capacity
+
+
 class Accounting:
     def __init__(self, shared: SharedState, capacity: CapacityEstimator | None = None,
-                 health: PodHealth | None = None, samples: SampleSource = _no_samples) -> None:
+                 health: PodHealth | None = None, samples: SampleSource = _no_samples,
+                 speed: SpeedEstimator | None = None) -> None:
         self.shared = shared
-        self.capacity = capacity or CapacityEstimator()
+        self.capacity = capacity or CapacityEstimator()  # AIBrix's observed rate (capacity: observed)
+        self.speed = speed or SpeedEstimator()  # speed at load (capacity: speed, the default)
+        self.load = LoadIntegral()
+        self._starts: dict[int, tuple[float, float]] = {}  # id(request) -> (routed at, load integral)
+        # Which capacity each model's views carry (the model's routing.load_balance.capacity).
+        self.capacity_modes: dict[str, str] = {}
+        self.default_mode = SPEED
         self.health = health or PodHealth()
         self.health.on_change = self._health_changed
         self.samples = samples
@@ -59,8 +70,10 @@ class Accounting:
     # -- hooks -----------------------------------------------------------------------------------
 
     def post_choice(self, request: Request, chosen: PodView, now: float) -> None:
-        self.shared.add_running(chosen.pod, 1)
-        view = self._live.get(chosen.pod.key)
+        pod = chosen.pod
+        self.shared.add_running(pod, 1)
+        self._starts[id(request)] = (now, self.load.advance(pod.key, now, self.shared.running(pod.key)))
+        view = self._live.get(pod.key)
         if view is not None:
             view.running += 1
 
@@ -73,12 +86,34 @@ class Accounting:
     def post_response(self, record: RequestRecord, now: float) -> None:
         key = record.pod.key
         self.shared.add_running(record.pod, -1)
+        load = self.load.advance(key, now, self.shared.running(key))
+        start = self._starts.pop(id(record.request), None) if record.request is not None else None
+        if start is not None:
+            self._observe_speed(record, now, *start, load)
         self.credit(record.pod, record.output_tokens)
         self.busy.completed(key)
         self.health.observe_response(key, record.status, record.connect_failure, now)
         view = self._live.get(key)
         if view is not None:
             view.running = max(0, view.running - 1)
+
+    def _observe_speed(self, record: RequestRecord, now: float, started: float, load_then: float,
+                       load_now: float) -> None:
+        """A request's time per output token, against its pod's mean in-flight count over its life.
+        Streamed: decode time from the first byte on. Non-streamed responses arrive in one piece, so
+        their time per token includes the prefill (a small share unless the prompt dwarfs the output)."""
+        out, ttfb = record.output_tokens, record.ttfb_s
+        if not record.ok or out is None or out < 2:
+            return
+        if record.stream:
+            if ttfb is None:
+                return
+            tpot = (record.e2e_s - ttfb) / (out - 1)
+        else:
+            tpot = record.e2e_s / out
+        span = now - started
+        if span > 0 and tpot > 0:
+            self.speed.observe(record.pod.key, tpot, (load_now - load_then) / span, out - 1, now)
 
     def credit(self, pod: Pod, tokens: int | None) -> None:
         """Completed output tokens of one request (also for a request this gateway did not route,
@@ -92,7 +127,13 @@ class Accounting:
     def sample_busy(self, now: float) -> None:
         """Between refreshes (the live gateway: every Redis sync): which pods have requests in flight."""
         running = self.shared.running
-        self.busy.sample(now, {p.key for p in self._tracked if running(p.key) > 0})
+        busy = set()
+        advance = self.load.advance
+        for p in self._tracked:  # other gateways' changes reach the integral at each sync
+            if (n := running(p.key)) > 0:
+                busy.add(p.key)
+            advance(p.key, now, n)
+        self.busy.sample(now, busy)
 
     def refresh(self, pods: Iterable[Pod], now: float) -> None:
         """Every metrics refresh: fold the completed tokens into the capacity estimates."""
@@ -102,12 +143,19 @@ class Accounting:
         self.sample_busy(now)
         self.capacity.observe_many(self.shared.take_token_deltas(), now)
         self.capacity.refresh(now, self.busy.take())
+        for pod in self._tracked:
+            sample = self.samples(pod.key, now)
+            if sample is not None:
+                self.speed.observe_kv(pod.key, sample.running, sample.kv_usage, now)
+        self.speed.refresh(self._tracked, now)
 
     def forget(self, live: Iterable[PodKey]) -> None:
         live = set(live)
         self._cache.clear()
         self._live.clear()
         self.capacity.forget(live)
+        self.speed.forget(live)
+        self.load.forget(live)
         self.health.forget(live)
         self.shared.forget(live)
         for key in [k for k in self.output_tokens if k not in live]:
@@ -134,9 +182,12 @@ class Accounting:
     def build_views(self, pods: Sequence[Pod], now: float) -> list[PodView]:
         """Fresh views from every source (also what /metrics shows)."""
         capacities = self.capacity.capacities(p.key for p in pods)
+        speeds = self.speed.speeds()
+        modes, default = self.capacity_modes, self.default_mode
         views = []
         for pod in pods:
             key = pod.key
+            speed = speeds.get(key) if modes.get(pod.model, default) == SPEED else None
             sample = self.samples(key, now)
             kv_free = queued = cpu_kv = None
             if sample is not None:
@@ -145,6 +196,7 @@ class Accounting:
                 if sample.kv_usage is not None and math.isfinite(sample.kv_usage):
                     kv_free = min(1.0, max(0.0, 1.0 - sample.kv_usage))
             views.append(PodView(pod, running=self.shared.running(key), queued=queued or 0.0,
-                                 kv_free=kv_free, cpu_kv_usage=cpu_kv, capacity=capacities[key],
-                                 healthy=self.health.healthy(key)))
+                                 kv_free=kv_free, cpu_kv_usage=cpu_kv,
+                                 capacity=speed.saturated if speed is not None else capacities[key],
+                                 healthy=self.health.healthy(key), speed=speed))
         return views

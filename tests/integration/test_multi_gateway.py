@@ -1,5 +1,6 @@
-"""Two gateway processes sharing one real redis-server: the same running counts and the same learned
-capacity, even for a pod only one of them routes to; Redis going away never stops routing."""
+"""Two gateway processes sharing one real redis-server: the same running counts and the same observed
+capacity, even for a pod only one of them routes to; the same fitted speed when both route (each fits
+from its own records); Redis going away never stops routing."""
 
 from __future__ import annotations
 
@@ -66,9 +67,34 @@ async def stream_through(stack: LocalStack, n: int, max_tokens: int) -> None:
     await asyncio.gather(*(one() for _ in range(n)))
 
 
+def agree_on(a: LocalStack, b: LocalStack, metric: str) -> None:
+    seen: list[tuple[float, float]] = [(0.0, 0.0)]
+
+    def agree() -> bool:
+        ca, cb = seen[-1] = (a.sample(metric, pod="a100-0"), b.sample(metric, pod="a100-0"))
+        return ca > 0 and cb > 0 and abs(ca - cb) <= 0.05 * ca
+
+    try:
+        wait_until(agree, 30, f"both gateways learn the same {metric}")
+    except TimeoutError as e:
+        raise AssertionError(f"{metric} (a, b) last seen: {seen[-1]}") from e
+
+
+async def test_gateways_routing_side_by_side_fit_the_same_speed(gateways: list[LocalStack]):
+    """Speed is not shared: each gateway fits from the requests it routed, and every record measures
+    the same pod, so two gateways routing at once agree (first in the module: same history)."""
+    a, b = gateways
+    wait_until(lambda: a.sample("extproc_redis_up") == 1 and b.sample("extproc_redis_up") == 1, 10, "redis up")
+    await asyncio.gather(stream_through(a, 12, 100), stream_through(b, 12, 100))
+    await asyncio.to_thread(agree_on, a, b, "extproc_pod_time_per_output_token_seconds")
+    await asyncio.to_thread(wait_until, lambda: a.running(MODEL, "a100-0") == 0
+                            and b.running(MODEL, "a100-0") == 0, 10, "running back to 0")
+
+
 async def test_running_counts_and_capacity_are_shared(gateways: list[LocalStack]):
     a, b = gateways
     wait_until(lambda: a.sample("extproc_redis_up") == 1 and b.sample("extproc_redis_up") == 1, 10, "redis up")
+    b_tallied = b.sample("extproc_output_tokens_total", pod="a100-0")  # by the test before
     load = asyncio.create_task(stream_through(a, 8, 400))  # long streams through gateway a only
 
     def both_see_eight() -> bool:
@@ -79,21 +105,9 @@ async def test_running_counts_and_capacity_are_shared(gateways: list[LocalStack]
     await load
     await stream_through(a, 16, 100)
 
-    def capacities() -> tuple[float, float]:
-        return (a.sample("extproc_pod_capacity_tokens_per_second", pod="a100-0"),
-                b.sample("extproc_pod_capacity_tokens_per_second", pod="a100-0"))
-
-    seen: list[tuple[float, float]] = [(0.0, 0.0)]
-
-    def agree() -> bool:
-        ca, cb = seen[-1] = capacities()
-        return ca > 0 and cb > 0 and abs(ca - cb) <= 0.05 * ca
-
-    try:  # both EWMAs (tau 10 s) move toward the same window rate
-        await asyncio.to_thread(wait_until, agree, 30, "both gateways learn the same capacity")
-    except TimeoutError as e:
-        raise AssertionError(f"capacities (a, b) last seen: {seen[-1]}") from e
-    assert b.sample("extproc_output_tokens_total", pod="a100-0") == 0  # b tallied nothing itself
+    # observed rate: shared token counters, so b learns it from a's traffic alone (EWMAs, tau 10 s)
+    await asyncio.to_thread(agree_on, a, b, "extproc_pod_observed_tokens_per_second")
+    assert b.sample("extproc_output_tokens_total", pod="a100-0") == b_tallied  # b tallied nothing itself
     await asyncio.to_thread(wait_until, lambda: a.running(MODEL, "a100-0") == 0
                             and b.running(MODEL, "a100-0") == 0, 10, "running back to 0")
 

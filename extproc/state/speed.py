@@ -1,0 +1,270 @@
+"""Each replica's speed as a function of its load: the capacity `load-balance` divides by.
+
+Under continuous batching a replica's time per output token grows with the number of requests it
+runs at once. Modelled as
+
+    tpot(B) = base × (1 + shape × B)        B: requests in flight on the replica, itself included
+
+`base` is the replica's own (its GPU, its co-tenants, its engine flags); `shape` (how much each extra
+request slows every other one, relative to `base`) is a property of the model and the request mix more
+than of the GPU, so it is pooled over the replicas of one GPU type, with the model-wide value as the
+prior. A replica that got little traffic is then still valued at its speed: its `base` needs only a
+few requests at any batch, and the slope it cannot see comes from its siblings.
+
+Observations come from what the gateway already has for every streamed request: its time per output
+token from the access-log timings ((e2e − ttfb) / (tokens − 1)), and the mean in-flight count on its pod
+over its life (a `LoadIntegral` of the cross-gateway running count). Each gateway fits from its own
+records; every record measures the same pod, so gateways agree without sharing, whatever share of
+the traffic each routes (the spec's 1/N limitation of counted tokens does not arise).
+
+Statistics are exponentially forgotten: `base` over a short horizon (`base_tau`, seconds: a replica
+that slows is seen within a few refreshes), the slope over a long one (`shape_tau`: it needs spread
+in B, which takes load variation to collect). Pure and clock-injected, like the rest of `state/`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from extproc.pool.pod import Pod, PodKey
+
+# Weight (tokens) of the model-wide shape when pooling a GPU type's: a type with less slope
+# information than this (tokens x batch variance) leans on the model's.
+SHAPE_PRIOR = 2_000.0
+# A pod's own base needs this many recent tokens to beat its GPU type's mean.
+MIN_BASE_TOKENS = 50.0
+MAX_SHAPE = 1.0  # a request slowing each other one by more than its base: a fit gone wrong
+# A pod's own slope counts once its batch has varied by this much (standard deviation, requests):
+# a slope from a batch that stayed within a request or two is noise, and the type's or model's is used.
+MIN_SPREAD = 2.0
+
+
+@dataclass(slots=True, frozen=True)
+class Speed:
+    """One replica's fitted speed. `saturated`: output tokens/s with `batch` requests in flight,
+    the batch the replica saturates at (engine limit or KV cache), for dashboards and the gate."""
+
+    base: float           # seconds per output token with no other request in flight
+    shape: float          # relative slowdown per request in flight
+    saturated: float
+    batch: float
+
+    def tpot(self, batch: float) -> float:
+        return self.base * (1.0 + self.shape * batch)
+
+    def rate(self, batch: float) -> float:
+        """Output tokens/s draining `batch` requests: the capacity at that load."""
+        return batch / self.tpot(batch) if batch > 0 else 0.0
+
+
+class _Sums:
+    """Exponentially forgotten weighted sums for y = tpot against x = batch."""
+
+    __slots__ = ("w", "x", "y", "xx", "xy", "t")
+
+    def __init__(self, now: float) -> None:
+        self.w = self.x = self.y = self.xx = self.xy = 0.0
+        self.t = now
+
+    def decay(self, now: float, tau: float) -> None:
+        if now > self.t:
+            f = math.exp(-(now - self.t) / tau)
+            self.w *= f
+            self.x *= f
+            self.y *= f
+            self.xx *= f
+            self.xy *= f
+            self.t = now
+
+    def add(self, x: float, y: float, w: float) -> None:
+        self.w += w
+        self.x += w * x
+        self.y += w * y
+        self.xx += w * x * x
+        self.xy += w * x * y
+
+    def slope(self) -> tuple[float, float] | None:
+        """(relative slope b/a of the pod's own line, information w·var(x)); None without spread."""
+        if self.w <= 0:
+            return None
+        mx = self.x / self.w
+        var = self.xx / self.w - mx * mx
+        if var < MIN_SPREAD * MIN_SPREAD:
+            return None
+        b = (self.xy / self.w - mx * self.y / self.w) / var
+        a = self.y / self.w - b * mx
+        if a <= 0:
+            return None
+        return min(MAX_SHAPE, max(0.0, b / a)), self.w * var
+
+    def base(self, shape: float) -> float | None:
+        """Least-squares `base` of y = base × (1 + shape × x)."""
+        den = self.w + 2 * shape * self.x + shape * shape * self.xx
+        if self.w < MIN_BASE_TOKENS or den <= 0:
+            return None
+        value = (self.y + shape * self.xy) / den
+        return value if value > 0 else None
+
+
+@dataclass(slots=True)
+class _Pod:
+    recent: _Sums  # for base
+    long: _Sums    # for shape
+    kv: _Sums      # x: engine running count, y: KV usage (their ratio: KV per request)
+
+    def kv_per_request(self) -> float | None:
+        kv = self.kv
+        return kv.y / kv.x if kv.x > 0 and kv.y > 0 else None
+
+
+class SpeedEstimator:
+    def __init__(self, base_tau: float = 5.0, shape_tau: float = 120.0, kv_tau: float = 60.0) -> None:
+        if min(base_tau, shape_tau, kv_tau) <= 0:
+            raise ValueError("time constants must be positive")
+        self.base_tau, self.shape_tau, self.kv_tau = base_tau, shape_tau, kv_tau
+        self._pods: dict[PodKey, _Pod] = {}
+        self._speeds: dict[PodKey, Speed] = {}
+
+    def _pod(self, key: PodKey, now: float) -> _Pod:
+        pod = self._pods.get(key)
+        if pod is None:
+            pod = self._pods[key] = _Pod(_Sums(now), _Sums(now), _Sums(now))
+        return pod
+
+    def observe(self, key: PodKey, tpot: float, batch: float, tokens: float, now: float) -> None:
+        """One finished request: its seconds per output token, the mean in-flight count on its pod
+        over its life (itself included), and its output tokens (the observation's weight)."""
+        if not (tpot > 0 and batch > 0 and tokens > 0) or not math.isfinite(tpot + batch):
+            return
+        pod = self._pod(key, now)
+        for sums, tau in ((pod.recent, self.base_tau), (pod.long, self.shape_tau)):
+            sums.decay(now, tau)
+            sums.add(batch, tpot, tokens)
+
+    def observe_kv(self, key: PodKey, engine_running: float | None, kv_usage: float | None,
+                   now: float) -> None:
+        """An engine sample: KV usage per running request sets the batch the KV cache allows. A ratio
+        of forgotten sums, not a mean of ratios: at a batch of one or two, which request happens to
+        run would swing a per-sample ratio."""
+        if not engine_running or engine_running < 1 or kv_usage is None or not 0.0 <= kv_usage <= 1.0:
+            return
+        pod = self._pod(key, now)
+        pod.kv.decay(now, self.kv_tau)
+        pod.kv.add(engine_running, kv_usage, 1.0)
+
+    def refresh(self, pods: Iterable[Pod], now: float, max_batch: float = 256.0) -> None:
+        """Refit every pod: the shapes per GPU type and model, then each pod's base."""
+        pods = list(pods)
+        slopes: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for p in pods:
+            state = self._pods.get(p.key)
+            if state is None:
+                continue
+            state.recent.decay(now, self.base_tau)
+            state.long.decay(now, self.shape_tau)
+            fit = state.long.slope()
+            if fit is not None:
+                slopes.setdefault((p.model, p.gpu), []).append(fit)
+        model_shape = {}
+        for (model, _), fits in slopes.items():
+            acc = model_shape.setdefault(model, [0.0, 0.0])
+            for k, info in fits:
+                acc[0] += k * info
+                acc[1] += info
+        shapes: dict[tuple[str, str], float] = {}
+        for p in pods:
+            group = (p.model, p.gpu)
+            if group in shapes:
+                continue
+            prior_k, prior_info = model_shape.get(p.model, (0.0, 0.0))
+            prior = prior_k / prior_info if prior_info > 0 else 0.0
+            num, den = prior * SHAPE_PRIOR, SHAPE_PRIOR
+            for k, info in slopes.get(group, ()):
+                num += k * info
+                den += info
+            shapes[group] = num / den
+        bases: dict[PodKey, float] = {}
+        for p in pods:
+            state = self._pods.get(p.key)
+            if state is not None:
+                shape = shapes[(p.model, p.gpu)]
+                b = state.recent.base(shape)
+                if b is None:
+                    b = state.long.base(shape)  # quiet lately: its older record, not a stranger's
+                if b is not None:
+                    bases[p.key] = b
+        fill = _means(pods, bases)
+        self._speeds = {}
+        for p in pods:
+            base = bases.get(p.key) or fill.get((p.model, p.gpu)) or fill.get((p.model, ""))
+            if base is None:
+                continue
+            shape = shapes[(p.model, p.gpu)]
+            # Past the batches a type was seen at the curve only steepens (steps turn compute-bound),
+            # so the saturated figure extrapolates with the steepest slope seen on the model.
+            prior_k, prior_info = model_shape.get(p.model, (0.0, 0.0))
+            steep = max(shape, prior_k / prior_info if prior_info > 0 else 0.0)
+            batch = max_batch
+            state = self._pods.get(p.key)
+            kv = state.kv_per_request() if state is not None else None
+            if kv:
+                batch = max(1.0, min(batch, 1.0 / kv))
+            saturated = batch / (base * (1.0 + steep * batch))
+            self._speeds[p.key] = Speed(base, shape, saturated, batch)
+
+    def speed(self, key: PodKey) -> Speed | None:
+        return self._speeds.get(key)
+
+    def speeds(self) -> Mapping[PodKey, Speed]:
+        return self._speeds
+
+    def forget(self, live: Iterable[PodKey]) -> None:
+        live = set(live)
+        for table in (self._pods, self._speeds):
+            for key in [k for k in table if k not in live]:
+                del table[key]
+
+
+def _means(pods: list[Pod], bases: Mapping[PodKey, float]) -> dict[tuple[str, str], float]:
+    """Mean base per (model, GPU type) and per (model, "") over the pods that have one: a new pod
+    competes as an average replica of its type, else of its model (the spec's rule for new pods).
+    Means of tokens/s, as the spec averages capacities, then turned back into seconds per token."""
+    sums: dict[tuple[str, str], list[float]] = {}
+    for p in pods:
+        b = bases.get(p.key)
+        if b is None:
+            continue
+        for group in {(p.model, p.gpu), (p.model, "")}:
+            acc = sums.setdefault(group, [0.0, 0])
+            acc[0] += 1.0 / b
+            acc[1] += 1
+    return {g: n / total for g, (total, n) in sums.items()}
+
+
+class LoadIntegral:
+    """∫ running dt per pod, advanced whenever the count changes or is sampled: the mean in-flight
+    count over any interval is the difference of two readings over its length."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self) -> None:
+        self._state: dict[PodKey, list[float]] = {}  # [time, running since then, integral]
+
+    def advance(self, key: PodKey, now: float, running: float) -> float:
+        """The integral up to `now`; from now on the count is `running`."""
+        s = self._state.get(key)
+        if s is None:
+            self._state[key] = [now, running, 0.0]
+            return 0.0
+        if now > s[0]:
+            s[2] += s[1] * (now - s[0])
+            s[0] = now
+        s[1] = running
+        return s[2]
+
+    def forget(self, live: Iterable[PodKey]) -> None:
+        live = set(live)
+        for key in [k for k in self._state if k not in live]:
+            del self._state[key]
