@@ -50,14 +50,16 @@ async def _one(session: aiohttp.ClientSession, url: str, strategy: str, body: di
 
 
 async def drive(base_url: str, strategy: str, plan: Plan, duration_s: float, rng: random.Random,
-                session: aiohttp.ClientSession, outcomes: list[Outcome], tasks: set[asyncio.Task]) -> None:
-    """Send requests for `duration_s` at `plan.rate`; each Outcome is appended when sent and filled in
-    when answered; the tasks still running are left in `tasks` for the caller to await."""
+                session: aiohttp.ClientSession, outcomes: list[Outcome], tasks: set[asyncio.Task],
+                rate: float | None = None) -> None:
+    """Send requests for `duration_s` at `rate` (default `plan.rate`); each Outcome is appended when sent
+    and filled in when answered; the tasks still running are left in `tasks` for the caller to await."""
     url = base_url + "/v1/chat/completions"
+    rate = rate or plan.rate
     loop = asyncio.get_running_loop()
     start = next_at = loop.time()
     while True:
-        next_at += rng.expovariate(plan.rate)
+        next_at += rng.expovariate(rate)
         if next_at - start >= duration_s:
             break
         await asyncio.sleep(max(0.0, next_at - loop.time()))

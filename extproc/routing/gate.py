@@ -18,6 +18,11 @@ left to the strategy's guardrail, and the gate never works against it:
   * when every pod is critical the gate stands aside: KV headroom, not running count, is then what
     decides (load-balance's "most KV headroom" rule), and a load filter would drop that very pod.
 
+Under `capacity: speed` the firing test is the same, but the pods kept are the KV-healthy ones that would
+give the next request the lowest time per token: an idle slow GPU (one that misses the SLO even idle,
+say) is "least loaded" by count, but sending a hotspot's overflow there is worse than to a loaded fast
+pod.
+
 Pure: a firing is counted in `counts[model]` (RoutingState.imbalance_total), which the gateway exports
 as `extproc_load_imbalance_total{model}`.
 """
@@ -94,6 +99,7 @@ def _lowest_kv_free(pods: Sequence[PodView]) -> float:
 
 _running = attrgetter("running")
 _kv_free = attrgetter("kv_free")
+_speed = attrgetter("speed")
 _reported = partial(is_not, None)
 
 
@@ -112,6 +118,8 @@ class ImbalanceGate:
         keep = self._cool(pods) if len(pods) > 1 else None
         if keep is None:
             return pods
+        if self.settings.capacity == "speed" and self.capacity_aware:
+            keep = _quickest(pods, keep, self.settings.kv_critical_free)
         self.counts[request.model] = self.counts.get(request.model, 0) + 1
         return [pods[i] for i in keep]
 
@@ -130,6 +138,21 @@ class ImbalanceGate:
         # Compared, and kept, among the healthy pods only (still in requests of the fleet's mean pod).
         subset = list(compress(ratios, healthy))
         return _among(healthy, least_loaded(subset, s.imbalance_factor, s.imbalance_min_gap, scale))
+
+
+def _quickest(pods: Sequence[PodView], keep: list[int], critical: float) -> list[int]:
+    """When the gate fires under `capacity: speed`: the KV-healthy pods that would give the next
+    request the lowest time per token, instead of the least loaded by count. Those include idle slow
+    GPUs, and an idle GPU slower than a loaded fast one is no relief for a hotspot. Unchanged while
+    some pod has no fitted speed yet."""
+    speeds = list(map(_speed, pods))
+    if None in speeds:
+        return keep
+    healthy = kv_healthy(pods, critical)
+    candidates = range(len(pods)) if healthy is None else list(compress(range(len(pods)), healthy))
+    tpot = {i: speeds[i].tpot(pods[i].running + 1) for i in candidates}  # type: ignore[union-attr]
+    best = min(tpot.values())
+    return [i for i, t in tpot.items() if t == best]
 
 
 def _among(mask: list[bool], keep: list[int] | None) -> list[int] | None:

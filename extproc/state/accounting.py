@@ -109,6 +109,7 @@ class Accounting:
             if ttfb is None:
                 return
             tpot = (record.e2e_s - ttfb) / (out - 1)
+            self.speed.observe_prefill(record.pod.key, ttfb, out, now)
         else:
             tpot = record.e2e_s / out
         span = now - started

@@ -20,6 +20,10 @@ the traffic each routes (the spec's 1/N limitation of counted tokens does not ar
 Statistics are exponentially forgotten: `base` over a short horizon (`base_tau`, seconds: a replica
 that slows is seen within a few refreshes), the slope over a long one (`shape_tau`: it needs spread
 in B, which takes load variation to collect). Pure and clock-injected, like the rest of `state/`.
+
+The saturated throughput (the capacity people read on a dashboard) is the fit at the batch the replica
+saturates at, with each token also carrying its request's share of time to first token: a slot that
+is prefilling produces nothing, which matters for prompt-heavy mixes.
 """
 
 from __future__ import annotations
@@ -113,6 +117,13 @@ class _Pod:
     recent: _Sums  # for base
     long: _Sums    # for shape
     kv: _Sums      # x: engine running count, y: KV usage (their ratio: KV per request)
+    prefill: _Sums  # per streamed request: x = output tokens, y = time to first token (w = 1)
+
+    def prefill_per_token(self) -> float:
+        """Seconds of time to first token per output token, over recent requests: what a request's
+        prefill (and wait) adds to each of its tokens when the replica is kept full."""
+        p = self.prefill
+        return p.y / p.x if p.x > 0 else 0.0
 
     def kv_per_request(self) -> float | None:
         kv = self.kv
@@ -130,7 +141,7 @@ class SpeedEstimator:
     def _pod(self, key: PodKey, now: float) -> _Pod:
         pod = self._pods.get(key)
         if pod is None:
-            pod = self._pods[key] = _Pod(_Sums(now), _Sums(now), _Sums(now))
+            pod = self._pods[key] = _Pod(_Sums(now), _Sums(now), _Sums(now), _Sums(now))
         return pod
 
     def observe(self, key: PodKey, tpot: float, batch: float, tokens: float, now: float) -> None:
@@ -142,6 +153,13 @@ class SpeedEstimator:
         for sums, tau in ((pod.recent, self.base_tau), (pod.long, self.shape_tau)):
             sums.decay(now, tau)
             sums.add(batch, tpot, tokens)
+
+    def observe_prefill(self, key: PodKey, ttft: float, tokens: float, now: float) -> None:
+        """A streamed request's time to first token and output tokens (for the saturated figure)."""
+        if ttft >= 0 and tokens > 0 and math.isfinite(ttft):
+            pod = self._pod(key, now)
+            pod.prefill.decay(now, self.shape_tau)
+            pod.prefill.add(tokens, ttft, 1.0)
 
     def observe_kv(self, key: PodKey, engine_running: float | None, kv_usage: float | None,
                    now: float) -> None:
@@ -211,7 +229,8 @@ class SpeedEstimator:
             kv = state.kv_per_request() if state is not None else None
             if kv:
                 batch = max(1.0, min(batch, 1.0 / kv))
-            saturated = batch / (base * (1.0 + steep * batch))
+            prefill = state.prefill_per_token() if state is not None else 0.0
+            saturated = batch / (base * (1.0 + steep * batch) + prefill)
             self._speeds[p.key] = Speed(base, shape, saturated, batch)
 
     def speed(self, key: PodKey) -> Speed | None:

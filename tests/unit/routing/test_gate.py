@@ -4,9 +4,12 @@ import random
 import pytest
 
 from extproc.openai import Request
+from extproc.pool.pod import Pod
+from extproc.routing.framework import PodView
 from extproc.routing import Router, RoutingSettings
 from extproc.routing.gate import ImbalanceGate, least_loaded, loads
 from extproc.routing.settings import LoadBalanceSettings, ModelRouting
+from extproc.state.speed import Speed
 from tests.unit.routing.support import REQ, names, view
 
 
@@ -147,3 +150,20 @@ def test_unreported_or_nan_kv_counts_as_healthy():
     assert names(g.filter(REQ, pods, 0.0)) == ["nan", "none"] and counts == {"m": 1}
     pods = [view("busy", 20, kv_free=math.nan), view("idle", 0, kv_free=0.5)]  # a NaN first, for min()
     assert names(g.filter(REQ, pods, 0.0)) == ["idle"]
+
+
+def test_under_speed_the_gate_keeps_the_quickest_pods_not_idle_slow_ones():
+    """A hot fast pod beside idle pods of a GPU that is slower idle than the fast ones loaded: the
+    gate fires (raw load is skewed) and keeps the pod that gives the lowest time per token."""
+
+    fast = Speed(0.010, 0.01, 5000.0, 256)
+    slow = Speed(0.070, 0.01, 400.0, 64)
+    pods = [PodView(Pod("m", "hot", "10.0.0.1:1"), running=60, capacity=5000.0, speed=fast),
+            PodView(Pod("m", "warm", "10.0.0.2:1"), running=20, capacity=5000.0, speed=fast),
+            PodView(Pod("m", "l4-0", "10.0.0.3:1"), running=0, capacity=400.0, speed=slow),
+            PodView(Pod("m", "l4-1", "10.0.0.4:1"), running=0, capacity=400.0, speed=slow)]
+    request = Request("m", "/v1/chat/completions")
+    speed = ImbalanceGate(LoadBalanceSettings(), {}).filter(request, pods, 0.0)
+    assert [p.pod.name for p in speed] == ["warm"]
+    observed = ImbalanceGate(LoadBalanceSettings(capacity="observed"), {}).filter(request, pods, 0.0)
+    assert {p.pod.name for p in observed} == {"l4-0", "l4-1"}  # the least loaded by count
