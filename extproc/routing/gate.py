@@ -18,8 +18,8 @@ left to the strategy's guardrail, and the gate never works against it:
   * when every pod is critical the gate stands aside: KV headroom, not running count, is then what
     decides (load-balance's "most KV headroom" rule), and a load filter would drop that very pod.
 
-Under `capacity: speed` the firing test is the same, but the pods kept are the KV-healthy ones that would
-give the next request the lowest time per token: an idle slow GPU (one that misses the SLO even idle,
+Under `capacity: speed` the firing test is the same, but the pods kept are the KV-healthy ones with the
+lowest load-balance score (the time per token the next request would get, × KV penalty): an idle slow GPU (one that misses the SLO even idle,
 say) is "least loaded" by count, but sending a hotspot's overflow there is worse than to a loaded fast
 pod.
 
@@ -36,6 +36,7 @@ from operator import attrgetter, is_not, truediv
 
 from extproc.openai import Request
 from extproc.routing.framework import PodView, capacities
+from extproc.routing.load_balance import kv_penalty
 from extproc.routing.settings import LoadBalanceSettings
 
 # Normalised loads are floats: pods within this relative distance of the minimum count as tied.
@@ -119,7 +120,7 @@ class ImbalanceGate:
         if keep is None:
             return pods
         if self.settings.capacity == "speed" and self.capacity_aware:
-            keep = _quickest(pods, keep, self.settings.kv_critical_free)
+            keep = _quickest(pods, keep, self.settings)
         self.counts[request.model] = self.counts.get(request.model, 0) + 1
         return [pods[i] for i in keep]
 
@@ -140,19 +141,21 @@ class ImbalanceGate:
         return _among(healthy, least_loaded(subset, s.imbalance_factor, s.imbalance_min_gap, scale))
 
 
-def _quickest(pods: Sequence[PodView], keep: list[int], critical: float) -> list[int]:
-    """When the gate fires under `capacity: speed`: the KV-healthy pods that would give the next
-    request the lowest time per token, instead of the least loaded by count. Those include idle slow
-    GPUs, and an idle GPU slower than a loaded fast one is no relief for a hotspot. Unchanged while
-    some pod has no fitted speed yet."""
+def _quickest(pods: Sequence[PodView], keep: list[int], settings: LoadBalanceSettings) -> list[int]:
+    """When the gate fires under `capacity: speed`: the KV-healthy pods with the lowest load-balance
+    score (time per token the next request would get × KV penalty), instead of the least loaded by
+    count. Those include idle slow GPUs, and an idle GPU slower than a loaded fast one is no relief for
+    a hotspot. Unchanged while some pod has no fitted speed yet."""
     speeds = list(map(_speed, pods))
     if None in speeds:
         return keep
-    healthy = kv_healthy(pods, critical)
+    healthy = kv_healthy(pods, settings.kv_critical_free)
     candidates = range(len(pods)) if healthy is None else list(compress(range(len(pods)), healthy))
-    tpot = {i: speeds[i].tpot(pods[i].running + 1) for i in candidates}  # type: ignore[union-attr]
-    best = min(tpot.values())
-    return [i for i, t in tpot.items() if t == best]
+    alpha = settings.kv_pressure_alpha
+    score = {i: speeds[i].tpot(pods[i].running + 1) * kv_penalty(pods[i].kv_free, alpha)  # type: ignore[union-attr]
+             for i in candidates}
+    best = min(score.values())
+    return [i for i, t in score.items() if t == best]
 
 
 def _among(mask: list[bool], keep: list[int] | None) -> list[int] | None:

@@ -69,7 +69,7 @@ class LoadBalanceScorer:
         kvs = list(map(_kv_free, pods))
         if s.capacity == "speed" and (speeds := _speeds(pods)) is not None:
             return [INF if k is not None and k < critical  # NaN < x is False: unreported, as below
-                    else sp.base * (1.0 + sp.shape * (load + 1.0)) * _penalty(k, alpha)
+                    else sp.base * (1.0 + sp.shape * (load + 1.0)) * kv_penalty(k, alpha)
                     for load, sp, k in zip(loads, speeds, kvs)]
         caps = capacities(pods)
         if None not in kvs and (t := sum(kvs)) == t:  # every pod reports a number (no NaN): one pass
@@ -83,7 +83,8 @@ _kv_free = attrgetter("kv_free")
 _speed = attrgetter("speed")
 
 
-def _penalty(kv_free: float | None, alpha: float) -> float:
+def kv_penalty(kv_free: float | None, alpha: float) -> float:
+    """The score's second factor, 1 + α(1 − kvFree)²; unreported (None or NaN) is no penalty."""
     if kv_free is None or kv_free != kv_free:
         return 1.0
     used = 1.0 - kv_free
