@@ -49,9 +49,13 @@ class SimRequest:
     block_hashes: tuple[int, ...] = ()
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: `running.remove(seq)` must not compare every field
 class SeqState:
-    """A request inside the engine; returned to the driver when it finishes (for latency metrics)."""
+    """A request inside the engine; returned to the driver when it finishes (for latency metrics).
+
+    While it decodes in the engine's cohort (Engine._cohort_blocks) num_computed, num_output and last_token_time
+    lag behind by the steps since `synced`; Engine.get() and every sequence the engine hands out (finished,
+    failed, first tokens) are up to date."""
 
     request: SimRequest
     arrival: float
@@ -63,6 +67,15 @@ class SeqState:
     last_token_time: float = 0.0  # when the latest token showed (inter-token latency)
     finish_time: float | None = None
     prompt_counted: bool = False
+    total: int = -1  # prompt + output tokens, kept by the engine (the step loop reads it per sequence)
+    # Cohort bookkeeping (Engine._cohort_blocks): member or not, the engine tick its counters are true
+    # at, and its join number (members join in running order, so this orders them as `running` does).
+    cohort: bool = field(default=False, init=False, repr=False)
+    synced: int = field(default=0, init=False, repr=False)
+    order: int = field(default=0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.total = self.request.prompt_tokens + self.num_output
 
     @property
     def request_id(self) -> str:
@@ -70,7 +83,7 @@ class SeqState:
 
     @property
     def total_tokens(self) -> int:
-        return self.request.prompt_tokens + self.num_output
+        return self.total
 
 
 @dataclass(slots=True)
@@ -93,6 +106,10 @@ class StepResult:
     @property
     def end(self) -> float:
         return self.start + self.duration
+
+
+def _join_order(seq: SeqState) -> int:
+    return seq.order
 
 
 class CapacityError(ValueError):
@@ -128,6 +145,15 @@ class Engine:
         self.steps_total = 0
         self._busy_until = float("-inf")
         self._recent_steps: deque[tuple[float, float, int]] = deque()  # (start, end, tokens emitted)
+        # The decode cohort (see _cohort_blocks): running[:_cohort_n], their ids in that order, the sum of
+        # their computed tokens, and by tick the members due a new block or finishing.
+        self._tick = 0  # steps run so far that gave the cohort a token
+        self._cohort_n = 0
+        self._cohort_ids: list[str] = []
+        self._cohort_ctx = 0
+        self._joins = 0
+        self._block_due: dict[int, list[SeqState]] = {}
+        self._finish_due: dict[int, list[SeqState]] = {}
 
     # --- configuration -----------------------------------------------------------------------------
     @property
@@ -177,6 +203,9 @@ class Engine:
 
     def _drop(self, seq: SeqState) -> None:
         del self._by_id[seq.request_id]
+        if seq.cohort:
+            self._sync(seq)  # the caller may read what it produced (a lost replica's partial stream)
+            self._leave(seq)
         if seq in self.waiting:
             self.waiting.remove(seq)
         else:
@@ -184,7 +213,10 @@ class Engine:
         self._free(seq)
 
     def get(self, request_id: str) -> SeqState | None:
-        return self._by_id.get(request_id)
+        seq = self._by_id.get(request_id)
+        if seq is not None and seq.cohort:
+            self._sync(seq)
+        return seq
 
     # --- observable state (vLLM semantics) ---------------------------------------------------------
     def has_work(self) -> bool:
@@ -238,35 +270,52 @@ class Engine:
         if self._failed:
             res.failed, self._failed = self._failed, []
             self.requests_failed_total += len(res.failed)
-        scheduled = self._schedule(res)
-        if not scheduled:
+        members = self._cohort_blocks()  # cohort members decoding this step: running[:members]
+        scheduled = self._schedule(res, members)
+        if not members and not scheduled:
             return res if res.failed else None
-        num_tokens = kv_read = 0
-        attn_pairs = 0.0
+        # Each member reads its context plus the new token and attends over the same; sums of integers,
+        # so adding them in another order than per sequence gives the same float.
+        num_tokens = members
+        kv_read = attn_pairs = self._cohort_ctx + members
         caching, bs = self.config.enable_prefix_caching, self.config.block_size
+        emitting: list[SeqState] = []  # sequences whose whole context is computed after this step
         for seq, n in scheduled:
             before = seq.num_computed
             num_tokens += n
             kv_read += before + n
-            attn_pairs += n * before + n * (n + 1) / 2
-            seq.num_computed = before + n
-            if caching and seq.request.block_hashes and len(seq.hashed) * bs < seq.request.prompt_tokens:
+            attn_pairs += n * before + n * (n + 1) // 2
+            seq.num_computed = computed = before + n
+            if computed >= seq.total:
+                emitting.append(seq)
+                if n == 1 and seq.prompt_counted:
+                    continue  # steady decode: its prompt blocks are registered already
+            request = seq.request
+            if caching and request.block_hashes and len(seq.hashed) * bs < request.prompt_tokens:
                 self._register_prefix(seq)
-        duration = self.perf.step_time(num_tokens, len(scheduled), kv_read, attn_pairs) * self.slowdown
+        num_seqs = members + len(scheduled)
+        duration = self.perf.step_time(num_tokens, num_seqs, kv_read, float(attn_pairs)) * self.slowdown
         res.duration = duration
-        res.num_tokens, res.num_seqs = num_tokens, len(scheduled)
+        res.num_tokens, res.num_seqs = num_tokens, num_seqs
         end = start + duration
         prev_end = self._busy_until  # the previous token of a sequence decoding without a break
-        steady = 0
-        for seq, _ in scheduled:
-            if seq.num_computed < seq.total_tokens:
-                continue  # mid-prefill chunk: no token yet
+        self._busy_until = end
+        tick = self._tick
+        self._tick = tick + 1
+        self._cohort_ctx += members
+        emitted, finished = res.emitted, res.finished
+        if members:
+            emitted.extend(self._cohort_ids)
+            self._cohort_finish(tick, end, finished)
+        steady = members  # every member decoded in the previous step too
+        for seq in emitting:
+            request = seq.request
             if not seq.prompt_counted:
                 seq.prompt_counted = True
-                self.prompt_tokens_total += seq.request.prompt_tokens
-            seq.num_output += 1
-            self.generation_tokens_total += 1
-            res.emitted.append(seq.request_id)
+                self.prompt_tokens_total += request.prompt_tokens
+            seq.num_output = out = seq.num_output + 1
+            seq.total += 1
+            emitted.append(request.request_id)
             if seq.first_token_time is None:
                 seq.first_token_time = end
                 res.first_tokens.append(seq)
@@ -275,37 +324,48 @@ class Engine:
             else:  # resumed after a preemption (or a skipped step): its own, longer gap
                 res.inter_token.append((end - seq.last_token_time, 1))
             seq.last_token_time = end
-            if seq.num_output >= seq.request.max_tokens:
+            if out >= request.max_tokens:
                 seq.finish_time = end
-                res.finished.append(seq)
-        for seq in res.finished:
+                finished.append(seq)
+        self.generation_tokens_total += members + len(emitting)
+        for seq in finished:
             self.running.remove(seq)
             del self._by_id[seq.request_id]
             self._free(seq)
         if steady:
             res.inter_token.append((end - prev_end, steady))
-        self.requests_finished_total += len(res.finished)
+        self.requests_finished_total += len(finished)
         self.busy_seconds_total += duration
         self.steps_total += 1
-        self._busy_until = end
         recent = self._recent_steps
-        recent.append((start, end, len(res.emitted)))
+        recent.append((start, end, len(emitted)))
         while recent[0][1] < end - RECENT_WINDOW_S:  # bounded memory in long virtual-time runs
             recent.popleft()
+        self._cohort_join(end)
         return res
 
-    def _schedule(self, res: StepResult) -> list[tuple[SeqState, int]]:
+    def _schedule(self, res: StepResult, members: int = 0) -> list[tuple[SeqState, int]]:
         """vLLM V1 order: running sequences first (decode or next prefill chunk), then admit waiting ones.
 
         When a running sequence cannot get a block, the newest running sequence is preempted (its blocks
-        freed, its progress dropped for recompute) and goes to the front of the waiting queue.
+        freed, its progress dropped for recompute) and goes to the front of the waiting queue. The first
+        `members` running sequences are the cohort's, scheduled already (one token each, blocks in hand):
+        preemption never reaches them, as it takes the newest first and stops at the sequence asking.
         """
-        budget = self.config.max_num_batched_tokens
+        budget = self.config.max_num_batched_tokens - members
         scheduled: list[tuple[SeqState, int]] = []
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = min(seq.total_tokens - seq.num_computed, budget)
+        i = members
+        running, bs = self.running, self.config.block_size
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            n = seq.total - seq.num_computed
+            if n > budget:
+                n = budget
+            if seq.num_computed + n <= (seq.num_blocks + len(seq.hashed)) * bs:
+                scheduled.append((seq, n))  # fits the blocks it holds (a decode step, mostly)
+                budget -= n
+                i += 1
+                continue
             while not self._allocate(seq, seq.num_computed + n):
                 victim = self.running.pop()
                 self._preempt(victim, res)
@@ -322,7 +382,7 @@ class Engine:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             hits = self._reuse_prefix(seq)
-            n = min(seq.total_tokens - seq.num_computed, budget)
+            n = min(seq.total - seq.num_computed, budget)
             if not self._allocate(seq, seq.num_computed + n):
                 self._free(seq)  # give the shared blocks back; it waits with nothing computed
                 seq.num_computed = 0
@@ -333,6 +393,94 @@ class Engine:
             scheduled.append((seq, n))
             budget -= n
         return scheduled
+
+    # --- the decode cohort -------------------------------------------------------------------------
+    # Most of a busy engine's running sequences are decoding in lockstep: each step gives every one of
+    # them one token, and only every block_size tokens a new KV block. The cohort is that leading run
+    # of `running` (running[:_cohort_n]); its members' counters advance lazily (SeqState.synced against
+    # _tick), so a step costs O(1) for them plus the members that need a block or finish now, found by
+    # tick in _block_due / _finish_due. When a step could break the lockstep (not every member fits the
+    # token budget, or their new blocks might not), the cohort dissolves and the step runs every
+    # sequence through _schedule, which is the model; the cohort re-forms after the step.
+
+    def _cohort_blocks(self) -> int:
+        """Give the members due a block theirs; returns how many members decode this step (0: dissolved)."""
+        members = self._cohort_n
+        if not members:
+            return 0
+        due = self._block_due.pop(self._tick, None)
+        if members > self.config.max_num_batched_tokens:
+            self._dissolve()
+            return 0
+        if due:
+            due = [s for s in due if s.cohort]
+            prefix = self.prefix
+            if len(due) > self.total_blocks - self.phantom_blocks - self.used_blocks - prefix.in_use:
+                self._dissolve()  # someone may have to be preempted: the full model decides who
+                return 0
+            # One block each, all granted: in any order the same blocks are taken and evicted.
+            for seq in due:
+                self._sync(seq)
+                granted = self._allocate(seq, seq.num_computed + 1)
+                assert granted
+                self._plan_block(seq)
+        return members
+
+    def _cohort_finish(self, tick: int, end: float, finished: list[SeqState]) -> None:
+        due = self._finish_due.pop(tick, None)
+        if not due:
+            return
+        for seq in sorted((s for s in due if s.cohort), key=_join_order):  # running order
+            self._sync(seq)  # _tick and _busy_until include this step: its last token is at `end`
+            seq.finish_time = end
+            self._leave(seq)
+            finished.append(seq)
+
+    def _cohort_join(self, end: float) -> None:
+        """Running sequences right after the cohort that got a token this step decode from the next."""
+        running, i, tick = self.running, self._cohort_n, self._tick
+        while i < len(running):
+            seq = running[i]
+            if seq.last_token_time != end or seq.num_computed != seq.total - 1:
+                break
+            seq.cohort, seq.synced, seq.order = True, tick, self._joins
+            self._joins += 1
+            self._cohort_ids.append(seq.request.request_id)
+            self._cohort_ctx += seq.num_computed
+            self._plan_block(seq)
+            self._finish_due.setdefault(tick + seq.request.max_tokens - seq.num_output - 1, []).append(seq)
+            i += 1
+        self._cohort_n = i
+
+    def _plan_block(self, seq: SeqState) -> None:
+        """The tick of the step whose token no longer fits the blocks `seq` holds (it is synced)."""
+        held = (seq.num_blocks + len(seq.hashed)) * self.config.block_size
+        self._block_due.setdefault(self._tick + held - seq.num_computed, []).append(seq)
+
+    def _sync(self, seq: SeqState) -> None:
+        """Bring a member's counters up to date (every step since it was last synced gave it a token)."""
+        d = self._tick - seq.synced
+        if d:
+            seq.num_computed += d
+            seq.num_output += d
+            seq.total += d
+            seq.last_token_time = self._busy_until
+            seq.synced = self._tick
+
+    def _leave(self, seq: SeqState) -> None:
+        seq.cohort = False
+        self._cohort_n -= 1
+        self._cohort_ctx -= seq.num_computed
+        self._cohort_ids.remove(seq.request.request_id)
+
+    def _dissolve(self) -> None:
+        for seq in self.running[:self._cohort_n]:
+            self._sync(seq)
+            seq.cohort = False
+        self._cohort_n = self._cohort_ctx = 0
+        self._cohort_ids = []
+        self._block_due.clear()  # entries of former members would be stale after a rejoin
+        self._finish_due.clear()
 
     def _allocate(self, seq: SeqState, tokens: int) -> bool:
         need = blocks_for(tokens, self.config.block_size) - seq.num_blocks - len(seq.hashed)
