@@ -1,11 +1,14 @@
-"""The demo's figures from hand-built outcomes: p99, failures, cut-off requests, utilization."""
+"""The demo's figures from hand-built outcomes: p99, failures, cut-off requests, utilization; --burst's
+capacity columns and how the demo tells which capacity mode the gateway's gauges show."""
 
 from __future__ import annotations
 
 import pytest
 
+from extproc.config import parse
+from extproc.demo.__main__ import CAPACITY, OBSERVED, gateway_config, mode_shown
 from extproc.demo.load import Outcome
-from extproc.demo.report import p99, summarise, table
+from extproc.demo.report import PhaseResult, p99, summarise, table
 
 POOL = [("slow", "L20"), ("fast", "A100-80GB")]
 SATURATED = {"L20": 1000.0, "A100-80GB": 2000.0}
@@ -35,3 +38,44 @@ def test_summary_counts_failures_and_cut_offs_and_divides_by_saturation():
     r = summarise("round-robin", "round-robin", cut, POOL, {}, SATURATED, seconds=10.0)
     assert (r.failed, r.unfinished, r.p99_is_lower_bound, r.p99_latency_s) == (1, 1, True, 30.0)
     assert ">" in table([r])  # a lower bound is shown as one
+
+
+def burst_result(mode: str, slow_capacity: float) -> PhaseResult:
+    r = summarise(f"load-balance ({mode})", "load-balance", [outcome("slow", 1.0), outcome("fast", 0.5)],
+                  POOL, {"slow": 100.0, "fast": 100.0}, SATURATED, seconds=1.0)
+    r.capacity_mode, r.rate_rps = mode, 50.0
+    r.pods["slow"].capacity_start = r.pods["slow"].capacity_end = slow_capacity
+    r.pods["fast"].capacity_start, r.pods["fast"].capacity_end = 1500.0, 1900.0
+    return r
+
+
+def test_burst_phases_show_and_export_the_reported_capacity():
+    plain = summarise("load-balance", "load-balance", [outcome("slow", 1.0)], POOL, {}, SATURATED, 1.0)
+    observed, speed = burst_result("observed", 271.0), burst_result("speed", 987.0)
+    text = table([plain, observed, speed], SATURATED)
+    assert text.count("cap start") == 2  # the burst blocks only
+    block = text[text.index("capacity tok/s"):].splitlines()
+    assert block[1].split() == ["saturated", "1000", "2000"]
+    assert block[2].split()[-2:] == ["271", "1900"] and block[3].split()[-2:] == ["987", "1900"]
+    assert "capacity tok/s" not in table([plain])
+    assert "capacity_tokens_per_s" not in plain.as_json()["pods"]["slow"]
+    pod = speed.as_json()["pods"]["fast"]
+    assert pod["capacity_tokens_per_s"] == {"start": 1500.0, "end": 1900.0}
+    assert speed.as_json()["capacity_mode"] == "speed"
+
+
+def test_mode_shown_reads_the_capacity_mode_from_the_gauges():
+    assert mode_shown({CAPACITY: {"a": 900.0}, OBSERVED: {}}) is None  # nothing to compare yet
+    assert mode_shown({CAPACITY: {"a": 300.0, "b": 800.0}, OBSERVED: {"a": 300.0, "b": 800.0}}) == "observed"
+    assert mode_shown({CAPACITY: {"a": 1600.0, "b": 800.0}, OBSERVED: {"a": 300.0, "b": 800.0}}) == "speed"
+
+
+def test_the_burst_config_sets_only_the_capacity_mode():
+    ports = {"l20-0": 1, "l20-1": 2, "a100-0": 3}
+    assert "routing" not in gateway_config(ports)
+    observed = gateway_config(ports, "observed")
+    assert observed["routing"] == {"load_balance": {"capacity": "observed"}}
+    assert observed["models"] == gateway_config(ports)["models"]
+    for mode in ("observed", "speed"):  # what the gateway will read: the mode as written, nothing else
+        settings = parse(gateway_config(ports, mode), {}).routing_settings
+        assert settings.load_balance.capacity == mode
