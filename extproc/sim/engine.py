@@ -119,6 +119,7 @@ class CapacityError(ValueError):
 class Engine:
     def __init__(self, perf: PerfModel, config: EngineConfig = EngineConfig()) -> None:
         self.perf = perf
+        self._step_time = perf.step_timer()
         self.config = config
         self.total_blocks = perf.kv_blocks(config.block_size, config.gpu_memory_utilization)
         if self.total_blocks <= 0:
@@ -294,7 +295,7 @@ class Engine:
             if caching and request.block_hashes and len(seq.hashed) * bs < request.prompt_tokens:
                 self._register_prefix(seq)
         num_seqs = members + len(scheduled)
-        duration = self.perf.step_time(num_tokens, num_seqs, kv_read, float(attn_pairs)) * self.slowdown
+        duration = self._step_time(num_tokens, num_seqs, kv_read, float(attn_pairs)) * self.slowdown
         res.duration = duration
         res.num_tokens, res.num_seqs = num_tokens, num_seqs
         end = start + duration
@@ -418,13 +419,29 @@ class Engine:
             if len(due) > self.total_blocks - self.phantom_blocks - self.used_blocks - prefix.in_use:
                 self._dissolve()  # someone may have to be preempted: the full model decides who
                 return 0
-            # One block each, all granted: in any order the same blocks are taken and evicted.
-            for seq in due:
-                self._sync(seq)
-                granted = self._allocate(seq, seq.num_computed + 1)
-                assert granted
-                self._plan_block(seq)
+            self._grant(due)
         return members
+
+    def _grant(self, due: list[SeqState]) -> None:
+        """One block to each of `due` (decoding members at a block boundary; there is room for all).
+
+        What _allocate does one by one, at once: a block each, evicting cached prefix blocks only for
+        the shortfall; in any order the same blocks are taken and the same LRU ones evicted."""
+        n = len(due)
+        prefix = self.prefix
+        free = self.total_blocks - self.phantom_blocks - self.used_blocks - prefix.in_use - prefix.evictable
+        if free < n:
+            prefix.evict(n - free)
+        self.used_blocks += n
+        for seq in due:
+            seq.num_blocks += 1
+        # A member's next boundary is block_size tokens on, i.e. block_size steps.
+        later = self._tick + self.config.block_size
+        queued = self._block_due.get(later)
+        if queued is None:
+            self._block_due[later] = due
+        else:
+            queued.extend(due)
 
     def _cohort_finish(self, tick: int, end: float, finished: list[SeqState]) -> None:
         due = self._finish_due.pop(tick, None)

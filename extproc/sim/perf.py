@@ -15,6 +15,7 @@ absorb most of that, and the validation table in docs/benchmarks.md states the r
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from extproc.sim.gpus import GpuSpec
@@ -76,6 +77,27 @@ class PerfModel:
         t_compute = flops / (self.gpu.flops_per_s * p.compute_efficiency)
         t_comm = 2 * m.layers * p.allreduce_latency_s if tp > 1 else 0.0
         return max(t_mem, t_compute) + t_comm + p.step_overhead_s + p.per_seq_overhead_s * num_seqs
+
+    def step_timer(self) -> Callable[[int, int, int, float], float]:
+        """`step_time` with this model's constants looked up once: the engine calls it every step.
+
+        The same arithmetic in the same order, so the same floats."""
+        p, m, tp = self.params, self.model, self.tensor_parallel
+        weight, kv_bytes = m.weight_bytes, m.kv_bytes_per_token
+        bandwidth = self.gpu.bandwidth_bytes_per_s * p.mem_efficiency
+        flops_token, flops_ctx = m.flops_per_token, m.attn_flops_per_token_per_ctx
+        compute = self.gpu.flops_per_s * p.compute_efficiency
+        t_comm = 2 * m.layers * p.allreduce_latency_s if tp > 1 else 0.0
+        overhead, per_seq = p.step_overhead_s, p.per_seq_overhead_s
+
+        def step_time(num_tokens: int, num_seqs: int, kv_tokens_read: int, attn_pairs: float) -> float:
+            if num_tokens <= 0:
+                return 0.0
+            t_mem = (weight + kv_tokens_read * kv_bytes) / tp / bandwidth
+            t_compute = (flops_token * num_tokens + flops_ctx * attn_pairs) / tp / compute
+            return max(t_mem, t_compute) + t_comm + overhead + per_seq * num_seqs
+
+        return step_time
 
     def decode_step_time(self, batch: int, context: int) -> float:
         """Convenience: a pure decode step of `batch` sequences each with `context` cached tokens."""
