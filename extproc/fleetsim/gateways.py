@@ -23,11 +23,12 @@ from extproc.telemetry.engine_metrics import EngineSample
 from extproc.telemetry.health import PodHealth
 
 
-def gateway_config(model: str, replicas: Sequence[Replica], seed: int) -> Config:
-    """The config file of a gateway serving these replicas (alive ones only)."""
+def gateway_config(model: str, replicas: Sequence[Replica], seed: int, capacity: str = "speed") -> Config:
+    """The config file of a gateway serving these replicas (alive ones only); `capacity` is
+    routing.load_balance.capacity (`speed`, the default, or AIBrix's `observed`)."""
     raw: dict[str, Any] = {
         "models": {model: {"pods": [r.config_entry() for r in replicas if r.alive]}},
-        "routing": {"seed": seed},
+        "routing": {"seed": seed, "load_balance": {"capacity": capacity}},
     }
     return parse(raw, env={})
 
@@ -54,8 +55,9 @@ class Samples:
 
 
 class OracleCapacity(CapacityEstimator):
-    """Diagnostic only (`--capacity oracle`): every pod's capacity is its true saturated throughput
-    for the scenario's mix, instead of what the gateway learns. Separates the score's behaviour from
+    """Diagnostic only (`--capacity oracle`, which routes with `capacity: observed`): every pod's
+    observed capacity is its true saturated throughput for the scenario's mix, instead of what the
+    gateway learns. Separates the score's behaviour from
     the estimator's dynamics; no live gateway has this."""
 
     def __init__(self, truth: Mapping[PodKey, float]) -> None:

@@ -58,6 +58,8 @@ class Accounting:
         # Which capacity each model's views carry (the model's routing.load_balance.capacity).
         self.capacity_modes: dict[str, str] = {}
         self.default_mode = SPEED
+        # What routing counts in flight: with peers, this gateway's recent starts echoed per peer.
+        self._routing_running = getattr(shared, "routing_running", shared.running)
         self.health = health or PodHealth()
         self.health.on_change = self._health_changed
         self.samples = samples
@@ -75,7 +77,7 @@ class Accounting:
         self._starts[id(request)] = (now, self.load.advance(pod.key, now, self.shared.running(pod.key)))
         view = self._live.get(pod.key)
         if view is not None:
-            view.running += 1
+            view.running += 1 + getattr(self.shared, "peers", 0)  # see SyncCore.routing_running
 
     def _health_changed(self, key: PodKey, healthy: bool) -> None:
         """A pod left or rejoined routing (a response, scrape or probe): the cached view follows now."""
@@ -168,20 +170,22 @@ class Accounting:
         """The model's pods as routing sees them: cached, see VIEW_REBUILD_SECONDS."""
         cached = self._cache.get(model)
         if cached is None or cached.pods is not pods or now - cached.built >= VIEW_REBUILD_SECONDS:
-            views = self.build_views(pods, now)
+            views = self.build_views(pods, now, self._routing_running)
             self._cache[model] = _Cached(pods, views, now, now)
             for view in views:
                 self._live[view.pod.key] = view
             return views
         if now - cached.synced >= RUNNING_RESYNC_SECONDS:
-            running = self.shared.running
+            running = self._routing_running
             for view in cached.views:
                 view.running = running(view.pod.key)
             cached.synced = now
         return cached.views
 
-    def build_views(self, pods: Sequence[Pod], now: float) -> list[PodView]:
-        """Fresh views from every source (also what /metrics shows)."""
+    def build_views(self, pods: Sequence[Pod], now: float,
+                    running: Callable[[PodKey], int] | None = None) -> list[PodView]:
+        """Fresh views from every source (also what /metrics shows, with the true running counts)."""
+        running = running or self.shared.running
         capacities = self.capacity.capacities(p.key for p in pods)
         speeds = self.speed.speeds()
         modes, default = self.capacity_modes, self.default_mode
@@ -196,7 +200,7 @@ class Accounting:
                 cpu_kv = sample.cpu_kv_usage
                 if sample.kv_usage is not None and math.isfinite(sample.kv_usage):
                     kv_free = min(1.0, max(0.0, 1.0 - sample.kv_usage))
-            views.append(PodView(pod, running=self.shared.running(key), queued=queued or 0.0,
+            views.append(PodView(pod, running=running(key), queued=queued or 0.0,
                                  kv_free=kv_free, cpu_kv_usage=cpu_kv,
                                  capacity=speed.saturated if speed is not None else capacities[key],
                                  healthy=self.health.healthy(key), speed=speed))

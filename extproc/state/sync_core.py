@@ -106,12 +106,28 @@ class SyncCore:
         self._last_heartbeat: float | None = None
         self._full = True                               # next batch re-asserts every own value
         self._prune: list[tuple[str, str]] = []
+        # Routing's echo of the other gateways between snapshots (routing_running): how many live peers
+        # the last snapshot showed, and the requests this gateway started since then, per pod.
+        self.peers = 0
+        self._started: dict[PodKey, int] = {}
 
     # -- reads (the request path) ------------------------------------------------------------------
 
     def running(self, key: PodKey) -> int:
         own = self.counts.running.get(key, 0)
         return own + self.others.get(key, 0) if self.up else own
+
+    def started(self, key: PodKey) -> None:
+        if self.peers:
+            self._started[key] = self._started.get(key, 0) + 1
+
+    def routing_running(self, key: PodKey) -> int:
+        """`running`, plus for every request this gateway started on the pod since the last snapshot
+        one more per live peer: gateways that see the same counts make the same choices, so between
+        syncs each decision here stands for one at every peer. Without it a burst herds: N gateways
+        each place their next requests on the pods that looked least loaded at the last sync."""
+        n = self.running(key)
+        return n + self.peers * self._started.get(key, 0) if self.up and self.peers else n
 
     def take_token_deltas(self) -> dict[PodKey, int]:
         """Shared deltas while up. While down, also this gateway's own tokens not yet seen in a
@@ -189,6 +205,8 @@ class SyncCore:
         self.others = others
         self._prune = prune
         self.up = True
+        self.peers = len(live - {me})
+        self._started = {}
 
     def _count_tokens(self, key: PodKey, fields: dict[str, int]) -> None:
         delta = 0
@@ -241,6 +259,15 @@ class SyncedState:
 
     def add_running(self, pod: Pod, delta: int) -> None:
         self.counts.add_running(pod, delta)
+        if delta > 0:
+            self.core.started(pod.key)
+
+    def routing_running(self, key: PodKey) -> int:
+        return self.core.routing_running(key)
+
+    @property
+    def peers(self) -> int:
+        return self.core.peers if self.core.up else 0
 
     def add_tokens(self, pod: Pod, tokens: int) -> None:
         self.counts.add_tokens(pod, tokens)

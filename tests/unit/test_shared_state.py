@@ -8,6 +8,7 @@ import re
 import pytest
 from prometheus_client import CollectorRegistry
 
+from extproc.fleetsim.shared import SimSharedState, SyncHub
 from extproc.pool.pod import Pod
 from extproc.state.shared import LocalCounts, LocalState, RedisState, redact_url, redis_url_from_env
 from extproc.state.sync_core import Snapshot, SyncCore, running_key, tokens_key
@@ -244,3 +245,29 @@ def test_redact_url_hides_only_the_password():
     assert redact_url("rediss://user:s3cret@h:1/0") == "rediss://user:***@h:1/0"
     assert redact_url("redis://:s3cret@h:1/0") == "redis://:***@h:1/0"
     assert redact_url("redis://h:1/0") == "redis://h:1/0"
+
+
+def test_routing_echoes_own_starts_per_peer_until_the_next_snapshot():
+    """Between syncs each start here stands for one at every live peer (they see the same counts and
+    choose alike); the echo is routing's alone, and a snapshot replaces it with the peers' real counts."""
+    pod = Pod("m", "p", "10.0.0.1:8000")
+    hub = SyncHub()
+    gws = [SimSharedState(hub, f"gw-{i}") for i in range(3)]
+    for g in gws:
+        g.track([pod])
+    for g in gws:
+        g.sync(0.0)
+    for g in gws:
+        g.sync(0.1)  # every gateway now sees two live peers
+    a, b = gws[0], gws[1]
+    assert a.peers == 2
+    a.add_running(pod, 1)
+    a.add_running(pod, 1)
+    assert a.running(pod.key) == 2  # what /metrics shows: the truth as known
+    assert a.routing_running(pod.key) == 2 + 2 * 2  # what routing counts until the next snapshot
+    b.add_running(pod, 1)
+    for g in (a, b):
+        g.sync(0.2)
+    a.sync(0.3)
+    assert a.routing_running(pod.key) == a.running(pod.key) == 3
+    assert LocalState().running(pod.key) == 0 and not hasattr(LocalState(), "routing_running")
