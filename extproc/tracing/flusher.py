@@ -1,4 +1,6 @@
-"""Writes closed trace windows to Redis. A failed write drops that window (counted), never the request."""
+"""Writes closed trace windows to Redis. A failed write is retried on the next flushes for a while
+(a Redis restart leaves a stale pooled connection whose first command fails), then dropped (counted);
+never the request."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from extproc.tracing.window import TraceRecorder
 log = logging.getLogger(__name__)
 
 TRACE_TTL_SECONDS = 600  # AIBrix: expireWriteRequestTraceIntervalInMins = 10
+RETRY_SECONDS = 60.0  # a window not written within this long after it closed is dropped
+MAX_PENDING = 256     # windows kept for retry during an outage (about 40 min of one model's)
 
 windows_dropped = Counter("extproc_trace_windows_dropped",
                           "Request-trace windows not written to Redis (Redis unreachable or erroring)")
@@ -30,32 +34,42 @@ class TraceFlusher:
     Late windows are fine: the optimizer reads keys by their window end, not by when they appear."""
 
     def __init__(self, redis_client: _Redis, recorder: TraceRecorder, *, interval: float = 1.0,
-                 timeout: float = 2.0, ttl: int = TRACE_TTL_SECONDS,
+                 timeout: float = 2.0, ttl: int = TRACE_TTL_SECONDS, retry_for: float = RETRY_SECONDS,
                  clock: Callable[[], float] = time.time) -> None:
         self._redis = redis_client
         self._recorder = recorder
         self._interval = interval
         self._timeout = timeout
         self._ttl = ttl
+        self._retry_for = retry_for
         self._clock = clock
+        self._pending: list[tuple[str, str, float]] = []  # (key, value, when it first failed)
         self.written = 0
         self.dropped = 0
         self._failing = False  # log the first failure of an outage, not every window
 
     async def flush(self, now_wall: float | None = None) -> int:
-        """Write every window closed at `now_wall` (default: now); returns how many were written."""
+        """Write every window closed at `now_wall` (default: now) and those still pending from
+        failed writes; returns how many were written."""
+        now = self._clock() if now_wall is None else now_wall
+        batch = self._pending + [(key, value, now) for key, value in self._recorder.due(now)]
+        self._pending = []
         written = 0
-        for key, value in self._recorder.due(self._clock() if now_wall is None else now_wall):
+        for key, value, failed_at in batch:
             try:
                 await asyncio.wait_for(self._redis.set(key, value, ex=self._ttl), self._timeout)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # Redis down, timeout, auth: the window is lost, routing is not
-                self.dropped += 1
-                windows_dropped.inc()
+            except Exception as e:  # Redis down, timeout, auth: the window waits, routing does not
                 if not self._failing:
-                    log.warning("request trace %s dropped: %s: %s", key, type(e).__name__, e)
+                    log.warning("request trace %s not written, retrying for %.0f s: %s: %s",
+                                key, self._retry_for, type(e).__name__, e)
                 self._failing = True
+                if now - failed_at < self._retry_for and len(self._pending) < MAX_PENDING:
+                    self._pending.append((key, value, failed_at))
+                else:
+                    self.dropped += 1
+                    windows_dropped.inc()
                 continue
             if self._failing:
                 log.info("request traces written to Redis again")

@@ -82,22 +82,36 @@ class HangingRedis:
         return True
 
 
-async def test_flusher_writes_with_ttl_and_drops_on_errors() -> None:
+async def test_flusher_writes_with_ttl_and_retries_a_failed_window() -> None:
     r = TraceRecorder()
     redis = FakeRedis()
-    f = TraceFlusher(redis, r)
+    f = TraceFlusher(redis, r, retry_for=60.0)
     r.arrived("m", 100.0)
     r.arrived("m", 115.0)
     assert await f.flush(111.0) == 1
     value, ttl = redis.data["aibrix:m_request_trace_110"]
     assert ttl == 600 and json.loads(value)["meta_total_reqs"] == 1
 
+    redis.fail = True  # e.g. the stale connection after a Redis restart
+    assert await f.flush(121.0) == 0  # never raises
+    assert await f.flush(122.0) == 0 and f.dropped == 0
+    redis.fail = False
+    assert await f.flush(123.0) == 1 and "aibrix:m_request_trace_120" in redis.data
+    assert await f.flush(124.0) == 0  # written once
+
+
+async def test_flusher_drops_a_window_it_could_not_write_for_retry_for() -> None:
+    r = TraceRecorder()
+    redis = FakeRedis()
+    f = TraceFlusher(redis, r, retry_for=60.0)
+    r.arrived("m", 100.0)
     before = windows_dropped._value.get()
     redis.fail = True
-    assert await f.flush(121.0) == 0  # never raises
+    assert await f.flush(111.0) == 0 and f.dropped == 0
+    assert await f.flush(172.0) == 0
     assert windows_dropped._value.get() == before + 1 and f.dropped == 1
     redis.fail = False
-    assert await f.flush(200.0) == 0  # the dropped window is gone, not retried
+    assert await f.flush(200.0) == 0 and redis.data == {}  # given up, not written late
     r.arrived("m", 205.0)
     assert await f.flush(210.0) == 1 and "aibrix:m_request_trace_210" in redis.data
 
@@ -105,7 +119,7 @@ async def test_flusher_writes_with_ttl_and_drops_on_errors() -> None:
 async def test_flusher_times_out_a_hanging_redis() -> None:
     r = TraceRecorder()
     r.arrived("m", 100.0)
-    f = TraceFlusher(HangingRedis(), r, timeout=0.05)
+    f = TraceFlusher(HangingRedis(), r, timeout=0.05, retry_for=0.0)
     assert await f.flush(110.0) == 0 and f.dropped == 1
 
 
