@@ -72,7 +72,9 @@ def agree_on(a: LocalStack, b: LocalStack, metric: str) -> None:
 
     def agree() -> bool:
         ca, cb = seen[-1] = (a.sample(metric, pod="a100-0"), b.sample(metric, pod="a100-0"))
-        return ca > 0 and cb > 0 and abs(ca - cb) <= 0.05 * ca
+        # 10 %: each gateway folds the shared counters in at its own sync phase, and an EWMA moving
+        # with tau 10 s differs by ~5 % over a half-second offset; a gateway that shared nothing is at 0
+        return ca > 0 and cb > 0 and abs(ca - cb) <= 0.10 * ca
 
     try:
         wait_until(agree, 30, f"both gateways learn the same {metric}")

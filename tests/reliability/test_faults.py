@@ -128,6 +128,7 @@ async def test_5xx_engine_is_ejected_and_its_capacity_not_poisoned(stack: LocalS
             await asyncio.gather(*(stream(session, stack, 200) for _ in range(4)))
         await asyncio.to_thread(wait_until, lambda: stack.sample("extproc_pod_capacity_tokens_per_second",
                                                                  pod="y") > 0, 10, "y's capacity learned")
+        before = stack.sample("extproc_pod_capacity_tokens_per_second", pod="y")
         set_faults(sims["y"], {"error_rate": 1.0, "error_status": 500})
         try:
             results = [await routed(session, stack) for _ in range(40)]
@@ -135,9 +136,10 @@ async def test_5xx_engine_is_ejected_and_its_capacity_not_poisoned(stack: LocalS
             assert all(pod == "y" for _, pod in failed) and all(s == 500 for s, _ in failed)
             # ejected after three failures; re-probed with backoff (its /health still says 200)
             assert len(failed) <= 12, results
-            cap_x = stack.sample("extproc_pod_capacity_tokens_per_second", pod="x")
-            cap_y = stack.sample("extproc_pod_capacity_tokens_per_second", pod="y")
-            assert cap_y >= 0.5 * cap_x, (cap_x, cap_y)  # failures credit no tokens and no busy time
+            # failures credit no tokens and no speed observation: y keeps the speed it was learned at
+            # (compared with itself: x and y saw different request lengths in the earlier tests)
+            after = stack.sample("extproc_pod_capacity_tokens_per_second", pod="y")
+            assert after >= 0.8 * before, (before, after)
         finally:
             set_faults(sims["y"], {})
         await asyncio.to_thread(wait_until, lambda: settled(stack), 10, "in-flight back to 0")
