@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="OUT.png", help="utilization and QPS over time per GPU type")
     p.add_argument("--markdown", metavar="OUT.md", help="also write the markdown table to a file")
     p.add_argument("--find-max-rate", action="store_true",
-                   help="also bisect the highest arrival rate that meets the scenario's SLO, per strategy")
+                   help="also search the highest arrival rate that meets the scenario's SLO, per strategy, "
+                        "and the fleet's upper bound (bound_rps: each GPU type alone at its limit, summed)")
     p.add_argument("--capacity", choices=("learned", "oracle"), default="learned",
                    help="diagnostic: 'oracle' gives routing each replica's true saturated throughput "
                         "instead of the gateway's learned estimate")
@@ -38,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from extproc.fleetsim.report import markdown, write_json
-    from extproc.fleetsim.runner import Options, compare, find_max_rate
+    from extproc.fleetsim.runner import Options, compare
     from extproc.fleetsim.scenario import load
 
     try:
@@ -59,8 +60,12 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bars.close()
     if args.find_max_rate:
-        for s in strategies:
-            report["strategies"][s]["max_rate_rps"] = find_max_rate(scenario, s, options)
+        from extproc.fleetsim.maxrate import find_max_rates
+
+        rates = find_max_rates(scenario, strategies, options)
+        report["bound_rps"], report["bound_by_gpu"] = rates["bound_rps"], rates["bound_by_gpu"]
+        for s, rps in rates["strategies"].items():  # type: ignore[union-attr]
+            report["strategies"][s]["max_rate_rps"] = rps
     text = markdown(report)
     print(text)
     if args.markdown:

@@ -67,6 +67,10 @@ class RunResult:
     bucket_routed: dict[str, list[int]] = field(default_factory=dict)
     end_time: float = 0.0
     gateways: int = 1
+    # The first gateway's saturated-capacity estimate per replica (capacity: speed), every BUCKET_S:
+    # (virtual time, estimate or NaN per replica index). What the capacity metric would have shown.
+    capacity_estimates: list[tuple[float, list[float]]] = field(default_factory=list)
+    gave_up: bool = False  # stopped early (`give_up`): the SLO was already missed for certain
 
 
 ProgressFn = Callable[[float], None]
@@ -86,7 +90,11 @@ def _fill(unit: str, chars: int) -> str:
 
 def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gateways: int = 1,
         share_tokens: bool = True, seed: int = 0, drain_limit_s: float = 600.0,
-        progress: ProgressFn | None = None, oracle_capacity: bool = False) -> RunResult:
+        progress: ProgressFn | None = None, oracle_capacity: bool = False,
+        give_up: bool = False) -> RunResult:
+    """Replay `arrivals` through `strategy`. With `give_up`, stop as soon as the scenario's SLO (read
+    as the report reads it: p99 TPOT and TTFT of the measured window, nothing rejected or failed) can
+    no longer be met, and set `gave_up`: what a rate search needs, at a fraction of a failing run."""
     clock = Clock()
     replicas = build_replicas(scenario, seed)
     config = gateway_config(scenario.model, replicas, seed)
@@ -109,6 +117,11 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
     res.bucket_routed = {g: [0] * nb for g in gpus}
     decision_key: list[str | None] = [None] * n
     warmup, duration = scenario.warmup_s, scenario.duration_s
+    slo_tpot = scenario.slo.tpot_s if give_up and scenario.slo.tpot_s is not None else math.inf
+    slo_ttft = scenario.slo.ttft_s if give_up and scenario.slo.ttft_s is not None else math.inf
+    # p99 (nearest rank) of at most `measured` values exceeds a bound once more than 1 % exceed it
+    allowed = 0.01 * sum(1 for a in arrivals if warmup <= a.time < duration) if give_up else math.inf
+    misses = [0, 0, 0]  # measured requests over the TPOT bound, over the TTFT bound, rejected or failed
     streams = scenario.streams
     model = scenario.model
     heap: list[tuple[float, int, int, int]] = []  # (time, kind, order, arg)
@@ -131,10 +144,18 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
     for loss_i, loss in enumerate(scenario.losses):
         push(loss.at, LOSS, loss_i)
 
+    def reject(i: int) -> None:
+        res.status[i] = REJECTED
+        if warmup <= arrivals[i].time < duration:
+            misses[2] += 1
+
     def end_request(i: int, r: Replica, seq: SeqState | None, status: int, code: int) -> None:
         nonlocal open_count
         open_count -= 1
         res.status[i] = status
+        measured = warmup <= arrivals[i].time < duration
+        if measured and status != OK:
+            misses[2] += 1
         out = seq.num_output if seq is not None else 0
         res.output[i] = out
         arrival = arrivals[i]
@@ -146,6 +167,10 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
                 res.e2e[i] = seq.finish_time - arrival.time  # type: ignore[operator]
                 if out > 1:
                     res.tpot[i] = (seq.finish_time - seq.first_token_time) / (out - 1)  # type: ignore[operator]
+                    if measured and res.tpot[i] > slo_tpot:
+                        misses[0] += 1
+                if measured and ttfb > slo_ttft:
+                    misses[1] += 1
         key = decision_key[i]
         if slo[arrival.gateway] is not None:
             push(clock.now, DISPATCH, arrival.gateway)  # capacity may have freed: the queue goes next
@@ -201,7 +226,7 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
 
     def start(i: int, decision: Decision | None, text: str, t: float) -> None:
         if decision is None:
-            res.status[i] = REJECTED  # no routable pod: the client gets a 503 from the gateway
+            reject(i)  # no routable pod: the client gets a 503 from the gateway
             return
         nonlocal open_count
         a = arrivals[i]
@@ -234,9 +259,21 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
             i = entry.payload
             _, text = queued.pop(i)  # type: ignore[arg-type]
             if isinstance(result, SloReject):
-                res.status[i] = REJECTED  # type: ignore[index]
+                reject(i)  # type: ignore[arg-type]
             else:
                 start(i, result, text, t)  # type: ignore[arg-type]
+
+    speed = gws[0].gateway.accounting.speed
+    addr_index = {r.address: r.index for r in replicas}
+    next_estimate = 0.0
+
+    def record_estimates(t: float) -> None:
+        row = [NAN] * len(replicas)
+        for p in gws[0].gateway.pool.all_pods():
+            sp = speed.speed(p.key)
+            if sp is not None:
+                row[addr_index[p.address]] = sp.saturated
+        res.capacity_estimates.append((t, row))
 
     ai = 0
     next_arrival = arrivals[0].time if n else math.inf
@@ -254,7 +291,7 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
             if kind == EXPIRE:
                 for entry in expire(slo[arg], model, t):  # type: ignore[arg-type]
                     queued.pop(entry.payload)  # type: ignore[arg-type]
-                    res.status[entry.payload] = REJECTED  # type: ignore[index]  (a 429: SLO breached)
+                    reject(entry.payload)  # type: ignore[arg-type]  (a 429: SLO breached)
                 push(t, DISPATCH, arg)
                 continue
             if kind == DISPATCH:
@@ -268,6 +305,12 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
                 gws[arg].samples.scrape(replicas_of[arg], keys_of[arg])
             elif kind == REFRESH:
                 gws[arg].gateway.refresh()
+                if arg == 0 and t >= next_estimate:
+                    record_estimates(t)
+                    next_estimate = t + BUCKET_S
+                if give_up and (misses[2] or misses[0] > allowed or misses[1] > allowed):
+                    res.gave_up = True
+                    break
                 if progress is not None and arg == 0 and t - last_progress >= 5.0:
                     progress(min(t, duration))
                     last_progress = t
@@ -298,13 +341,13 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
             try:
                 slo[a.gateway].queues.push(wait.entry)  # type: ignore[union-attr]
             except Full:
-                res.status[i] = REJECTED  # 429 queue_full
+                reject(i)  # 429 queue_full
                 continue
             queued[i] = (request, text)
             push(wait.entry.deadline, EXPIRE, a.gateway)
             continue
         except SloReject:
-            res.status[i] = REJECTED  # 429 slo_breached
+            reject(i)  # 429 slo_breached
             continue
         start(i, decision, text, t)
     for i in list(queued):  # still waiting when the run ended: never served

@@ -9,6 +9,10 @@ done in it. Definitions (also in scenarios/README.md):
   ttft / tpot         per request; tpot = (finish - first token) / (output tokens - 1)
   slo_attainment      share of arrived requests that completed within the SLO (rejected/failed ones miss)
   goodput_rps         requests meeting the SLO per second
+  capacity_estimate   the gateway's saturated-capacity estimate / the engine model's saturated throughput,
+                      per replica, sampled every BUCKET_S from CAPACITY_AFTER_S of traffic on: the worst
+                      low and high ratio of the type's replicas, and the least traffic any of them got
+                      (its share of requests relative to an even split over all replicas)
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from extproc.fleetsim.loop import BUCKET_S, FAILED, OK, REJECTED, RunResult
+
+CAPACITY_AFTER_S = 120.0  # the capacity metric is judged after two minutes of traffic
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -96,6 +102,7 @@ def summarize(run: RunResult) -> dict[str, Any]:
             "goodput_rps": p["met"] / window,
             "peak_queue": max(r.peak_waiting for r in reps),
             "preemptions": sum(r.preemptions for r in reps),
+            "capacity_estimate": _capacity_estimate(run, reps),
         }
     cluster = {
         "qps": counts["arrived"] / window,
@@ -116,6 +123,32 @@ def summarize(run: RunResult) -> dict[str, Any]:
                     "failed": sum(1 for s in run.status if s == FAILED)}
     return {"gpu_types": gpu_types, "cluster": cluster, "all_requests": conservation,
             "slo_met": _slo_met(slo, cluster), "series": series(run)}
+
+
+def _capacity_estimate(run: RunResult, reps: list[Any]) -> dict[str, Any] | None:
+    """The type's replicas' capacity estimate / engine saturated throughput: at the end of the run
+    (each live replica, after CAPACITY_AFTER_S of traffic) and the median over every sample since."""
+    def ratios(row: list[float], t: float) -> list[float]:
+        return [row[r.index] / r.saturated for r in reps
+                if run.lost_at.get(r.index, math.inf) > t and row[r.index] == row[r.index]]
+
+    samples = [(t, row) for t, row in run.capacity_estimates if t >= CAPACITY_AFTER_S]
+    if not samples:
+        return None
+    t_end, last = samples[-1]
+    final = ratios(last, t_end)
+    over_time = sorted(x for t, row in samples for x in ratios(row, t))
+    if not final:
+        return None
+    routed = [0] * len(run.replicas)
+    for r in run.replica_of:
+        if r >= 0:
+            routed[r] += 1
+    even = sum(routed) / len(routed)
+    return {"ratio_min": min(final), "ratio_max": max(final),
+            "ratio_median_over_time": over_time[len(over_time) // 2],
+            "final_tokens_per_s": mean(last[r.index] for r in reps if last[r.index] == last[r.index]),
+            "least_traffic_share": min(routed[r.index] for r in reps) / even if even else None}
 
 
 def _slo_met(slo: Any, cluster: dict[str, Any]) -> bool | None:

@@ -47,11 +47,25 @@ def markdown(report: dict[str, Any]) -> str:
     lines.append("")
     for name, s in report["strategies"].items():
         c = s["cluster"]
-        extra = f"; max rate meeting the SLO {s['max_rate_rps']:.1f} req/s" if s.get("max_rate_rps") else ""
+        extra = ""
+        if "max_rate_rps" in s:
+            rps, bound = s["max_rate_rps"], report.get("bound_rps")
+            extra = f"; max rate meeting the SLO {'-' if rps is None else f'{rps:.1f} req/s'}"
+            if rps is not None and bound:
+                extra += f" ({rps / bound:.2f} of bound_rps)"
         if c.get("prefix_hit_rate") is not None:
             extra += f"; prefix-cache hit rate {c['prefix_hit_rate'] * 100:.1f} % of prompt tokens"
+        caps = [f"{gpu} {e['ratio_min']:.2f}-{e['ratio_max']:.2f} (median over time {e['ratio_median_over_time']:.2f}; "
+                f"least-served replica {e['least_traffic_share']:.2f}x an even share)"
+                for gpu, m in s["gpu_types"].items() if (e := m.get("capacity_estimate"))]
+        if caps:
+            extra += "; capacity estimate / engine saturated throughput, every replica at the end: " + ", ".join(caps)
         lines.append(f"- {name}: {c['arrived']} requests measured ({c['completed']} completed, {c['rejected']} "
                      f"rejected, {c['failed']} failed); {s['wall_s']:.1f} s wall{extra}")
+    if report.get("bound_rps") is not None:
+        parts = ", ".join(f"{gpu} {'-' if v is None else f'{v:.1f}'}" for gpu, v in report["bound_by_gpu"].items())
+        lines.append(f"- bound_rps (each GPU type alone at its highest rate meeting the SLO, summed): "
+                     f"{report['bound_rps']:.1f} req/s ({parts})")
     return "\n".join(lines)
 
 

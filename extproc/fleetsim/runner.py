@@ -102,23 +102,3 @@ def _drain(q: Any, progress: Progress | None, timeout: float) -> None:
             item = q.get_nowait()
     except queue.Empty:
         return
-
-
-def find_max_rate(scenario: Scenario, strategy: str, options: Options, lo: float = 0.1, hi: float = 4.0,
-                  steps: int = 7) -> float | None:
-    """Highest --rate-scale (bisection over [lo, hi]) at which the scenario's SLO still holds, in
-    requests per second; None when even `lo` misses it or the scenario has no SLO."""
-    if scenario.slo.tpot_s is None and scenario.slo.ttft_s is None:
-        return None
-
-    def ok(scale: float) -> bool:
-        return bool(run_strategy(scenario.scaled(scale), strategy, options)["slo_met"])
-
-    if not ok(lo):
-        return None
-    if ok(hi):
-        return hi * scenario.total_rate
-    for _ in range(steps):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    return lo * scenario.total_rate

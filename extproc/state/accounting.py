@@ -111,9 +111,9 @@ class Accounting:
             if ttfb is None:
                 return
             tpot = (record.e2e_s - ttfb) / (out - 1)
-            self.speed.observe_prefill(record.pod.key, ttfb, out, now)
         else:
-            tpot = record.e2e_s / out
+            tpot, ttfb = record.e2e_s / out, None
+        self.speed.observe_prefill(record.pod.key, ttfb, record.prompt_tokens or 0, out, now)
         span = now - started
         if span > 0 and tpot > 0:
             self.speed.observe(record.pod.key, tpot, (load_now - load_then) / span, out - 1, now)

@@ -21,9 +21,17 @@ Statistics are exponentially forgotten: `base` over a short horizon (`base_tau`,
 that slows is seen within a few refreshes), the slope over a long one (`shape_tau`: it needs spread
 in B, which takes load variation to collect). Pure and clock-injected, like the rest of `state/`.
 
-The saturated throughput (the capacity people read on a dashboard) is the fit at the batch the replica
-saturates at, with each token also carrying its request's share of time to first token: a slot that
-is prefilling produces nothing, which matters for prompt-heavy mixes.
+The saturated throughput (the capacity people read on a dashboard) is what a replica kept full with
+the current mix produces. Kept full, a step runs `batch` decodes and the prefills of the requests
+that replace the finished ones, and prefill is compute-bound: it does not share a step's cost the
+way decodes do. So, per output token,
+
+    1 / saturated = max(tpot(batch) / batch, prefill) + prompt/output × prefill
+
+with `prefill` the seconds per prompt token (the slope of time to first token against prompt length,
+pooled over a GPU type: it is the hardware's compute speed) and prompt/output the replica's recent
+mix. A decode token costs at least a prompt token's compute, which bounds the first term when the
+slope of tpot was never seen at high batch.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ MAX_SHAPE = 1.0  # a request slowing each other one by more than its base: a fit
 # A pod's own slope counts once its batch has varied by this much (standard deviation, requests):
 # a slope from a batch that stayed within a request or two is noise, and the type's or model's is used.
 MIN_SPREAD = 2.0
+MIN_PROMPT_SPREAD = 32.0  # likewise for prefill time against prompt length (tokens)
 
 
 @dataclass(slots=True, frozen=True)
@@ -89,19 +98,24 @@ class _Sums:
         self.xx += w * x * x
         self.xy += w * x * y
 
-    def slope(self) -> tuple[float, float] | None:
-        """(relative slope b/a of the pod's own line, information w·var(x)); None without spread."""
+    def line(self, min_spread: float) -> tuple[float, float, float] | None:
+        """Least squares y = a + b·x: (a, b, information w·var(x)); None without spread in x."""
         if self.w <= 0:
             return None
         mx = self.x / self.w
         var = self.xx / self.w - mx * mx
-        if var < MIN_SPREAD * MIN_SPREAD:
+        if var < min_spread * min_spread:
             return None
         b = (self.xy / self.w - mx * self.y / self.w) / var
-        a = self.y / self.w - b * mx
-        if a <= 0:
+        return self.y / self.w - b * mx, b, self.w * var
+
+    def slope(self) -> tuple[float, float] | None:
+        """(relative slope b/a of the pod's own line, information w·var(x)); None without spread."""
+        fit = self.line(MIN_SPREAD)
+        if fit is None or fit[0] <= 0:
             return None
-        return min(MAX_SHAPE, max(0.0, b / a)), self.w * var
+        a, b, info = fit
+        return min(MAX_SHAPE, max(0.0, b / a)), info
 
     def base(self, shape: float) -> float | None:
         """Least-squares `base` of y = base × (1 + shape × x)."""
@@ -117,13 +131,12 @@ class _Pod:
     recent: _Sums  # for base
     long: _Sums    # for shape
     kv: _Sums      # x: engine running count, y: KV usage (their ratio: KV per request)
-    prefill: _Sums  # per streamed request: x = output tokens, y = time to first token (w = 1)
+    prefill: _Sums  # per streamed request: x = prompt tokens, y = time to first token (w = 1)
+    mix: _Sums      # per request: x = output tokens, y = prompt tokens (their ratio: the mix)
 
-    def prefill_per_token(self) -> float:
-        """Seconds of time to first token per output token, over recent requests: what a request's
-        prefill (and wait) adds to each of its tokens when the replica is kept full."""
-        p = self.prefill
-        return p.y / p.x if p.x > 0 else 0.0
+    def prompt_per_output(self) -> float | None:
+        m = self.mix
+        return m.y / m.x if m.x > 0 else None
 
     def kv_per_request(self) -> float | None:
         kv = self.kv
@@ -141,7 +154,7 @@ class SpeedEstimator:
     def _pod(self, key: PodKey, now: float) -> _Pod:
         pod = self._pods.get(key)
         if pod is None:
-            pod = self._pods[key] = _Pod(_Sums(now), _Sums(now), _Sums(now), _Sums(now))
+            pod = self._pods[key] = _Pod(_Sums(now), _Sums(now), _Sums(now), _Sums(now), _Sums(now))
         return pod
 
     def observe(self, key: PodKey, tpot: float, batch: float, tokens: float, now: float) -> None:
@@ -154,12 +167,18 @@ class SpeedEstimator:
             sums.decay(now, tau)
             sums.add(batch, tpot, tokens)
 
-    def observe_prefill(self, key: PodKey, ttft: float, tokens: float, now: float) -> None:
-        """A streamed request's time to first token and output tokens (for the saturated figure)."""
-        if ttft >= 0 and tokens > 0 and math.isfinite(ttft):
-            pod = self._pod(key, now)
+    def observe_prefill(self, key: PodKey, ttft: float | None, prompt: float, output: float,
+                        now: float) -> None:
+        """A finished request's prompt and output tokens (the mix) and, when streamed, its time to
+        first token (prefill speed): for the saturated figure."""
+        if not (prompt > 0 and output > 0):
+            return
+        pod = self._pod(key, now)
+        pod.mix.decay(now, self.shape_tau)
+        pod.mix.add(output, prompt, 1.0)
+        if ttft is not None and ttft >= 0 and math.isfinite(ttft):
             pod.prefill.decay(now, self.shape_tau)
-            pod.prefill.add(tokens, ttft, 1.0)
+            pod.prefill.add(prompt, ttft, 1.0)
 
     def observe_kv(self, key: PodKey, engine_running: float | None, kv_usage: float | None,
                    now: float) -> None:
@@ -214,6 +233,7 @@ class SpeedEstimator:
                 if b is not None:
                     bases[p.key] = b
         fill = _means(pods, bases)
+        prefill = self._prefill_speeds(pods, now)
         self._speeds = {}
         for p in pods:
             base = bases.get(p.key) or fill.get((p.model, p.gpu)) or fill.get((p.model, ""))
@@ -229,9 +249,44 @@ class SpeedEstimator:
             kv = state.kv_per_request() if state is not None else None
             if kv:
                 batch = max(1.0, min(batch, 1.0 / kv))
-            prefill = state.prefill_per_token() if state is not None else 0.0
-            saturated = batch / (base * (1.0 + steep * batch) + prefill)
-            self._speeds[p.key] = Speed(base, shape, saturated, batch)
+            per_prompt = prefill.get((p.model, p.gpu), 0.0)
+            mix = state.prompt_per_output() if state is not None else None
+            if mix is None:
+                mix = self._model_mix(pods, p.model)
+            per_token = max(base * (1.0 + steep * batch) / batch, (1.0 + mix) * per_prompt)
+            self._speeds[p.key] = Speed(base, shape, 1.0 / per_token, batch)
+
+    def _prefill_speeds(self, pods: list[Pod], now: float) -> dict[tuple[str, str], float]:
+        """Seconds of prefill per prompt token, per (model, GPU type): the slope of time to first token
+        against prompt length, pooled over the type's pods by information; where no pod has spread in
+        its prompts, the type's mean time to first token per prompt token (an upper bound: it also
+        holds each step's fixed cost)."""
+        num: dict[tuple[str, str], list[float]] = {}
+        for p in pods:
+            state = self._pods.get(p.key)
+            if state is None:
+                continue
+            state.prefill.decay(now, self.shape_tau)
+            state.mix.decay(now, self.shape_tau)
+            acc = num.setdefault((p.model, p.gpu), [0.0, 0.0, 0.0, 0.0])  # Σb·info, Σinfo, Σttft, Σprompt
+            fit = state.prefill.line(MIN_PROMPT_SPREAD)
+            if fit is not None and fit[1] > 0:
+                acc[0] += fit[1] * fit[2]
+                acc[1] += fit[2]
+            acc[2] += state.prefill.y
+            acc[3] += state.prefill.x
+        return {g: (a[0] / a[1] if a[1] > 0 else a[2] / a[3] if a[3] > 0 else 0.0) for g, a in num.items()}
+
+    def _model_mix(self, pods: list[Pod], model: str) -> float:
+        """Prompt tokens per output token over every pod of the model (a pod that has served nothing
+        lately is valued on the mix its siblings see)."""
+        y = x = 0.0
+        for p in pods:
+            state = self._pods.get(p.key)
+            if state is not None and p.model == model:
+                y += state.mix.y
+                x += state.mix.x
+        return y / x if x > 0 else 0.0
 
     def speed(self, key: PodKey) -> Speed | None:
         return self._speeds.get(key)

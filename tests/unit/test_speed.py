@@ -179,3 +179,38 @@ def test_the_capacity_setting_is_checked_and_reaches_the_views():
         gw.apply(parse({**raw, "routing": {"load_balance": {"capacity": 3}}}, env={}))
     gw.apply(parse({**raw, "routing": {"load_balance": {"capacity": "observed"}}}, env={}))
     assert gw.accounting.default_mode == "observed"
+
+
+def test_a_prompt_heavy_mix_is_valued_at_its_prefill_cost():
+    # Seen only at a batch of ~1 (no slope): the decode line alone would value the pod at
+    # 256 / tpot(1) ~ 25,000 tokens/s. Prefill is compute-bound, 0.1 ms per prompt token, and the mix
+    # is ~11 prompt tokens per output token, so kept full it makes at most 1 / (12 x 0.1 ms) tokens/s.
+    rng = random.Random(5)
+    est = SpeedEstimator()
+    t = 0.0
+    for _ in range(400):
+        t += 0.25
+        prompt = rng.uniform(100, 1000)
+        est.observe(FAST.key, 0.010, 1.0, 49, t)
+        est.observe_prefill(FAST.key, 0.002 + 0.0001 * prompt, prompt, 50, t)
+    est.refresh([FAST], t)
+    assert est.speed(FAST.key).saturated == pytest.approx(1 / (0.0001 * (1 + 550 / 50)), rel=0.05)
+
+
+def test_without_spread_in_prompts_prefill_is_bounded_by_time_to_first_token():
+    est = SpeedEstimator()
+    for i in range(100):
+        est.observe(FAST.key, 0.010, 1.0, 49, i * 0.1)
+        est.observe_prefill(FAST.key, 0.050, 500, 50, i * 0.1)  # 0.1 ms per prompt token, fixed cost included
+    est.refresh([FAST], 10.0)
+    assert est.speed(FAST.key).saturated == pytest.approx(1 / (0.0001 * (1 + 10)), rel=0.01)
+
+
+def test_a_starved_pod_is_valued_on_its_siblings_mix():
+    est = SpeedEstimator()
+    for i in range(100):
+        est.observe(FAST.key, 0.010, 1.0, 49, i * 0.1)
+        est.observe_prefill(FAST.key, 0.050, 500, 50, i * 0.1)
+    est.observe(FAST2.key, 0.010, 1.0, 60, 9.9)  # speed seen, no mix of its own
+    est.refresh([FAST, FAST2], 10.0)
+    assert est.speed(FAST2.key).saturated == pytest.approx(est.speed(FAST.key).saturated, rel=0.01)
