@@ -126,13 +126,15 @@ def summarize(run: RunResult) -> dict[str, Any]:
 
 
 def _capacity_estimate(run: RunResult, reps: list[Any]) -> dict[str, Any] | None:
-    """The type's replicas' capacity estimate / engine saturated throughput: at the end of the run
-    (each live replica, after CAPACITY_AFTER_S of traffic) and the median over every sample since."""
+    """The type's replicas' capacity estimate / engine saturated throughput: at the end of the
+    arrivals (each live replica, after CAPACITY_AFTER_S of traffic) and the median over every sample
+    since."""
     def ratios(row: list[float], t: float) -> list[float]:
         return [row[r.index] / r.saturated for r in reps
                 if run.lost_at.get(r.index, math.inf) > t and row[r.index] == row[r.index]]
 
-    samples = [(t, row) for t, row in run.capacity_estimates if t >= CAPACITY_AFTER_S]
+    end = run.scenario.duration_s  # while traffic arrives: the drain after it is no steady state
+    samples = [(t, row) for t, row in run.capacity_estimates if CAPACITY_AFTER_S <= t < end]
     if not samples:
         return None
     t_end, last = samples[-1]

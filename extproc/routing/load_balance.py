@@ -10,7 +10,7 @@ is busy, so throughput is never read as load. Which capacity, `routing.load_bala
     (extproc/state/speed.py). The score is then tpot(n) × KV penalty: the time per output token the
     request would get there. It answers at once when load moves, and a pod that got little traffic
     keeps its speed. The `+ 1` replaces the spec's "idle scores 0": an idle pod scores its idle time
-    per token, so a slow idle GPU loses to a fast one that is still quicker loaded (docs/routing.md).
+    per token, so a slow idle GPU loses to a fast one that is still quicker loaded (README, Routing).
   * `observed`: AIBrix's estimate, the output rate the pod was seen to produce (state/capacity.py),
     which follows the traffic the pod happens to get. The spec's edge cases, below, hold as written.
 
