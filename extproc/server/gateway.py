@@ -10,7 +10,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +25,10 @@ from extproc.server.auth import ApiKeys
 from extproc.server.metrics import PodMetricsCollector
 from extproc.state.accounting import Accounting
 from extproc.state.inflight import OpenRequest, OpenRequests
+from extproc.state.reconcile import Reconciler
 from extproc.state.record import RequestRecord
 from extproc.state.shared import LocalState, SharedState
+from extproc.telemetry.engine_metrics import EngineSample
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,11 @@ class Gateway:
         self.expired_requests = Counter(
             "extproc_expired_requests", "Routed requests whose access-log record never came; their "
             "in-flight count was released after gateway.request_timeout_seconds", registry=self.registry)
+        self.released_requests = Counter(
+            "extproc_released_requests", "Routed requests released without their access-log record, by "
+            "cause: engine_count (the engine held fewer requests than counted, several scrapes running), "
+            "timeout (gateway.request_timeout_seconds)", ["cause"], registry=self.registry)
+        self.reconciler = Reconciler()
         self.registry.register(PodMetricsCollector(self))
         self.open_streams = 0
         # Envoy's bootstrap names the header ORIGINAL_DST follows; changing only ours on a reload would
@@ -202,7 +209,40 @@ class Gateway:
     # -- background ---------------------------------------------------------------------------------
 
     def refresh(self) -> None:
-        self.accounting.refresh(self.pool.all_pods(), self.clock())
+        now = self.clock()
+        pods = self.pool.all_pods()
+        self.accounting.refresh(pods, now)
+        self.reconcile(pods, now)
+
+    def reconcile(self, pods: Sequence[Pod], now: float) -> int:
+        """Release this gateway's requests that the engines no longer hold (extproc/state/reconcile.py):
+        their Envoy died with the access-log records. A record that still arrives later finds nothing
+        open and only credits its tokens (`complete`), so nothing is counted twice."""
+        shared, n = self.accounting.shared, 0
+        suspects: dict[object, tuple[Pod, EngineSample]] = {}
+        for pod in pods:
+            sample = self.accounting.samples(pod.key, now)
+            held = None if sample is None or sample.running is None else sample.running + (sample.waiting or 0)
+            if held is not None and shared.running(pod.key) > held:
+                suspects[pod.key] = (pod, sample)  # type: ignore[assignment]
+            else:
+                self.reconciler.excess(pod.key, 0, 0, sample)  # the usual case: no excess, streak reset
+        if suspects:
+            cutoffs = {k: self.reconciler.cutoff(sample) for k, (_, sample) in suspects.items()}
+            for pod_key, keys in self.open.started_before(cutoffs).items():
+                pod, sample = suspects[pod_key]
+                others = max(0, shared.running(pod.key) - shared.local_running(pod.key))
+                for key in keys[:self.reconciler.excess(pod.key, len(keys), others, sample)]:
+                    entry = self.open.close(key)
+                    if entry is not None:
+                        log.warning("request %s on %s: the engine no longer holds it (its access-log "
+                                    "record is lost), released", entry.request_id, entry.pod.name)
+                        self._finish(entry, status=0, aborted=True)
+                        n += 1
+        self.reconciler.forget(p.key for p in pods)
+        if n:
+            self.released_requests.labels("engine_count").inc(n)
+        return n
 
     def sample_busy(self) -> None:
         self.accounting.sample_busy(self.clock())
@@ -217,4 +257,6 @@ class Gateway:
             self._finish(entry, status=0, aborted=True)
             n += 1
         self.expired_requests.inc(n)
+        if n:
+            self.released_requests.labels("timeout").inc(n)
         return n

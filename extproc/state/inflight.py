@@ -43,6 +43,19 @@ class OpenRequests:
             del self._open[key]
             yield key, request
 
+    def started_before(self, cutoffs: dict[object, float]) -> dict[object, list[str]]:
+        """Keys of the requests on each pod of `cutoffs` started before that pod's cutoff, oldest
+        first: one pass over the open requests whatever the number of pods."""
+        out: dict[object, list[str]] = {k: [] for k in cutoffs}
+        latest = max(cutoffs.values(), default=0.0)
+        for key, request in self._open.items():
+            if request.started >= latest:
+                break  # start order: nothing later can be before any cutoff
+            pod = request.pod.key
+            if pod in cutoffs and request.started < cutoffs[pod]:
+                out[pod].append(key)
+        return out
+
     def __len__(self) -> int:
         return len(self._open)
 

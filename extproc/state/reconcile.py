@@ -1,0 +1,71 @@
+"""In-flight counts held against the engines' own: what a lost access-log record leaves behind.
+
+The gateway releases a request when Envoy's access-log record for it arrives. When the Envoy that
+routed it dies (SIGKILL, OOM, a rollout), those records never come and the request would stay
+counted until `gateway.request_timeout_seconds`. The engines know better: vLLM's
+`num_requests_running + num_requests_waiting` is every request it holds. When the gateway's count
+for a pod (across gateways) stays above the engine's for `scrapes` consecutive scrapes, the smallest
+excess seen over them is released, oldest first, from this gateway's own requests that started
+well before the scrape (`grace_s`: a request still on its way to the engine is not in its count).
+Only this gateway's own requests are released, so the count never drops below what other gateways
+hold. Pure and clock-free: the gateway feeds it one sample per pod per refresh.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from extproc.pool.pod import PodKey
+from extproc.telemetry.engine_metrics import EngineSample
+
+
+@dataclass(slots=True)
+class _Streak:
+    at: float = -1.0  # time of the last scrape counted
+    excess: list[int] = field(default_factory=list)
+
+
+class Reconciler:
+    def __init__(self, scrapes: int = 3, grace_s: float = 3.0) -> None:
+        if scrapes < 1 or grace_s < 0:
+            raise ValueError("scrapes must be >= 1 and grace_s >= 0")
+        self.scrapes, self.grace_s = scrapes, grace_s
+        self._streaks: dict[PodKey, _Streak] = {}
+
+    def excess(self, key: PodKey, ours: int, others: int, sample: EngineSample | None) -> int:
+        """How many of this gateway's requests on the pod to release now: `ours` is how many it
+        routed there before `cutoff(sample)` and still holds open, `others` what other gateways hold
+        there. Returns 0 unless, on each of the last `scrapes` scrapes, the engine held fewer than that
+        by more than a tolerance: any at all when the engine was idle, else the larger of 2 and a
+        quarter of the count (a request whose record is still on its way, or another gateway's that
+        has not reached the engine yet, is not a phantom). Then the smallest excess seen."""
+        if sample is None or sample.running is None:
+            self._streaks.pop(key, None)  # no engine count: nothing to hold the gateway's against
+            return 0
+        streak = self._streaks.setdefault(key, _Streak())
+        if sample.at <= streak.at:
+            return 0  # the same scrape as last time: no new evidence
+        streak.at = sample.at
+        held = sample.running + (sample.waiting or 0.0)
+        over = int(ours - max(0.0, held - others))
+        tolerance = 1 if held <= 0 else max(2, math.ceil(0.25 * (ours + others)))
+        if over < tolerance:
+            streak.excess.clear()
+            return 0
+        streak.excess.append(over)
+        if len(streak.excess) < self.scrapes:
+            return 0
+        n = min(streak.excess[-self.scrapes:])
+        streak.excess.clear()  # the next release needs a fresh run of scrapes
+        return n
+
+    def cutoff(self, sample: EngineSample) -> float:
+        """Requests started after this may not have reached the engine when it was scraped."""
+        return sample.at - self.grace_s
+
+    def forget(self, live: Iterable[PodKey]) -> None:
+        live = set(live)
+        for key in [k for k in self._streaks if k not in live]:
+            del self._streaks[key]

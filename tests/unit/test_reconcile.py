@@ -1,0 +1,101 @@
+"""In-flight counts reconciled against the engines' own (a lost access-log stream's requests)."""
+
+from __future__ import annotations
+
+from extproc.config import parse
+from extproc.openai import Request
+from extproc.server.gateway import Gateway
+from extproc.state.accounting import Accounting
+from extproc.state.reconcile import Reconciler
+from extproc.state.shared import LocalState
+from extproc.telemetry.engine_metrics import EngineSample
+from extproc.telemetry.health import PodHealth
+
+
+def sample(running: float, at: float, waiting: float = 0.0) -> EngineSample:
+    return EngineSample(running=running, waiting=waiting, kv_usage=None, cpu_kv_usage=None, at=at)
+
+
+def test_phantoms_on_an_idle_engine_are_released_after_three_scrapes():
+    r = Reconciler(scrapes=3)
+    assert r.excess("p", 10, 0, sample(0, 1.0)) == 0
+    assert r.excess("p", 10, 0, sample(0, 1.0)) == 0  # the same scrape again is no new evidence
+    assert r.excess("p", 10, 0, sample(0, 2.0)) == 0
+    assert r.excess("p", 10, 0, sample(0, 3.0)) == 10
+
+
+def test_the_smallest_excess_of_the_run_is_released():
+    r = Reconciler(scrapes=3)
+    for at, running in ((1.0, 0), (2.0, 4), (3.0, 1)):
+        n = r.excess("p", 10, 0, sample(running, at))
+    assert n == 6
+
+
+def test_a_record_on_its_way_is_not_a_phantom():
+    # 20 counted, the engine holds 19: one request finished and its record is still in flight.
+    r = Reconciler(scrapes=3)
+    assert all(r.excess("p", 20, 0, sample(19, t)) == 0 for t in range(1, 10))
+
+
+def test_a_scrape_that_agrees_starts_the_run_again():
+    r = Reconciler(scrapes=3)
+    r.excess("p", 5, 0, sample(0, 1.0))
+    r.excess("p", 5, 0, sample(0, 2.0))
+    assert r.excess("p", 5, 0, sample(5, 3.0)) == 0
+    assert r.excess("p", 5, 0, sample(0, 4.0)) == 0
+    assert r.excess("p", 5, 0, sample(0, 5.0)) == 0
+    assert r.excess("p", 5, 0, sample(0, 6.0)) == 5
+
+
+def test_other_gateways_requests_are_never_released():
+    # The engine holds 6; other gateways hold 6 of the 16 counted: ours are all phantoms, theirs not.
+    r = Reconciler(scrapes=1)
+    assert r.excess("p", 10, 6, sample(6, 1.0)) == 10
+    # The engine holds everything the others hold and four of ours: six of ours are phantoms.
+    assert r.excess("p", 10, 6, sample(10, 2.0)) == 6
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def gateway_with_samples() -> tuple[Gateway, Clock, dict]:
+    latest: dict = {}
+    clock = Clock()
+    accounting = Accounting(LocalState(), health=PodHealth(), samples=lambda key, now: latest.get(key))
+    raw = {"models": {"m": {"pods": [{"name": "a", "address": "10.0.0.1:8000"}]}}}
+    return Gateway(parse(raw, env={}), clock=clock, accounting=accounting), clock, latest
+
+
+def test_the_gateway_releases_what_the_engine_no_longer_holds_and_credits_a_late_record_once():
+    gw, clock, latest = gateway_with_samples()
+    profile = gw.profile("least-request", "m")
+    decisions = [gw.route(Request("m", "/v1/chat/completions", stream=True), profile, f"r{i}") for i in range(10)]
+    pod = decisions[0].pod
+    clock.now += 5.0  # Envoy was killed with the ten streams open: their records never come
+    for _ in range(3):
+        latest[pod.key] = sample(0, clock.now)
+        gw.refresh()
+        clock.now += 1.0
+    assert gw.accounting.shared.running(pod.key) == 0
+    assert len(gw.open) == 0
+    assert gw.released_requests.labels("engine_count")._value.get() == 10
+    # A record that does arrive late finds nothing open: its tokens are credited, once, no decrement.
+    gw.complete(decisions[0].key, status=200, output_tokens=7, upstream=pod.address)
+    assert gw.accounting.output_tokens[pod.key] == 7
+    assert gw.accounting.shared.running(pod.key) == 0
+
+
+def test_requests_routed_after_the_scrape_are_not_released():
+    gw, clock, latest = gateway_with_samples()
+    profile = gw.profile("least-request", "m")
+    for i in range(3):  # routed 1 s before each scrape: not yet on the engine when it was read
+        clock.now += 1.0
+        gw.route(Request("m", "/v1/chat/completions", stream=True), profile, f"r{i}")
+        latest[gw.pool.all_pods()[0].key] = sample(0, clock.now - 0.5)
+        gw.refresh()
+    assert len(gw.open) == 3
