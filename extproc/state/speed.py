@@ -22,16 +22,16 @@ that slows is seen within a few refreshes), the slope over a long one (`shape_ta
 in B, which takes load variation to collect). Pure and clock-injected, like the rest of `state/`.
 
 The saturated throughput (the capacity people read on a dashboard) is what a replica kept full with
-the current mix produces. Kept full, a step runs `batch` decodes and the prefills of the requests
-that replace the finished ones, and prefill is compute-bound: it does not share a step's cost the
-way decodes do. So, per output token,
+the current mix produces: the fitted line at the batch it saturates at, which already carries the
+prefills batched with the decodes it was fitted on. Seen only at small batches the line knows
+nothing of the compute-bound steps a full replica runs, so it is floored by compute: every token,
+prompt or output, costs at least the replica's prefill time per prompt token. Per output token,
 
-    1 / saturated = max(tpot(batch) / batch, prefill) + prompt/output × prefill
+    1 / saturated = max(tpot(batch) / batch, (1 + prompt/output) × prefill)
 
-with `prefill` the seconds per prompt token (the slope of time to first token against prompt length,
-pooled over a GPU type: it is the hardware's compute speed) and prompt/output the replica's recent
-mix. A decode token costs at least a prompt token's compute, which bounds the first term when the
-slope of tpot was never seen at high batch.
+with `prefill` the slope of time to first token against prompt length, pooled over a GPU type (it
+is the hardware's compute speed), and prompt/output the replica's recent mix (its siblings' when it
+has served nothing lately). Without the floor a short-output mix seen at low load read up to 8x high.
 """
 
 from __future__ import annotations
