@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -55,7 +55,7 @@ def meets_slo(scenario: Scenario, strategy: str, options: Options) -> bool:
 
 def max_rate(search: Search, options: Options, precision: float = PRECISION) -> float | None:
     """Requests per second at the highest rate scale found to meet the SLO; None when the scenario has
-    no SLO or even 1/64 of the guess misses it."""
+    no SLO or even the guess halved MAX_RUNS // 2 - 1 times misses it."""
     sc = search.scenario
     if sc.slo.tpot_s is None and sc.slo.ttft_s is None:
         return None
@@ -103,24 +103,16 @@ def searches(scenario: Scenario, strategies: Sequence[str], seed: int = 0) -> li
 
 
 def find_max_rates(scenario: Scenario, strategies: Sequence[str], options: Options,
-                   done: Callable[[str, float | None], None] | None = None,
                    precision: float = PRECISION) -> dict[str, object]:
-    """{"strategies": {name: rps or None}, "bound_rps": sum or None, "bound_by_gpu": {gpu: rps}}."""
+    """{"strategies": {name: rps or None}, "bound_rps": sum, "bound_by_gpu": {gpu: rps or None}}."""
     todo = searches(scenario, strategies, options.seed)
     jobs = options.jobs or min(len(todo), os.cpu_count() or 1)
-    found: dict[str, float | None] = {}
     if jobs <= 1:
-        for s in todo:
-            found[s.label] = max_rate(s, options, precision)
-            if done is not None:
-                done(s.label, found[s.label])
+        found = {s.label: max_rate(s, options, precision) for s in todo}
     else:
         with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork")) as pool:
             futures = {s.label: pool.submit(max_rate, s, options, precision) for s in todo}
-            for label, f in futures.items():
-                found[label] = f.result()
-                if done is not None:
-                    done(label, found[label])
+            found = {label: f.result() for label, f in futures.items()}
     by_gpu = {s.label.split(":", 1)[1]: found[s.label] for s in todo if s.label.startswith("bound:")}
     bound = sum(v or 0.0 for v in by_gpu.values())  # a type that misses the SLO even idle adds nothing
     return {"strategies": {s: found[s] for s in strategies}, "bound_rps": bound, "bound_by_gpu": by_gpu}

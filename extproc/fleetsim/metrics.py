@@ -9,10 +9,10 @@ done in it. Definitions (also in scenarios/README.md):
   ttft / tpot         per request; tpot = (finish - first token) / (output tokens - 1)
   slo_attainment      share of arrived requests that completed within the SLO (rejected/failed ones miss)
   goodput_rps         requests meeting the SLO per second
-  capacity_estimate   the gateway's saturated-capacity estimate / the engine model's saturated throughput,
-                      per replica, sampled every BUCKET_S from CAPACITY_AFTER_S of traffic on: the worst
-                      low and high ratio of the type's replicas, and the least traffic any of them got
-                      (its share of requests relative to an even split over all replicas)
+  capacity_estimate   the gateway's saturated-capacity estimate / the engine model's saturated throughput:
+                      lowest and highest over the type's replicas at the end of the arrivals (after
+                      CAPACITY_AFTER_S of traffic), the median over every BUCKET_S sample since, and the
+                      least traffic any of them got (its requests relative to an even split)
 """
 
 from __future__ import annotations
@@ -149,7 +149,6 @@ def _capacity_estimate(run: RunResult, reps: list[Any]) -> dict[str, Any] | None
     even = sum(routed) / len(routed)
     return {"ratio_min": min(final), "ratio_max": max(final),
             "ratio_median_over_time": over_time[len(over_time) // 2],
-            "final_tokens_per_s": mean(last[r.index] for r in reps if last[r.index] == last[r.index]),
             "least_traffic_share": min(routed[r.index] for r in reps) / even if even else None}
 
 

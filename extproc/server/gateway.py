@@ -28,7 +28,6 @@ from extproc.state.inflight import OpenRequest, OpenRequests
 from extproc.state.reconcile import Reconciler
 from extproc.state.record import RequestRecord
 from extproc.state.shared import LocalState, SharedState
-from extproc.telemetry.engine_metrics import EngineSample
 
 log = logging.getLogger(__name__)
 
@@ -218,28 +217,22 @@ class Gateway:
         """Release this gateway's requests that the engines no longer hold (extproc/state/reconcile.py):
         their Envoy died with the access-log records. A record that still arrives later finds nothing
         open and only credits its tokens (`complete`), so nothing is counted twice."""
-        shared, n = self.accounting.shared, 0
-        suspects: dict[object, tuple[Pod, EngineSample]] = {}
-        for pod in pods:
-            sample = self.accounting.samples(pod.key, now)
-            held = None if sample is None or sample.running is None else sample.running + (sample.waiting or 0)
-            if held is not None and shared.running(pod.key) > held:
-                suspects[pod.key] = (pod, sample)  # type: ignore[assignment]
-            else:
-                self.reconciler.excess(pod.key, 0, 0, sample)  # the usual case: no excess, streak reset
-        if suspects:
-            cutoffs = {k: self.reconciler.cutoff(sample) for k, (_, sample) in suspects.items()}
+        shared, reconciler, n = self.accounting.shared, self.reconciler, 0
+        samples = {pod.key: self.accounting.samples(pod.key, now) for pod in pods}
+        suspects = {key: sample for key, sample in samples.items()
+                    if reconciler.suspect(key, shared.running(key), sample)}
+        if suspects:  # rare: one pass over the open requests for every suspect pod at once
+            cutoffs = {key: reconciler.cutoff(sample) for key, sample in suspects.items()}  # type: ignore[arg-type]
             for pod_key, keys in self.open.started_before(cutoffs).items():
-                pod, sample = suspects[pod_key]
-                others = max(0, shared.running(pod.key) - shared.local_running(pod.key))
-                for key in keys[:self.reconciler.excess(pod.key, len(keys), others, sample)]:
+                others = max(0, shared.running(pod_key) - shared.local_running(pod_key))
+                for key in keys[:reconciler.excess(pod_key, len(keys), others, suspects[pod_key])]:  # type: ignore[arg-type]
                     entry = self.open.close(key)
                     if entry is not None:
                         log.warning("request %s on %s: the engine no longer holds it (its access-log "
                                     "record is lost), released", entry.request_id, entry.pod.name)
                         self._finish(entry, status=0, aborted=True)
                         n += 1
-        self.reconciler.forget(p.key for p in pods)
+        reconciler.forget(samples)
         if n:
             self.released_requests.labels("engine_count").inc(n)
         return n

@@ -34,21 +34,27 @@ class Reconciler:
         self.scrapes, self.grace_s = scrapes, grace_s
         self._streaks: dict[PodKey, _Streak] = {}
 
-    def excess(self, key: PodKey, ours: int, others: int, sample: EngineSample | None) -> int:
-        """How many of this gateway's requests on the pod to release now: `ours` is how many it
-        routed there before `cutoff(sample)` and still holds open, `others` what other gateways hold
-        there. Returns 0 unless, on each of the last `scrapes` scrapes, the engine held fewer than that
-        by more than a tolerance: any at all when the engine was idle, else the larger of 2 and a
-        quarter of the count (a request whose record is still on its way, or another gateway's that
-        has not reached the engine yet, is not a phantom). Then the smallest excess seen."""
-        if sample is None or sample.running is None:
-            self._streaks.pop(key, None)  # no engine count: nothing to hold the gateway's against
-            return 0
+    def suspect(self, key: PodKey, counted: int, sample: EngineSample | None) -> bool:
+        """Does the engine hold fewer requests than the gateways count on the pod (worth looking at
+        which)? When it does not, or reports nothing, the pod's run of scrapes starts again."""
+        if sample is not None and sample.running is not None and counted > _held(sample):
+            return True
+        self._streaks.pop(key, None)
+        return False
+
+    def excess(self, key: PodKey, ours: int, others: int, sample: EngineSample) -> int:
+        """How many of this gateway's requests on a suspect pod to release now: `ours` is how many
+        it routed there before `cutoff(sample)` and still holds open, `others` what other gateways
+        hold there. Returns 0 unless, on each of the last `scrapes` scrapes, the engine held fewer
+        than that by more than a tolerance: any at all when the engine was idle, else the larger of
+        2 and a quarter of the count (a request whose record is still on its way, or another
+        gateway's that has not reached the engine yet, is not a phantom). Then the smallest excess
+        seen."""
         streak = self._streaks.setdefault(key, _Streak())
         if sample.at <= streak.at:
             return 0  # the same scrape as last time: no new evidence
         streak.at = sample.at
-        held = sample.running + (sample.waiting or 0.0)
+        held = _held(sample)
         over = int(ours - max(0.0, held - others))
         tolerance = 1 if held <= 0 else max(2, math.ceil(0.25 * (ours + others)))
         if over < tolerance:
@@ -69,3 +75,8 @@ class Reconciler:
         live = set(live)
         for key in [k for k in self._streaks if k not in live]:
             del self._streaks[key]
+
+
+def _held(sample: EngineSample) -> float:
+    """Every request the engine holds: running and queued."""
+    return (sample.running or 0.0) + (sample.waiting or 0.0)

@@ -233,7 +233,7 @@ class SpeedEstimator:
                 if b is not None:
                     bases[p.key] = b
         fill = _means(pods, bases)
-        prefill = self._prefill_speeds(pods, now)
+        prefill, mixes = self._pooled(pods, now)
         self._speeds = {}
         for p in pods:
             base = bases.get(p.key) or fill.get((p.model, p.gpu)) or fill.get((p.model, ""))
@@ -251,42 +251,37 @@ class SpeedEstimator:
                 batch = max(1.0, min(batch, 1.0 / kv))
             per_prompt = prefill.get((p.model, p.gpu), 0.0)
             mix = state.prompt_per_output() if state is not None else None
-            if mix is None:
-                mix = self._model_mix(pods, p.model)
+            if mix is None:  # served nothing lately: valued on the mix its siblings see
+                mix = mixes.get(p.model, 0.0)
             per_token = max(base * (1.0 + steep * batch) / batch, (1.0 + mix) * per_prompt)
             self._speeds[p.key] = Speed(base, shape, 1.0 / per_token, batch)
 
-    def _prefill_speeds(self, pods: list[Pod], now: float) -> dict[tuple[str, str], float]:
-        """Seconds of prefill per prompt token, per (model, GPU type): the slope of time to first token
-        against prompt length, pooled over the type's pods by information; where no pod has spread in
-        its prompts, the type's mean time to first token per prompt token (an upper bound: it also
-        holds each step's fixed cost)."""
-        num: dict[tuple[str, str], list[float]] = {}
+    def _pooled(self, pods: list[Pod], now: float) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
+        """Seconds of prefill per prompt token per (model, GPU type), and prompt tokens per output
+        token per model. Prefill: the slope of time to first token against prompt length, pooled
+        over the type's pods by information; where no pod has spread in its prompts, the type's mean
+        time to first token per prompt token (an upper bound: it also holds each step's fixed cost)."""
+        prefill: dict[tuple[str, str], list[float]] = {}  # Σb·info, Σinfo, Σttft, Σprompt
+        mix: dict[str, list[float]] = {}  # Σprompt, Σoutput
         for p in pods:
             state = self._pods.get(p.key)
             if state is None:
                 continue
             state.prefill.decay(now, self.shape_tau)
             state.mix.decay(now, self.shape_tau)
-            acc = num.setdefault((p.model, p.gpu), [0.0, 0.0, 0.0, 0.0])  # Σb·info, Σinfo, Σttft, Σprompt
+            acc = prefill.setdefault((p.model, p.gpu), [0.0, 0.0, 0.0, 0.0])
             fit = state.prefill.line(MIN_PROMPT_SPREAD)
             if fit is not None and fit[1] > 0:
                 acc[0] += fit[1] * fit[2]
                 acc[1] += fit[2]
             acc[2] += state.prefill.y
             acc[3] += state.prefill.x
-        return {g: (a[0] / a[1] if a[1] > 0 else a[2] / a[3] if a[3] > 0 else 0.0) for g, a in num.items()}
-
-    def _model_mix(self, pods: list[Pod], model: str) -> float:
-        """Prompt tokens per output token over every pod of the model (a pod that has served nothing
-        lately is valued on the mix its siblings see)."""
-        y = x = 0.0
-        for p in pods:
-            state = self._pods.get(p.key)
-            if state is not None and p.model == model:
-                y += state.mix.y
-                x += state.mix.x
-        return y / x if x > 0 else 0.0
+            m = mix.setdefault(p.model, [0.0, 0.0])
+            m[0] += state.mix.y
+            m[1] += state.mix.x
+        per_prompt = {g: a[0] / a[1] if a[1] > 0 else a[2] / a[3] if a[3] > 0 else 0.0
+                      for g, a in prefill.items()}
+        return per_prompt, {model: y / x for model, (y, x) in mix.items() if x > 0}
 
     def speed(self, key: PodKey) -> Speed | None:
         return self._speeds.get(key)

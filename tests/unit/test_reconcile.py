@@ -47,6 +47,18 @@ def test_a_scrape_that_agrees_starts_the_run_again():
     assert r.excess("p", 5, 0, sample(0, 6.0)) == 5
 
 
+def test_a_pod_no_longer_suspect_starts_the_run_again():
+    r = Reconciler(scrapes=3)
+    assert r.suspect("p", 5, sample(0, 1.0))
+    r.excess("p", 5, 0, sample(0, 1.0))
+    r.excess("p", 5, 0, sample(0, 2.0))
+    assert not r.suspect("p", 5, sample(5, 3.0))  # the engine caught up: the earlier scrapes are void
+    assert not r.suspect("p", 5, None)  # no engine count is no evidence either way
+    assert r.excess("p", 5, 0, sample(0, 4.0)) == 0
+    assert r.excess("p", 5, 0, sample(0, 5.0)) == 0
+    assert r.excess("p", 5, 0, sample(0, 6.0)) == 5
+
+
 def test_other_gateways_requests_are_never_released():
     # The engine holds 6; other gateways hold 6 of the 16 counted: ours are all phantoms, theirs not.
     r = Reconciler(scrapes=1)
