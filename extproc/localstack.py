@@ -173,6 +173,12 @@ class LocalStack:
     def running(self, model: str, pod: str) -> float:
         return self.sample("extproc_pod_running_requests", model=model, pod=pod)
 
+    def envoy_stat(self, suffix: str) -> int:
+        """Sum of Envoy's counters and gauges whose name ends with `suffix` (e.g. ext_proc.streams_closed)."""
+        text = http_get(f"http://127.0.0.1:{self.envoy_admin_port}/stats?filter={suffix}")[1].decode()
+        return sum(int(value) for name, _, value in (line.partition(": ") for line in text.splitlines())
+                   if name.endswith(suffix) and value.strip().isdigit())
+
     def stop(self) -> None:
         for proc in (self.envoy, self.gateway):
             if proc is not None:

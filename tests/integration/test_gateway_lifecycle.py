@@ -112,6 +112,9 @@ async def test_a_restarted_gateway_credits_streams_routed_by_its_predecessor(fre
             "model": "m", "stream": True, "max_tokens": 60,
             "messages": [{"role": "user", "content": "x"}]}, headers={"x-token-delay": "0.05"})
         await resp.content.readline()
+        # The gateway closes its side once it has routed; a crash before Envoy has that close would
+        # (rightly) fail the request, so the crash comes after it.
+        wait_until(lambda: fresh_stack.envoy_stat("ext_proc.streams_closed") >= 1, 10, "routing stream closed")
         fresh_stack.gateway.popen.send_signal(signal.SIGKILL)  # a crash, not a drain
         fresh_stack.gateway.popen.wait(10)
         fresh_stack.start_gateway()
