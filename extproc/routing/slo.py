@@ -90,10 +90,30 @@ class SloPolicy:
         tied = [r for r in rows if key(r) <= best + EPS]
         return (tied[0] if len(tied) == 1 else self.rng.choice(tied)).view
 
+    def _assigned(self, request: Request, sig, rows: list[_Row], now: float) -> list[_Row]:
+        """`slo`: the rows of the deployments the split by comparative advantage gives this shape."""
+        state = self.state
+        if not state.dispatching:
+            state.observe_arrival(request.model, sig, now)
+        pods: dict[str, int] = {}
+        for r in rows:
+            dep = deployment_of(r.view.pod)
+            pods[dep] = pods.get(dep, 0) + 1
+        chosen = state.assigned(request.model, sig, pods, now)
+        return [r for r in rows if deployment_of(r.view.pod) in chosen] or rows
+
     def pick(self, request: Request, pods: Sequence[PodView], now: float) -> PodView | None:
         sig, rows = self._rows(request, pods, now)
         if not rows:
             return self.fallback.pick(request, pods, now)
+        lane = None
+        spill: list[_Row] = []
+        if self.variant == "slo":
+            everywhere = rows
+            rows = self._assigned(request, sig, rows, now)
+            lane = frozenset(deployment_of(r.view.pod) for r in rows)
+            spill = [r for r in everywhere if deployment_of(r.view.pod) not in lane
+                     and 0.0 < r.utilization and r.utilization + r.consumption <= 1.0 + EPS]
         if self.variant == "slo-least-load":
             return self._best(rows, lambda r: r.utilization)
         fits = [r for r in rows if r.utilization + r.consumption <= 1.0 + EPS]
@@ -101,24 +121,37 @@ class SloPolicy:
             if fits:
                 return self._best(fits, lambda r: -(r.utilization + r.consumption))
             return self._best(rows, lambda r: r.utilization + r.consumption)
-        # slo-least-load-pulling
+        # slo-least-load-pulling and slo: the least loaded that fits, else wait
         state = self.state
         queue_open = state.settings.max_queue > 0
-        if queue_open and not state.dispatching and state.queues.length(request.model) > 0:
-            raise SloWait(self._entry(request, sig, now))  # others wait already: no overtaking
+        if queue_open and not state.dispatching:
+            queue = state.queues.of(request.model)
+            if queue.waiting(lane) if lane is not None else queue.length > 0:
+                raise SloWait(self._entry(request, sig, rows, lane, now))  # no overtaking
         if fits:
-            if state.dispatching:  # a queued request: the most relaxed deployment, then the least load
+            if state.dispatching and lane is None:
+                # a queued request: the most relaxed deployment, then the least load (AIBrix)
                 most = max(r.slack for r in fits)
                 fits = [r for r in fits if r.slack >= most - EPS]
             return self._best(fits, lambda r: r.utilization + r.consumption)
+        if spill:  # the lane is full: another type's pod, packed, so its idle pods stay whole
+            return self._best(spill, lambda r: -(r.utilization + r.consumption))
+        if lane is not None:
+            # A whole-pod shape (tput x e2e < 1) would wait for a pod to empty completely: it shares the
+            # least loaded pod of its lane while that pod holds at most a pod's worth.
+            whole = [r for r in rows if r.consumption >= 1.0 - EPS and r.utilization <= 1.0 + EPS]
+            if whole:
+                return self._best(whole, lambda r: r.utilization)
         if not queue_open:
             return self._best(rows, lambda r: r.utilization + r.consumption)
-        raise SloWait(self._entry(request, sig, now))
+        raise SloWait(self._entry(request, sig, rows, lane, now))
 
-    def _entry(self, request: Request, sig, now: float) -> Entry:
-        """The queue entry: slack on the most relaxed deployment that can serve this shape at all."""
+    def _entry(self, request: Request, sig, rows: list[_Row], lane: frozenset | None, now: float) -> Entry:
+        """The queue entry: slack on the most relaxed deployment that can serve this shape at all (under
+        `slo`, of its lane: the deployments it may use)."""
         table = self.state.table(request.model)
-        usable = [dm for dm in table.values() if dm.consumption(sig) is not None]
+        usable = [dm for name, dm in table.items()
+                  if dm.consumption(sig) is not None and (lane is None or name in lane)]
         best = max(usable, key=lambda dm: dm.slack(sig))
         slack = best.slack(sig)
         scale = float(sig.output_tokens) if best.metric in PER_TOKEN else 1.0
@@ -128,8 +161,9 @@ class SloPolicy:
                              dm.expected(sig) * sig.output_tokens for dm in usable))
         if wait <= 0:
             raise SloReject(REJECT_BREACHED, retry)
-        entry = Entry(request.model, best.cell(sig), now, slack if not math.isinf(slack) else max_wait,
-                      scale, now + wait)
+        entry = Entry(request.model, best.cell(sig) if lane is None else lane, now,
+                      slack if not math.isinf(slack) else max_wait, scale, now + wait,
+                      blocks_all=lane is None)
         entry.retry_after = retry
         return entry
 
@@ -157,6 +191,6 @@ def _factory(variant: str, name: str):
 
 for _variant in VARIANTS:
     register(_variant)(_factory(_variant, _variant))
-register("slo")(_factory("slo-least-load-pulling", "slo"))
+register("slo")(_factory("slo", "slo"))
 
 __all__ = ["SloProfile", "SloReject", "SloSettings", "SloWait", "VARIANTS"]

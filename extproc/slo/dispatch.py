@@ -3,7 +3,7 @@ fleet simulation) run the same rule.
 
 Most urgent head first; it is re-routed (the strategy, told it is dispatching, places it on the most
 relaxed deployment that fits); dispatch stops at the first head that still does not fit, so nobody
-overtakes it. Entries whose deadline has passed leave as breached.
+overtakes it (under `slo`, nobody of its lane: the requests that may use the same deployments). Entries whose deadline has passed leave as breached.
 """
 
 from __future__ import annotations
@@ -24,8 +24,11 @@ def dispatch(state: SloState, model: str, now: float, route: Callable[[Entry], o
     its strategy (it may raise SloWait / SloReject); `skip(entry)` drops entries nobody waits for."""
     queue = state.queues.of(model)
     out: list[Outcome] = []
+    stuck: set = set()  # lanes whose head did not fit (`slo`): their requests wait, others go on
     while queue.length:
-        entry = queue.most_urgent(now)
+        entry = queue.most_urgent(now, stuck)
+        if entry is None:
+            break
         if skip(entry):
             queue.remove(entry)
             continue
@@ -33,7 +36,10 @@ def dispatch(state: SloState, model: str, now: float, route: Callable[[Entry], o
         try:
             result = route(entry)
         except SloWait:
-            break
+            if entry.blocks_all:
+                break
+            stuck.add(entry.key)
+            continue
         except SloReject as rej:
             result = rej
         finally:

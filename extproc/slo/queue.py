@@ -30,6 +30,9 @@ class Entry:
     retry_after: float = 1.0  # seconds suggested to a rejected client (Retry-After)
     payload: object = None    # the server's (the waiting stream's future)
     seq: int = 0
+    # True (AIBrix's rule): a head that does not fit stops the dispatch, nobody overtakes it. False
+    # (`slo`): the key is the set of deployments the request may use, and only its own lane waits.
+    blocks_all: bool = True
 
     def urgency(self, now: float) -> float:
         return (now - self.arrival) / self.scale - self.slack
@@ -56,14 +59,19 @@ class ModelQueue:
             if q:
                 yield q[0]
 
-    def most_urgent(self, now: float) -> Entry | None:
+    def most_urgent(self, now: float, skip: frozenset | set = frozenset()) -> Entry | None:
         best: Entry | None = None
         best_u = 0.0
         for head in self.heads():
+            if head.key in skip:
+                continue
             u = head.urgency(now)
             if best is None or u > best_u or (u == best_u and head.seq < best.seq):
                 best, best_u = head, u
         return best
+
+    def waiting(self, key: Hashable) -> bool:
+        return bool(self.subqueues.get(key))
 
     def remove(self, entry: Entry) -> bool:
         q = self.subqueues.get(entry.key)

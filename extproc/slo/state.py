@@ -12,11 +12,13 @@ from itertools import islice
 from extproc.openai import Request
 from extproc.pool.pod import APP_NAME_LABEL, FLEET_LABEL, Pod
 from extproc.profiles import Profile
+from extproc.slo.assignment import Mix, Shape, assign, shape_of
 from extproc.slo.model import DeploymentModel, Signature, build_table
 from extproc.slo.predictor import OutputPredictor
 from extproc.slo.queue import Queues
 from extproc.state.record import RequestRecord
 
+ASSIGNMENT_REFRESH_S = 5.0  # how often `slo` re-splits the recent mix over the fleet (an LP of ms)
 LEDGER_LIMIT = 4096  # consumptions remembered per pod (the newest `running` of them are counted)
 
 Ledger = dict[int, "float | None"]  # id(routed Request) -> its consumption, oldest first
@@ -53,6 +55,8 @@ class SloState:
         self.predictors: dict[str, OutputPredictor] = {}
         self.ledger: dict[tuple, Ledger] = {}
         self.queues = Queues(self.settings.max_queue)
+        self.mixes: dict[str, Mix] = {}
+        self._assignments: dict[str, tuple[float, tuple, dict[Shape, frozenset[str]]]] = {}
         self.dispatching = False  # set by the server while it re-routes queued requests
 
     def configure(self, settings: SloSettings) -> None:
@@ -68,6 +72,7 @@ class SloState:
             return  # unchanged: no rebuild, no repeated "estimated" / "left out" log lines
         self._sources[model] = profiles
         self.tables[model] = build_table(profiles)
+        self._assignments.pop(model, None)
 
     def table(self, model: str) -> dict[str, DeploymentModel]:
         return self.tables.get(model) or {}
@@ -85,6 +90,24 @@ class SloState:
     def signature(self, request: Request, now: float) -> Signature:
         out = self.predictor(request.model).predict(request.prompt_tokens, request.max_tokens, now)
         return Signature(max(1, request.prompt_tokens), out)
+
+    # -- comparative advantage (the `slo` strategy) ------------------------------------------------
+
+    def observe_arrival(self, model: str, sig: Signature, now: float) -> None:
+        mix = self.mixes.get(model)
+        if mix is None:
+            mix = self.mixes[model] = Mix()
+        mix.observe(shape_of(sig), now)
+
+    def assigned(self, model: str, sig: Signature, pods: Mapping[str, int], now: float) -> frozenset[str]:
+        """The deployments the recent mix's split over these pods gives this shape (empty: no opinion)."""
+        key = tuple(sorted(pods.items()))
+        cached = self._assignments.get(model)
+        if cached is None or cached[1] != key or now - cached[0] >= ASSIGNMENT_REFRESH_S or now < cached[0]:
+            mix = self.mixes.get(model)
+            split = assign(self.table(model), pods, mix.rates(now) if mix else {})
+            cached = self._assignments[model] = (now, key, split)
+        return cached[2].get(shape_of(sig), frozenset())
 
     # -- the load model ---------------------------------------------------------------------------
 

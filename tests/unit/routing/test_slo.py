@@ -45,7 +45,7 @@ def req(max_tokens: int = 8, prompt: int = 128) -> Request:
 def routing():
     state = RoutingState.seeded(1)
     settings = RoutingSettings(state=state, model="m")
-    strategies = {n: build(n, settings) for n in ("slo", "slo-pack-load", "slo-least-load")}
+    strategies = {n: build(n, settings) for n in ("slo", "slo-pack-load", "slo-least-load", "slo-least-load-pulling")}
     slo = state.store["slo"]
     slo.set_profiles("m", {"fast": FAST, "slow": SLOW})
     return strategies, slo
@@ -61,14 +61,14 @@ def test_variants_choose_by_utilization(routing):
     pool = views(fast0=3, fast1=1)   # utilizations 0.6, 0.2, 0 (unseen requests count as this one)
     assert s["slo-least-load"].pick(req(), pool, 0).pod.name == "slow0"        # lowest utilization
     assert s["slo-pack-load"].pick(req(), pool, 0).pod.name == "fast0"         # 0.8 ≤ 1, the fullest
-    assert s["slo"].pick(req(), pool, 0).pod.name == "fast1"                   # lowest util + cons: 0.4
+    assert s["slo-least-load-pulling"].pick(req(), pool, 0).pod.name == "fast1"                   # lowest util + cons: 0.4
 
 
 def test_unsuitable_type_is_never_chosen(routing):
     s, _ = routing
     long = req(max_tokens=256)                   # slow's tput is 0 for long outputs
     pool = views(fast0=4, fast1=4)
-    for name in ("slo", "slo-pack-load", "slo-least-load"):
+    for name in ("slo", "slo-pack-load", "slo-least-load", "slo-least-load-pulling"):
         assert s[name].pick(long, pool, 0).pod.deployment == "fast"
 
 
@@ -76,7 +76,7 @@ def test_nothing_fits(routing):
     s, _ = routing
     pool = views(fast0=5, fast1=5, slow0=2)      # 1.0 + 0.2 and 1.0 + 0.5: over capacity everywhere
     with pytest.raises(SloWait) as wait:
-        s["slo"].pick(req(), pool, 0)
+        s["slo-least-load-pulling"].pick(req(), pool, 0)
     assert wait.value.entry.deadline == pytest.approx(min(60.0, 10 - 0.5))  # the most relaxed: fast
     assert s["slo-pack-load"].pick(req(), pool, 0).pod.deployment == "fast"  # least over after placing
     assert s["slo-least-load"].pick(req(), pool, 0).pod.name in ("fast0", "fast1", "slow0")
@@ -86,7 +86,7 @@ def test_breached_on_arrival_is_rejected(routing):
     s, slo = routing
     slo.set_profiles("m", {"fast": profile("fast", 10, 0.5, target=0.4)})   # expected 0.5 > target
     with pytest.raises(SloReject) as rej:
-        s["slo"].pick(req(), views(fast0=5, fast1=5), 0)
+        s["slo-least-load-pulling"].pick(req(), views(fast0=5, fast1=5), 0)
     assert rej.value.reason == "slo_breached"
 
 
@@ -100,7 +100,7 @@ def test_without_profiles_load_balance_routes(routing):
 def test_predictor_fed_by_completions_changes_the_cell(routing):
     s, slo = routing
     pool = views()
-    chosen = s["slo"].pick(req(max_tokens=None), pool, 0)
+    chosen = s["slo-least-load-pulling"].pick(req(max_tokens=None), pool, 0)
     assert slo.signature(req(max_tokens=None), 0).output_tokens == 256   # default, no history
     from extproc.state.record import RequestRecord
     for _ in range(3):
@@ -113,9 +113,9 @@ def test_a_shape_a_pod_serves_only_alone_takes_an_idle_pod(routing):
     # tput x e2e = 0.25 x 2 = 0.5 < 1: at the SLO rate a pod holds such requests one at a time
     slo.set_profiles("m", {"fast": profile("fast", tput=0.25, e2e=2.0)})
     assert slo.consumption(req(), pod("fast0", "fast"), 0) == 1.0
-    assert s["slo"].pick(req(), views(fast0=1), 0).pod.name == "fast1"   # the idle pod, not a wait
+    assert s["slo-least-load-pulling"].pick(req(), views(fast0=1), 0).pod.name == "fast1"   # the idle pod, not a wait
     with pytest.raises(SloWait):
-        s["slo"].pick(req(), views(fast0=1, fast1=1), 0)
+        s["slo-least-load-pulling"].pick(req(), views(fast0=1, fast1=1), 0)
 
 
 def test_the_request_that_finishes_takes_its_own_consumption_away(routing):

@@ -46,7 +46,7 @@ def gateway(tmp_path, file_created: float) -> Gateway:
     cfg = {"models": {"m": {"pods": [
         {"name": "a", "address": "10.0.0.1:8000", "deployment": "dep"},
         {"name": "b", "address": "10.0.0.2:8000", "labels": {"app.kubernetes.io/name": "other"}}]}},
-        "routing": {"default_strategy": "slo", "slo": {"profiles": [str(path)]}}}
+        "routing": {"default_strategy": "slo-least-load-pulling", "slo": {"profiles": [str(path)]}}}
     return Gateway(parse(cfg, {}))
 
 
@@ -118,5 +118,5 @@ def test_client_gone_while_queued_leaves_the_queue(tmp_path):
         assert gw.slo.state.queues.length("m") == 0 and gw.open_streams == 0
         assert len(gw.open) == 1
         assert gw.registry.get_sample_value("extproc_requests_total", {
-            "model": "", "pod": "", "strategy": "slo", "code": "aborted"}) == 1
+            "model": "", "pod": "", "strategy": "slo-least-load-pulling", "code": "aborted"}) == 1
     asyncio.run(main())

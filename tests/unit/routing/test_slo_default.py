@@ -1,0 +1,111 @@
+"""`slo`, our default SLO rule, on hand-built pools: each shape goes to the GPU types comparative
+advantage gives it, so a shape that needs a whole pod finds one while chat is spread; a full lane spills
+packed; a whole-pod shape shares a pod rather than wait for one to empty; lanes do not block each other."""
+
+from __future__ import annotations
+
+import pytest
+
+from extproc.openai import Request
+from extproc.pool import Pod
+from extproc.profiles import parse_profile
+from extproc.routing import PodView, RoutingSettings, RoutingState, build
+from extproc.routing.slo import SloWait
+from extproc.slo.assignment import Mix, assign
+from extproc.slo.model import Signature, build_table
+
+CHAT, CODE = (128, 8), (4096, 8)
+
+
+def profile(name: str, chat: tuple[float, float], code: tuple[float, float]):
+    """(tput, e2e) for the chat shape (128 in) and the code shape (4096 in); outputs 8 and 256 alike."""
+    tputs = [[chat[0], code[0]], [chat[0], code[0]]]
+    e2e = [[chat[1], code[1]], [chat[1], code[1]]]
+    return parse_profile({"gpu": name, "cost": 1.0, "tputs": tputs, "indexes": [[8, 256], [128, 4096]],
+                          "e2e": e2e, "slos": {"percentile": 99, "e2e": 10.0}, "created": 1.0})
+
+
+SMALL = profile("small", chat=(2.0, 1.0), code=(0.0, 1.0))   # chat 0.5 of a pod; cannot serve code
+BIG = profile("big", chat=(8.0, 0.5), code=(0.5, 1.0))       # chat 0.25; code a whole pod (0.5 x 1 < 1)
+
+
+def req(shape: tuple[int, int]) -> Request:
+    return Request(model="m", path="/v1/chat/completions", prompt_tokens=shape[0], max_tokens=shape[1])
+
+
+PODS = {n: Pod("m", n, f"10.0.0.{i + 1}:8000", deployment=n[:-1])
+        for i, n in enumerate(("small0", "small1", "big0", "big1"))}
+
+
+def views(**running: int) -> list[PodView]:
+    return [PodView(p, running=running.get(n, 0)) for n, p in PODS.items()]
+
+
+@pytest.fixture
+def slo():
+    state = RoutingState.seeded(3)
+    settings = RoutingSettings(state=state, model="m")
+    strategies = {n: build(n, settings) for n in ("slo", "slo-least-load-pulling")}
+    table = state.store["slo"]
+    table.set_profiles("m", {"small": SMALL, "big": BIG})
+    for t in range(20):  # the recent mix: chat at twice code's rate
+        table.observe_arrival("m", Signature(*CHAT), t * 0.1)
+        table.observe_arrival("m", Signature(*CHAT), t * 0.1)
+        table.observe_arrival("m", Signature(*CODE), t * 0.1)
+    return strategies, table
+
+
+def test_the_split_follows_comparative_advantage():
+    table = build_table({"small": SMALL, "big": BIG})
+    mix = Mix()
+    for _ in range(20):
+        mix.observe((7, 3), 0.0)
+        mix.observe((7, 3), 0.0)
+        mix.observe((12, 3), 0.0)
+    split = assign(table, {"small": 2, "big": 2}, mix.rates(0.0))
+    # big is 4x better at chat but the only type for code: chat goes where it costs the fleet least
+    assert split == {(7, 3): frozenset({"small"}), (12, 3): frozenset({"big"})}
+    # with no small pods left, chat has to go to big
+    assert assign(table, {"small": 0, "big": 2}, mix.rates(0.0))[(7, 3)] == frozenset({"big"})
+    assert assign(table, {"small": 2, "big": 2}, {}) == {}
+
+
+def test_chat_is_spread_over_its_own_type_and_code_finds_a_whole_pod(slo):
+    s, _ = slo
+    # AIBrix's least-load over every suitable pod puts chat on the idle big pods (0.25 < 0.5) ...
+    pool = views(small0=1)
+    assert s["slo-least-load-pulling"].pick(req(CHAT), pool, 2.0).pod.deployment == "big"
+    # ... ours keeps chat on small, so both big pods stay whole for code
+    assert s["slo"].pick(req(CHAT), pool, 2.0).pod.name == "small1"
+    assert s["slo"].pick(req(CODE), views(small0=1, small1=1, big1=1), 2.0).pod.name == "big0"
+
+
+def test_a_full_lane_spills_packed_onto_another_type(slo):
+    s, _ = slo
+    # both small pods full (2 x 0.5); big0 has chat already, big1 is idle: chat packs onto big0
+    chosen = s["slo"].pick(req(CHAT), views(small0=2, small1=2, big0=1), 2.0)
+    assert chosen.pod.name == "big0"
+
+
+def test_a_whole_pod_shape_shares_a_pod_rather_than_wait_for_one_to_empty(slo):
+    s, table = slo
+    busy = views(small0=2, small1=2, big0=1, big1=1)
+    assert s["slo"].pick(req(CODE), busy, 2.0).pod.deployment == "big"
+    with pytest.raises(SloWait):  # AIBrix's rule waits for an empty pod
+        s["slo-least-load-pulling"].pick(req(CODE), busy, 2.0)
+    with pytest.raises(SloWait):  # beyond a pod's worth on every pod of its lane, ours waits too
+        s["slo"].pick(req(CODE), views(small0=2, small1=2, big0=2, big1=2), 2.0)
+
+
+def test_a_waiting_lane_does_not_hold_up_another(slo):
+    s, table = slo
+    full = views(small0=2, small1=2, big0=2, big1=2)
+    with pytest.raises(SloWait) as wait:
+        s["slo"].pick(req(CODE), full, 2.0)
+    table.queues.push(wait.value.entry)
+    assert wait.value.entry.key == frozenset({"big"}) and not wait.value.entry.blocks_all
+    # a chat request arriving while code waits is routed when its own lane has room
+    assert s["slo"].pick(req(CHAT), views(small0=1, small1=2, big0=2, big1=2), 2.0).pod.name == "small0"
+    # under AIBrix's rule it would queue behind the code request
+    with pytest.raises(SloWait):
+        s["slo-least-load-pulling"].pick(req(CHAT), views(small0=1, small1=2, big0=2, big1=2), 2.0)
