@@ -53,9 +53,9 @@ integration: setup redis chromium kubectl
 reliability: setup
 	$(PY) -m pytest -q tests/reliability
 
-# Longer runs of the reliability suite: 20 waves of 1,000 concurrent streams, 20x the fuzz inputs.
+# Longer runs of the reliability suite: 20 waves of 2,000 concurrent streams, 20x the fuzz inputs.
 soak: setup
-	RELIABILITY_SCALE=20 $(PY) -m pytest -q tests/reliability
+	RELIABILITY_SCALE=20 RELIABILITY_CONCURRENCY=2000 $(PY) -m pytest -q tests/reliability
 
 # Each fuzz target for five minutes (crash inputs land in ./fuzz-artifacts/).
 fuzz: setup

@@ -60,6 +60,15 @@ def tally_script() -> str:
     return resources.files("extproc.envoy").joinpath("tally.lua").read_text()
 
 
+def circuit_breakers(o: BootstrapOptions) -> dict[str, Any]:
+    """Envoy's per-cluster defaults (1,024 connections, pending and active requests) would answer
+    503 to the 1,025th concurrent request: one ext_proc stream and one pod request per client
+    request, so both clusters get as many as the listener admits connections."""
+    n = o.max_connections
+    return {"thresholds": [{"priority": "DEFAULT", "max_connections": n, "max_pending_requests": n,
+                            "max_requests": n}]}
+
+
 def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
     no_route = {"status": 503, "body": {"inline_string": "no destination was chosen for this request"}}
     ext_proc = {
@@ -180,6 +189,7 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                     "lb_policy": "CLUSTER_PROVIDED",
                     "connect_timeout": f"{o.upstream_connect_timeout_seconds}s",
                     "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
+                    "circuit_breakers": circuit_breakers(o),
                     "original_dst_lb_config": {"use_http_header": True,
                                                "http_header_name": o.destination_header},
                 },
@@ -187,6 +197,7 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                     "name": "extproc",
                     "type": "STATIC",
                     "connect_timeout": "1s",
+                    "circuit_breakers": circuit_breakers(o),
                     # A draining gateway replica reports NOT_SERVING; with several replicas behind
                     # this cluster, Envoy stops opening streams to it before it stops accepting.
                     "health_checks": [{"timeout": "1s", "interval": "2s", "unhealthy_threshold": 1,

@@ -41,6 +41,7 @@ EXTPROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 RELOAD_INTERVAL_SECONDS = 1.0
 ACCESS_LOG_GRACE_SECONDS = 0.2  # last batched access-log records (Envoy flushes every 20 ms)
 MAX_MESSAGE_BYTES = BUFFER_LIMIT_BYTES + (1 << 20)  # the body plus headers and framing
+MAX_PENDING_CALLS = 10_000  # calls received, not yet picked up: Envoy's max_connections (one per request)
 
 
 class ConfigWatcher:
@@ -120,7 +121,11 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     # so_reuseport off: a second server on a taken port must fail, not silently share it.
     # The buffered request body arrives as one message: lift gRPC's 4 MiB default above Envoy's buffer.
     # Keepalive pings find a vanished Envoy, so its streams end and their in-flight counts are released.
+    # gRPC cancels calls the loop has not picked up yet past 1,000 (at random up to 3,000): a burst of
+    # 2,000 requests lost ~1 % to CANCELLED -> 503. Envoy's listener cap bounds what can arrive.
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
+                                      ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+                                      ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_CALLS),
                                       ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                       ("grpc.keepalive_time_ms", 30_000),
                                       ("grpc.keepalive_timeout_ms", 10_000),
