@@ -30,14 +30,16 @@ as `extproc_load_imbalance_total{model}`.
 from __future__ import annotations
 
 from collections.abc import MutableMapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from itertools import compress
-from operator import attrgetter, is_not, truediv
+from operator import attrgetter, is_, is_not, truediv
 
 from extproc.openai import Request
 from extproc.routing.framework import PodView, capacities
 from extproc.routing.load_balance import kv_penalty
 from extproc.routing.settings import LoadBalanceSettings
+from extproc.routing.snapshot import derived
 
 # Normalised loads are floats: pods within this relative distance of the minimum count as tied.
 TIE = 1e-9
@@ -69,14 +71,25 @@ def least_loaded(values: Sequence[float], factor: float, min_gap: float, scale: 
 def _skewed(values: Sequence[float], low: float, high: float, factor: float, min_gap: float,
             scale: float) -> list[int] | None:
     """least_loaded, given the values' minimum and maximum (the gate has them already)."""
+    if not _fires(values, low, high, factor, min_gap, scale):
+        return None
+    limit = _tie_limit(low, scale)
+    return [i for i, v in enumerate(values) if v <= limit]
+
+
+def _fires(values: Sequence[float], low: float, high: float, factor: float, min_gap: float,
+           scale: float) -> bool:
+    """Whether load is severely skewed: some pod would be excluded (so not all tied, as with min-gap 0)."""
     n = len(values)
     if (high - low) * scale < min_gap:
-        return None
+        return False
     if n > 2 and high * scale <= factor * ((sum(values) - high) * scale / (n - 1) + 1):
-        return None
-    limit = low + TIE * max(abs(low), 1.0 / scale if scale > 0 else 1.0)
-    keep = [i for i, v in enumerate(values) if v <= limit]
-    return keep if len(keep) < n else None  # all tied (min-gap 0): nothing to exclude, nothing to count
+        return False
+    return high > _tie_limit(low, scale)  # the most loaded pod is not tied with the least
+
+
+def _tie_limit(low: float, scale: float) -> float:
+    return low + TIE * max(abs(low), 1.0 / scale if scale > 0 else 1.0)
 
 
 def kv_healthy(pods: Sequence[PodView], critical: float) -> list[bool] | None:
@@ -102,6 +115,7 @@ _running = attrgetter("running")
 _kv_free = attrgetter("kv_free")
 _speed = attrgetter("speed")
 _reported = partial(is_not, None)
+_is_none = partial(is_, None)
 
 
 class ImbalanceGate:
@@ -116,22 +130,47 @@ class ImbalanceGate:
         self.capacity_aware = capacity_aware
 
     def filter(self, request: Request, pods: Sequence[PodView], now: float) -> Sequence[PodView]:
-        keep = self._cool(pods) if len(pods) > 1 else None
-        if keep is None:
+        if len(pods) < 2:
             return pods
-        if self.settings.capacity == "speed" and self.capacity_aware:
-            keep = _quickest(pods, keep, self.settings)
+        # Capacities, KV health and speeds are derived once per snapshot (routing/snapshot.py):
+        # per request the gate reads only the running counts.
+        c = derived(pods, self, self._columns)
+        if c.speed is not None:  # which pods are least loaded does not matter: only whether it fires
+            if not self._fires(pods, c):
+                return pods
+            keep = _quickest(pods, c)
+        elif (keep := self._cool(pods, c)) is None:  # type: ignore[assignment]
+            return pods
         self.counts[request.model] = self.counts.get(request.model, 0) + 1
         return [pods[i] for i in keep]
 
-    def _cool(self, pods: Sequence[PodView]) -> list[int] | None:
+    def _columns(self, pods: Sequence[PodView]) -> _Columns:
+        s = self.settings
+        caps = capacities(pods) if self.capacity_aware else None
+        healthy = kv_healthy(pods, s.kv_critical_free)
+        speed = None
+        if s.capacity == "speed" and self.capacity_aware:
+            speeds = list(map(_speed, pods))
+            if not any(map(_is_none, speeds)):  # unchanged while some pod has no fitted speed yet
+                alpha, index = s.kv_pressure_alpha, range(len(pods))
+                if healthy is not None:  # _quickest compares the KV-healthy pods only
+                    index = list(compress(index, healthy))
+                speed = (list(index), [speeds[i].base for i in index], [speeds[i].shape for i in index],
+                         [kv_penalty(pods[i].kv_free, alpha) for i in index])
+        return _Columns(caps, sum(caps) / len(caps) if caps is not None else 1.0, healthy, speed)
+
+    def _ratios(self, pods: Sequence[PodView], c: _Columns) -> list[float]:
+        running = [p.running for p in pods]
+        return running if c.caps is None else list(map(truediv, running, c.caps))
+
+    def _cool(self, pods: Sequence[PodView], c: _Columns) -> list[int] | None:
         """Indices of the pods to keep when the gate fires, else None (keep every pod)."""
         s = self.settings
-        ratios, scale = _ratios(pods, self.capacity_aware)
+        ratios, scale = self._ratios(pods, c), c.scale
         low, high = min(ratios), max(ratios)
         if (high - low) * scale < s.imbalance_min_gap:
             return None  # the usual answer, before any KV check: no subset of the pods spreads wider
-        healthy = kv_healthy(pods, s.kv_critical_free)
+        healthy = c.healthy
         if healthy is None:  # every pod KV-healthy
             return _skewed(ratios, low, high, s.imbalance_factor, s.imbalance_min_gap, scale)
         if not any(healthy):
@@ -140,22 +179,46 @@ class ImbalanceGate:
         subset = list(compress(ratios, healthy))
         return _among(healthy, least_loaded(subset, s.imbalance_factor, s.imbalance_min_gap, scale))
 
+    def _fires(self, pods: Sequence[PodView], c: _Columns) -> bool:
+        """`_cool(...) is not None`, without listing the pods it would keep."""
+        s = self.settings
+        ratios, scale = self._ratios(pods, c), c.scale
+        low, high = min(ratios), max(ratios)
+        if (high - low) * scale < s.imbalance_min_gap:
+            return False
+        if c.healthy is not None:
+            if not any(c.healthy):
+                return False
+            ratios = list(compress(ratios, c.healthy))
+            if len(ratios) < 2:
+                return False
+            low, high = min(ratios), max(ratios)
+        return _fires(ratios, low, high, s.imbalance_factor, s.imbalance_min_gap, scale)
 
-def _quickest(pods: Sequence[PodView], keep: list[int], settings: LoadBalanceSettings) -> list[int]:
+
+@dataclass(slots=True, frozen=True)
+class _Columns:
+    """What the gate reads besides running counts, per pod: fixed for one snapshot of the views."""
+
+    caps: list[float] | None          # capacities (None: raw counts, not capacity-aware)
+    scale: float                      # the mean capacity: running / capacity × scale is in requests
+    healthy: list[bool] | None        # kv_healthy (None: every pod)
+    # capacity: speed, every pod fitted: the KV-healthy pods' indices, base, shape and KV penalty
+    speed: tuple[list[int], list[float], list[float], list[float]] | None
+
+
+def _quickest(pods: Sequence[PodView], c: _Columns) -> list[int]:
     """When the gate fires under `capacity: speed`: the KV-healthy pods with the lowest load-balance
     score (time per token the next request would get × KV penalty), instead of the least loaded by
     count. Those include idle slow GPUs, and an idle GPU slower than a loaded fast one is no relief for
-    a hotspot. Unchanged while some pod has no fitted speed yet."""
-    speeds = list(map(_speed, pods))
-    if None in speeds:
-        return keep
-    healthy = kv_healthy(pods, settings.kv_critical_free)
-    candidates = range(len(pods)) if healthy is None else list(compress(range(len(pods)), healthy))
-    alpha = settings.kv_pressure_alpha
-    score = {i: speeds[i].tpot(pods[i].running + 1) * kv_penalty(pods[i].kv_free, alpha)  # type: ignore[union-attr]
-             for i in candidates}
-    best = min(score.values())
-    return [i for i, t in score.items() if t == best]
+    a hotspot. Not used while some pod has no fitted speed yet (then `c.speed` is None)."""
+    index, base, shape, penalty = c.speed  # type: ignore[misc]
+    # Speed.tpot(running + 1) x KV penalty, as load-balance scores
+    score = [b * (1.0 + k * (pods[i].running + 1)) * p for i, b, k, p in zip(index, base, shape, penalty)]
+    best = min(score)
+    if score.count(best) == 1:
+        return [index[score.index(best)]]
+    return [i for i, t in zip(index, score) if t == best]
 
 
 def _among(mask: list[bool], keep: list[int] | None) -> list[int] | None:

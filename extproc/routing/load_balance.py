@@ -28,11 +28,14 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from operator import attrgetter
+from dataclasses import dataclass, field
+from functools import partial
+from operator import attrgetter, is_
 
 from extproc.openai import Request
 from extproc.routing.framework import PodView, Profile, RoutingSettings, capacities, register
 from extproc.routing.settings import LoadBalanceSettings
+from extproc.routing.snapshot import derived
 from extproc.state.speed import Speed
 
 INF = math.inf
@@ -60,27 +63,61 @@ class LoadBalanceScorer:
         self.settings = settings
 
     def score(self, request: Request, pods: Sequence[PodView], now: float) -> list[float]:
-        # load_balance_score, inlined and over whole columns: this is most of a decision at 1000 pods
+        # load_balance_score over whole columns: everything but the running counts is derived once
+        # per snapshot (routing/snapshot.py), so a request costs one pass of arithmetic per pod.
+        c = derived(pods, self, self._columns)
+        loads: list[float] = [p.running for p in pods]
+        if c.queued is not None:  # `queued` is read only when λ > 0, as the spec says
+            loads = [r + q for r, q in zip(loads, c.queued)]
+        if c.speed is not None:
+            base, shape, penalty = c.speed
+            if c.folded:  # a KV-critical pod's base is +Inf and its shape 0: +Inf whatever its load
+                return [b * (1.0 + k * (load + 1.0)) * p for b, k, p, load in zip(base, shape, penalty, loads)]
+            return [INF if x else b * (1.0 + k * (load + 1.0)) * p
+                    for x, b, k, p, load in zip(c.critical, base, shape, penalty, loads)]
+        caps, penalty = c.caps, c.penalty
+        if c.reported:  # every pod reports a number: idle needs no case of its own (0 / cap = 0)
+            return [INF if x else load / cap * p for x, load, cap, p in zip(c.critical, loads, caps, penalty)]
+        return [INF if x else 0.0 if load <= 0 else load / cap * p
+                for x, load, cap, p in zip(c.critical, loads, caps, penalty)]
+
+    def _columns(self, pods: Sequence[PodView]) -> _Columns:
         s = self.settings
         alpha, critical, weight = s.kv_pressure_alpha, s.kv_critical_free, s.queued_weight
-        loads: list[float] = list(map(_running, pods))
-        if weight > 0:  # `queued` is read only when λ > 0, as the spec says; NaN counts as 0
-            loads = [r + weight * q if (q := p.queued) == q else r for r, p in zip(loads, pods)]
+        # λ·queued per pod; NaN counts as 0 (r + 0.0 is r, as a float: the same score)
+        queued = [weight * q if (q := p.queued) == q else 0.0 for p in pods] if weight > 0 else None
         kvs = list(map(_kv_free, pods))
-        if s.capacity == "speed" and (speeds := _speeds(pods)) is not None:
-            return [INF if k is not None and k < critical  # NaN < x is False: unreported, as below
-                    else sp.base * (1.0 + sp.shape * (load + 1.0)) * kv_penalty(k, alpha)
-                    for load, sp, k in zip(loads, speeds, kvs)]
-        caps = capacities(pods)
-        if None not in kvs and (t := sum(kvs)) == t:  # every pod reports a number (no NaN): one pass
-            return [INF if k < critical else load / cap * (1.0 + alpha * (1.0 - k) * (1.0 - k))
-                    for load, cap, k in zip(loads, caps, kvs)]
-        return [load_balance_score(load, cap, k, alpha, critical) for load, cap, k in zip(loads, caps, kvs)]
+        flags = [k is not None and k < critical for k in kvs]  # NaN < x is False: unreported
+        speeds = _speeds(pods) if s.capacity == "speed" else None
+        if speeds is not None:
+            penalty = [1.0 if x else kv_penalty(k, alpha) for x, k in zip(flags, kvs)]
+            base = [INF if x else sp.base for x, sp in zip(flags, speeds)]
+            shape = [0.0 if x else sp.shape for x, sp in zip(flags, speeds)]
+            # the fold holds while every load is finite (INF x (1 + 0 x inf) would be NaN)
+            folded = queued is None or all(map(math.isfinite, queued))
+            return _Columns(queued, flags, (base, shape, penalty), folded)
+        reported = None not in kvs and (t := sum(kvs)) == t  # type: ignore[operator]  # no None, no NaN
+        # 1 + α·(1 − kvFree)², computed as load_balance_score does (unreported: fully free)
+        penalty = [1.0 + alpha * (u := 1.0 - (1.0 if k is None or k != k else k)) * u for k in kvs]
+        return _Columns(queued, flags, None, True, capacities(pods), penalty, reported)
 
 
-_running = attrgetter("running")
+@dataclass(slots=True, frozen=True)
+class _Columns:
+    """What the score reads besides running counts, per pod: fixed for one snapshot of the views."""
+
+    queued: list[float] | None        # λ·queued (None: λ = 0, not read)
+    critical: list[bool]              # free KV below kvCritical: +Inf
+    speed: tuple[list[float], list[float], list[float]] | None  # base, shape, KV penalty (capacity: speed)
+    folded: bool = True               # speed columns carry +Inf for critical pods (see score)
+    caps: list[float] = field(default_factory=list)     # capacity: observed (or no speed fitted yet)
+    penalty: list[float] = field(default_factory=list)
+    reported: bool = False            # every pod reports its KV usage
+
+
 _kv_free = attrgetter("kv_free")
 _speed = attrgetter("speed")
+_is_none = partial(is_, None)
 
 
 def kv_penalty(kv_free: float | None, alpha: float) -> float:
@@ -95,7 +132,7 @@ def _speeds(pods: Sequence[PodView]) -> list[Speed] | None:
     """Every pod's speed; a pod without one (new since the last refresh) gets the mean of the others'
     (its base as the mean drain rate, as the spec fills capacities). None when no pod has one yet."""
     speeds = list(map(_speed, pods))
-    if None not in speeds:
+    if not any(map(_is_none, speeds)):  # not `None in speeds`: that calls Speed.__eq__ per pod
         return speeds  # type: ignore[return-value]
     known = [sp for sp in speeds if sp is not None]
     if not known:
@@ -128,9 +165,9 @@ class LowestScorePicker:
         if best != best or best == INF:  # NaN only from a foreign scorer; treat as unusable
             tied: Sequence[PodView] = pods
         else:
+            if scores.count(best) == 1:  # the usual case, without a pass of Python over the pods
+                return pods[scores.index(best)]
             tied = [p for p, s in zip(pods, scores) if s == best]
-            if len(tied) == 1:
-                return tied[0]
         usage = [kv_usage(p) for p in tied]
         least = min(usage)
         tied = [p for p, u in zip(tied, usage) if u == least]

@@ -144,12 +144,11 @@ class Gateway:
     def route(self, request: Request, profile: Profile, request_id: str) -> Decision | None:
         """Choose a pod; the request counts as in flight until `complete` or `abort`."""
         now = self.clock()
-        views = self.accounting.views(request.model, self.pool.ready_pods(request.model), now)
-        if not views:
-            return None
         # Unhealthy pods are left out, unless that leaves none: a health signal must never cause a
         # total outage.
-        candidates = [v for v in views if v.healthy] or views
+        candidates = self.accounting.routable(request.model, self.pool.ready_pods(request.model), now)
+        if not candidates:
+            return None
         chosen = profile.pick(request, candidates, now)
         if chosen is None:
             return None

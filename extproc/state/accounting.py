@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from extproc.openai import Request
 from extproc.pool.pod import Pod, PodKey
 from extproc.routing.framework import PodView
+from extproc.routing.snapshot import Snapshot
 from extproc.state.capacity import BusyClock, CapacityEstimator
 from extproc.state.record import RequestRecord
 from extproc.state.shared import SharedState
@@ -38,9 +39,11 @@ RUNNING_RESYNC_SECONDS = 0.05
 @dataclass(slots=True)
 class _Cached:
     pods: Sequence[Pod]
-    views: list[PodView]
+    views: Snapshot
+    keys: list[PodKey]
     built: float
     synced: float
+    routable: Snapshot | None = None  # the views routing picks among (see `routable`); None: not yet
 
 
 SPEED, OBSERVED = "speed", "observed"  # routing.load_balance.capacity
@@ -84,6 +87,9 @@ class Accounting:
         view = self._live.get(key)
         if view is not None:
             view.healthy = healthy
+            cached = self._cache.get(key[0])
+            if cached is not None:
+                cached.routable = None
 
     def post_response(self, record: RequestRecord, now: float) -> None:
         key = record.pod.key
@@ -166,21 +172,34 @@ class Accounting:
 
     # -- what routing reads -----------------------------------------------------------------------
 
-    def views(self, model: str, pods: Sequence[Pod], now: float) -> list[PodView]:
+    def views(self, model: str, pods: Sequence[Pod], now: float) -> Snapshot:
         """The model's pods as routing sees them: cached, see VIEW_REBUILD_SECONDS."""
+        return self._cached(model, pods, now).views
+
+    def routable(self, model: str, pods: Sequence[Pod], now: float) -> Snapshot:
+        """The views routing picks among: the healthy ones, or all of them when none is healthy (a
+        health signal must never cause a total outage). Kept until the views are rebuilt or a pod's
+        health changes, so what strategies derive from it is derived once (routing/snapshot.py)."""
+        cached = self._cached(model, pods, now)
+        if cached.routable is None:
+            views = cached.views
+            healthy = [v for v in views if v.healthy]
+            cached.routable = views if len(healthy) == len(views) or not healthy else Snapshot(healthy)
+        return cached.routable
+
+    def _cached(self, model: str, pods: Sequence[Pod], now: float) -> _Cached:
         cached = self._cache.get(model)
         if cached is None or cached.pods is not pods or now - cached.built >= VIEW_REBUILD_SECONDS:
-            views = self.build_views(pods, now, self._routing_running)
-            self._cache[model] = _Cached(pods, views, now, now)
-            for view in views:
-                self._live[view.pod.key] = view
-            return views
+            views = Snapshot(self.build_views(pods, now, self._routing_running))
+            keys = [view.pod.key for view in views]
+            cached = self._cache[model] = _Cached(pods, views, keys, now, now)
+            self._live.update(zip(keys, views))
+            return cached
         if now - cached.synced >= RUNNING_RESYNC_SECONDS:
-            running = self._routing_running
-            for view in cached.views:
-                view.running = running(view.pod.key)
+            for view, n in zip(cached.views, map(self._routing_running, cached.keys)):
+                view.running = n
             cached.synced = now
-        return cached.views
+        return cached
 
     def build_views(self, pods: Sequence[Pod], now: float,
                     running: Callable[[PodKey], int] | None = None) -> list[PodView]:
