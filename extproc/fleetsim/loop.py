@@ -70,6 +70,7 @@ class RunResult:
     # The first gateway's saturated-capacity estimate per replica (capacity: speed), every BUCKET_S:
     # (virtual time, estimate or NaN per replica index). What the capacity metric would have shown.
     capacity_estimates: list[tuple[float, list[float]]] = field(default_factory=list)
+    queue_samples: list[tuple[float, int]] = field(default_factory=list)  # (time, requests in SLO queues)
     gave_up: bool = False  # stopped early (`give_up`): the SLO was already missed for certain
 
 
@@ -307,6 +308,7 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
                 gws[arg].gateway.refresh()
                 if arg == 0 and t >= next_estimate:
                     record_estimates(t)
+                    res.queue_samples.append((t, len(queued)))
                     next_estimate = t + BUCKET_S
                 if give_up and (misses[2] or misses[0] > allowed or misses[1] > allowed):
                     res.gave_up = True

@@ -167,8 +167,24 @@ def _slo_met(slo: Any, cluster: dict[str, Any]) -> bool | None:
 
 
 def series(run: RunResult) -> dict[str, Any]:
-    """Utilization and QPS per GPU type over time, in BUCKET_S buckets (the spec's figure)."""
-    out: dict[str, Any] = {"bucket_s": BUCKET_S, "utilization": {}, "qps": {}}
+    """Per BUCKET_S bucket: utilization, QPS and P99 TPOT (by arrival) per GPU type (the spec's figures);
+    the gateway's SLO queue (the most waiting in the bucket) and rejections per second."""
+    nb = len(next(iter(run.bucket_tokens.values()), []))
+    out: dict[str, Any] = {"bucket_s": BUCKET_S, "utilization": {}, "qps": {}, "tpot_p99_s": {},
+                           "queue": [0] * nb, "rejected_per_s": [0.0] * nb}
+    tpots: dict[str, list[list[float]]] = {gpu: [[] for _ in range(nb)] for gpu in run.bucket_tokens}
+    for i, a in enumerate(run.arrivals):
+        b = int(a.time // BUCKET_S)
+        if not 0 <= b < nb:
+            continue
+        if run.status[i] == REJECTED:
+            out["rejected_per_s"][b] += 1 / BUCKET_S
+        elif run.replica_of[i] >= 0 and not math.isnan(run.tpot[i]):
+            tpots[run.replicas[run.replica_of[i]].gpu][b].append(run.tpot[i])
+    for t, waiting in run.queue_samples:
+        b = int(t // BUCKET_S)
+        if 0 <= b < nb:
+            out["queue"][b] = max(out["queue"][b], waiting)
     for gpu, tokens in run.bucket_tokens.items():
         reps = [r for r in run.replicas if r.gpu == gpu]
         util = []
@@ -178,6 +194,7 @@ def series(run: RunResult) -> dict[str, Any]:
             util.append(n / cap if cap > 0 else 0.0)
         out["utilization"][gpu] = util
         out["qps"][gpu] = [c / BUCKET_S for c in run.bucket_routed[gpu]]
+        out["tpot_p99_s"][gpu] = [percentile(v, 99) for v in tpots[gpu]]
     return out
 
 

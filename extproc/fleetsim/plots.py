@@ -1,10 +1,15 @@
-"""PNG plots: utilization over time per GPU type (the spec's figure), one panel per strategy, and the
-QPS each type received beneath it."""
+"""PNG plots, one column per strategy, over time: utilization and QPS per GPU type (the spec's capacity
+figure), P99 TPOT per GPU type against the SLO, and the gateway's SLO queue with its rejections (the
+spec's SLO-routing comparison)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+ROWS = (("utilization", "utilization % of\nsaturated tok/s"), ("qps", "QPS routed"),
+        ("tpot_p99_s", "P99 TPOT (ms)\nby arrival"), ("queue", "SLO queue (peak)"),
+        ("rejected_per_s", "rejected / s"))
 
 
 def plot(report: dict[str, Any], path: str | Path) -> None:
@@ -14,25 +19,38 @@ def plot(report: dict[str, Any], path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     strategies = list(report["strategies"])
-    fig, axes = plt.subplots(2, len(strategies), figsize=(4.2 * len(strategies), 6.0), squeeze=False,
-                             sharex=True, sharey="row")
+    fig, axes = plt.subplots(len(ROWS), len(strategies), figsize=(4.2 * len(strategies), 11.0),
+                             squeeze=False, sharex=True, sharey="row")
     warmup = report["warmup_s"]
+    tpot_slo = (report.get("slo") or {}).get("tpot_s")
     for col, name in enumerate(strategies):
         series = report["strategies"][name]["series"]
         step = series["bucket_s"]
+
+        def times(values: list[Any]) -> list[float]:
+            return [step * (i + 0.5) for i in range(len(values))]
+
         for gpu, util in series["utilization"].items():
-            t = [step * (i + 0.5) for i in range(len(util))]
-            axes[0][col].plot(t, [u * 100 for u in util], label=gpu, linewidth=1.2)
-            axes[1][col].plot(t, series["qps"][gpu], label=gpu, linewidth=1.2)
+            axes[0][col].plot(times(util), [u * 100 for u in util], label=gpu, linewidth=1.2)
+            axes[1][col].plot(times(util), series["qps"][gpu], label=gpu, linewidth=1.2)
+            tpot = series.get("tpot_p99_s", {}).get(gpu, [])
+            axes[2][col].plot(times(tpot), [v * 1000 if v is not None else float("nan") for v in tpot],
+                              label=gpu, linewidth=1.2)
+        for row, key in ((3, "queue"), (4, "rejected_per_s")):
+            values = series.get(key, [])
+            axes[row][col].plot(times(values), values, color="0.3", linewidth=1.2)
+        if tpot_slo:
+            axes[2][col].axhline(tpot_slo * 1000, color="red", linestyle="--", linewidth=0.8, label="SLO")
         axes[0][col].set_title(name)
-        for row in (0, 1):
+        for row in range(len(ROWS)):
             axes[row][col].axvspan(0, warmup, color="0.9", zorder=0)
             axes[row][col].grid(alpha=0.3)
-        axes[1][col].set_xlabel("time (s)")
-    axes[0][0].set_ylabel("utilization % of saturated tok/s")
-    axes[1][0].set_ylabel("QPS routed")
+        axes[-1][col].set_xlabel("time (s)")
+    for row, (_, label) in enumerate(ROWS):
+        axes[row][0].set_ylabel(label)
     axes[0][-1].legend(loc="upper right", fontsize=8)
+    axes[2][-1].legend(loc="upper right", fontsize=8)
     fig.suptitle(f"{report['scenario']}: {report['gateways']} gateway(s), shaded = warm-up (not measured)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
