@@ -53,8 +53,12 @@ class Gateway:
         self.clock = clock
         self.accounting = accounting or Accounting(shared or LocalState())
         self.open = OpenRequests()
-        # Unique per process and request; clients never see or choose it.
-        self._keys = (f"{os.getpid():x}.{time.time_ns():x}.{n:x}" for n in itertools.count())
+        # Keys unique per process and request, "<origin>.<n>"; clients never see or choose them. The
+        # origin names this process, so a gateway that receives another's record knows whose it is.
+        self.origin = f"{os.getpid():x}.{time.time_ns():x}"
+        self._keys = (f"{self.origin}.{n:x}" for n in itertools.count())
+        if (listen := getattr(self.accounting.shared, "listen", None)) is not None:
+            listen(self.origin)
         self.requests_total = Counter("extproc_requests", "Requests handled, by outcome",
                                       ["model", "pod", "strategy", "code"], registry=self.registry)
         self._series: dict[tuple[str, str], set[tuple[str, str]]] = {}  # (model, pod) -> (strategy, code)
@@ -71,6 +75,10 @@ class Gateway:
             "extproc_released_requests", "Routed requests released without their access-log record, by "
             "cause: engine_count (the engine held fewer requests than counted, several scrapes running), "
             "timeout (gateway.request_timeout_seconds)", ["cause"], registry=self.registry)
+        self.peer_records = Counter(
+            "extproc_peer_access_logs", "Access-log records of requests another gateway process routed "
+            "(one Envoy sends its log stream to one replica), passed on through Redis: sent by this "
+            "gateway, or received and their requests released here", ["direction"], registry=self.registry)
         self.reconciler = Reconciler()
         self.registry.register(PodMetricsCollector(self))
         self.open_streams = 0
@@ -175,9 +183,30 @@ class Gateway:
                          connect_failure=connect_failure, aborted=aborted)
             return
         self.unmatched_records.inc()
+        # Routed by another gateway process behind the same Envoy: it releases its count when this
+        # reaches it (through Redis). The tokens are credited here, once.
+        owner = key.rpartition(".")[0]
+        forward = getattr(self.accounting.shared, "forward", None)
+        if owner and owner != self.origin and forward is not None:
+            forward(owner, key, status)
+            self.peer_records.labels("sent").inc()
         pod = self.pool.pod_at(upstream) if upstream else None
         if pod is not None:
             self.accounting.credit(pod, output_tokens)
+
+    def release_forwarded(self) -> int:
+        """Release this process's requests whose records another gateway received and passed on.
+        Their tokens were credited there; here the count, health and the request series."""
+        take = getattr(self.accounting.shared, "take_forwarded", None)
+        n = 0
+        for key, status in take() if take is not None else ():
+            entry = self.open.close(key)
+            if entry is not None:
+                self._finish(entry, status=status)
+                n += 1
+        if n:
+            self.peer_records.labels("released").inc(n)
+        return n
 
     def _finish(self, entry: OpenRequest, *, status: int, prompt_tokens: int | None = None,
                 output_tokens: int | None = None, token_source: str = "unknown",

@@ -64,6 +64,9 @@ def start(gateway: Gateway, scraper: MetricsScraper, prober: HealthProber) -> li
         asyncio.create_task(every(lambda: BUSY_SAMPLE_SECONDS, gateway.sample_busy, "busy sampling"),
                             name="busy"),
         asyncio.create_task(every(lambda: EXPIRY_INTERVAL_SECONDS, gateway.expire, "expiry"), name="expiry"),
+        # records of this gateway's requests that reached another replica (popped at each Redis sync)
+        asyncio.create_task(every(lambda: BUSY_SAMPLE_SECONDS, gateway.release_forwarded, "peer records"),
+                            name="peer-records"),
         asyncio.create_task(watch_loop_lag(Gauge(
             "extproc_event_loop_max_lag_seconds", "Largest delay seen in waking the event loop",
             registry=gateway.registry)), name="loop-lag"),

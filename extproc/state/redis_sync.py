@@ -31,9 +31,12 @@ from extproc.state.sync_core import (
     AIBRIX_POD_PATTERN,
     AIBRIX_SNAPSHOT_TTL_MS,
     EXTPROC_MARK,
+    FORWARD_PREFIX,
+    FORWARD_TTL_SECONDS,
     GATEWAY_RETENTION_SECONDS,
     GATEWAYS_KEY,
     KEY_TTL_SECONDS,
+    MAX_RECEIVE,
     Snapshot,
     SyncCore,
     SyncedState,
@@ -46,7 +49,8 @@ from extproc.state.sync_core import (
 )
 
 log = logging.getLogger(__name__)
-MAX_BACKOFF_SECONDS = 2.0
+# Redis back, sharing resumes within this (plus jitter and a tick): gateways converge within 2 s.
+MAX_BACKOFF_SECONDS = 1.0
 SCAN_COUNT = 500
 
 
@@ -90,7 +94,7 @@ class RedisState(SyncedState):
     # -- the loop ------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Sync every `sync_interval` while Redis answers; back off (up to 2 s) while it does not."""
+        """Sync every `sync_interval` while Redis answers; back off (up to 1 s) while it does not."""
         log.info("sharing state through Redis at %s as %s", redact_url(self.url), self.field)
         loop = asyncio.get_running_loop()
         while not self._closed:
@@ -104,8 +108,7 @@ class RedisState(SyncedState):
             if self.core.up:
                 pause = self.sync_interval - (loop.time() - started)
             else:
-                pause = min(MAX_BACKOFF_SECONDS, self.sync_interval * 2 ** min(self._failures, 5))
-                pause *= random.uniform(0.8, 1.2)  # gateways restarting together do not stampede
+                pause = retry_pause(self._failures, self.sync_interval, random.uniform(0.8, 1.2))
             await asyncio.sleep(max(0.0, pause))
 
     async def sync_once(self) -> None:
@@ -116,46 +119,58 @@ class RedisState(SyncedState):
             client = self._connect()
             now = self.clock()
             batch = self.core.plan(now)
-            if self.core.aibrix_snapshots and (self._last_scan is None
-                                               or now - self._last_scan >= self.heartbeat_interval):
-                async with asyncio.timeout(self.op_timeout):
-                    self._aibrix_keys = await self._scan_aibrix(client)
-                self._last_scan = now
-            pods = list(self.counts.pods.items())
-            aibrix_keys = self._aibrix_keys
-            pipe = client.pipeline(transaction=False)
-            writes = self._queue_writes(pipe, batch, now + self._offset)
-            pipe.time()
-            pipe.zrange(GATEWAYS_KEY, 0, -1, withscores=True)
-            for _, pod in pods:
-                pipe.hgetall(running_key(pod))
-                pipe.hgetall(tokens_key(pod))
-            for key in aibrix_keys:
-                pipe.hgetall(key)
-            sent = self.clock()
+            try:
+                await self._sync(client, batch, now)
+            except BaseException:
+                self.core.unsent(batch)
+                raise
+
+    async def _sync(self, client: aioredis.Redis, batch: WriteBatch, now: float) -> None:
+        if self.core.aibrix_snapshots and (self._last_scan is None
+                                           or now - self._last_scan >= self.heartbeat_interval):
             async with asyncio.timeout(self.op_timeout):
-                replies = await pipe.execute(raise_on_error=False)
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-            done = self.clock()
-            self.core.confirm(batch, now)
-            reads = iter(replies[writes:])
-            seconds, micros = next(reads)
-            self._offset = seconds + micros / 1e6 - (sent + done) / 2
-            snap = Snapshot(server_now=seconds + micros / 1e6, gateways=dict(next(reads)),
-                            running={}, tokens={})
-            for key, _ in pods:
-                snap.running[key] = _int_fields(next(reads))
-                snap.tokens[key] = _int_fields(next(reads))
-            for fields in reads:
-                if fields and EXTPROC_MARK not in fields and fields.get("gateway_instance_id") != self.field:
-                    n = parse_int(fields.get("requests_running"))
-                    if n and n > 0:
-                        pid = f"{fields.get('namespace', '')}/{fields.get('pod_name', '')}"
-                        snap.aibrix[pid] = snap.aibrix.get(pid, 0) + n
-            self.core.apply(snap)
-            self._on_success()
+                self._aibrix_keys = await self._scan_aibrix(client)
+            self._last_scan = now
+        pods = list(self.counts.pods.items())
+        aibrix_keys = self._aibrix_keys
+        pipe = client.pipeline(transaction=False)
+        writes = self._queue_writes(pipe, batch, now + self._offset)
+        pipe.time()
+        pipe.zrange(GATEWAYS_KEY, 0, -1, withscores=True)
+        inbox = self.core.inbox
+        if inbox is not None:
+            pipe.lpop(FORWARD_PREFIX + inbox, MAX_RECEIVE)
+        for _, pod in pods:
+            pipe.hgetall(running_key(pod))
+            pipe.hgetall(tokens_key(pod))
+        for key in aibrix_keys:
+            pipe.hgetall(key)
+        sent = self.clock()
+        async with asyncio.timeout(self.op_timeout):
+            replies = await pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        done = self.clock()
+        self.core.confirm(batch, now)
+        reads = iter(replies[writes:])
+        seconds, micros = next(reads)
+        self._offset = seconds + micros / 1e6 - (sent + done) / 2
+        snap = Snapshot(server_now=seconds + micros / 1e6, gateways=dict(next(reads)),
+                        running={}, tokens={})
+        if inbox is not None:
+            self.core.receive(next(reads) or ())
+        for key, _ in pods:
+            snap.running[key] = _int_fields(next(reads))
+            snap.tokens[key] = _int_fields(next(reads))
+        for fields in reads:
+            if fields and EXTPROC_MARK not in fields and fields.get("gateway_instance_id") != self.field:
+                n = parse_int(fields.get("requests_running"))
+                if n and n > 0:
+                    pid = f"{fields.get('namespace', '')}/{fields.get('pod_name', '')}"
+                    snap.aibrix[pid] = snap.aibrix.get(pid, 0) + n
+        self.core.apply(snap)
+        self._on_success()
 
     def _queue_writes(self, pipe: Any, batch: WriteBatch, server_now: float) -> int:
         """Queue the batch; returns how many replies it adds."""
@@ -188,6 +203,11 @@ class RedisState(SyncedState):
         for name, gateway in batch.prune:
             pipe.hdel(name, gateway)
             queued += 1
+        for owner, entries in batch.forwards.items():
+            name = FORWARD_PREFIX + owner
+            pipe.rpush(name, *entries)
+            pipe.expire(name, FORWARD_TTL_SECONDS)
+            queued += 2
         return queued
 
     def _aibrix_row(self, pod: Pod, running: int) -> dict[str, str]:
@@ -281,6 +301,12 @@ class RedisState(SyncedState):
                 self.core.failed()
                 self._gauge.set(0)
                 await _close_quietly(client, self.op_timeout)
+
+
+def retry_pause(failures: int, sync_interval: float, jitter: float) -> float:
+    """Seconds before the next attempt while Redis does not answer: doubling from the sync interval
+    up to MAX_BACKOFF_SECONDS, times a jitter near 1 (gateways restarting together do not stampede)."""
+    return min(MAX_BACKOFF_SECONDS, sync_interval * 2 ** min(failures, 5)) * jitter
 
 
 def _int_fields(fields: dict[str, str]) -> dict[str, int]:

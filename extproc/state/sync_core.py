@@ -14,6 +14,9 @@ Redis layout (the issue's; see KEYS below for how it relates to what AIBrix itse
   extproc:tokens:<namespace>/<pod> ours: hash, the same per-gateway field, value = that gateway's
                                    cumulative completed output tokens on the pod since it started
   aibrix:pod:<gateway>:<ns>:<pod>  what AIBrix's gateway really writes and reads (see below)
+  extproc:done:<origin>            ours: list of "<request key> <status>", requests a gateway process
+                                   routed whose access-log record reached another (one Envoy's log
+                                   stream goes to one replica); the router pops it and releases them
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ AIBRIX_SNAPSHOT_TTL_MS = 500     # AIBrix's gatewayPodSnapshotTTL
 EXTPROC_MARK = "extproc_field"   # extra field in our aibrix:pod rows: AIBrix ignores it, we skip
                                  # those rows because the aibrix:rrq hash already counts them
 GATEWAY_RETENTION_SECONDS = 600  # heartbeat members this stale are removed and their fields deleted
+FORWARD_PREFIX = "extproc:done:"
+FORWARD_TTL_SECONDS = 60         # an inbox nobody pops (its gateway died) goes away
+MAX_FORWARDS = 10_000            # unsent while Redis is down: past this, reconciliation releases them
+MAX_RECEIVE = 2_000              # popped per tick
 
 
 def pod_id(pod: Pod) -> str:
@@ -74,9 +81,14 @@ class WriteBatch:
     tokens: dict[PodKey, int] = field(default_factory=dict)    # own cumulative tokens
     aibrix: dict[PodKey, int] = field(default_factory=dict)    # AIBrix rows: > 0 set, 0 delete
     prune: list[tuple[str, str]] = field(default_factory=list)  # (key, field) of long-dead gateways
+    forwards: dict[str, list[str]] = field(default_factory=dict)  # owner -> "<key> <status>" entries
+    # Every own field ever written, zeros included: Redis came back from an older snapshot (RDB), and a
+    # count that went to 0 since would otherwise stay there at its old value.
+    reassert: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.heartbeat or self.running or self.tokens or self.aibrix or self.prune)
+        return bool(self.heartbeat or self.running or self.tokens or self.aibrix or self.prune
+                    or self.forwards)
 
 
 @dataclass(slots=True)
@@ -110,6 +122,11 @@ class SyncCore:
         # the last snapshot showed, and the requests this gateway started since then, per pod.
         self.peers = 0
         self._started: dict[PodKey, int] = {}
+        # Access-log records of other gateways' requests, on their way to them; and ours from them.
+        self.inbox: str | None = None                   # this gateway process's origin (see Gateway)
+        self._outbox: dict[str, list[str]] = {}
+        self._outbox_size = 0
+        self._received: list[tuple[str, int]] = []
 
     # -- reads (the request path) ------------------------------------------------------------------
 
@@ -145,11 +162,12 @@ class SyncCore:
         have restarted empty, and it refreshes the 10-minute expiry)."""
         due = self._last_heartbeat is None or now - self._last_heartbeat >= self.heartbeat_interval
         full = self._full or due
-        batch = WriteBatch(heartbeat=due)
+        batch = WriteBatch(heartbeat=due, reassert=self._full)
         counts = self.counts
         for key in counts.pods:
             n = counts.running.get(key, 0)
-            if n != self._written_running.get(key, 0) or (full and n > 0):
+            if (n != self._written_running.get(key, 0) or (full and n > 0)
+                    or (batch.reassert and key in self._written_running)):
                 batch.running[key] = n
             t = counts.tokens.get(key, 0)
             if t != self._written_tokens.get(key, 0) or (full and t > 0):
@@ -158,6 +176,7 @@ class SyncCore:
             if self.aibrix_snapshots and (n > 0 or self._written_aibrix.get(key, 0) > 0):
                 batch.aibrix[key] = n
         batch.prune = self._prune
+        batch.forwards, self._outbox, self._outbox_size = self._outbox, {}, 0
         # The heartbeat goes first in any batch that writes fields, so a reader that sees our
         # field also sees us alive and never prunes it.
         batch.heartbeat = due or bool(batch.running or batch.tokens)
@@ -176,6 +195,34 @@ class SyncCore:
         self._full = False
         if batch.prune is self._prune:
             self._prune = []
+
+    def unsent(self, batch: WriteBatch) -> None:
+        """The batch may not have reached Redis: its forwards go out again with the next one (a
+        duplicate is harmless: a request is released once)."""
+        for owner, entries in batch.forwards.items():
+            for entry in entries:
+                self._queue(owner, entry)
+
+    # -- records forwarded between gateways ----------------------------------------------------------
+
+    def forward(self, owner: str, key: str, status: int) -> None:
+        """An access-log record of a request `owner` routed reached this gateway."""
+        self._queue(owner, f"{key} {status}")
+
+    def _queue(self, owner: str, entry: str) -> None:
+        if self._outbox_size < MAX_FORWARDS:
+            self._outbox.setdefault(owner, []).append(entry)
+            self._outbox_size += 1
+
+    def receive(self, entries: Iterable[str]) -> None:
+        for entry in entries:
+            key, _, status = entry.partition(" ")
+            self._received.append((key, parse_int(status) or 0))
+
+    def take_forwarded(self) -> list[tuple[str, int]]:
+        """(request key, status) of own requests whose record another gateway received."""
+        out, self._received = self._received, []
+        return out
 
     def failed(self) -> None:
         """A tick failed: fall back to local counts until a snapshot arrives again."""
@@ -286,6 +333,16 @@ class SyncedState:
 
     def forget(self, live: Iterable[PodKey]) -> None:
         self.core.forget(set(live))
+
+    def listen(self, origin: str) -> None:
+        """Receive the records other gateways got for requests keyed `<origin>.…`."""
+        self.core.inbox = origin
+
+    def forward(self, owner: str, key: str, status: int) -> None:
+        self.core.forward(owner, key, status)
+
+    def take_forwarded(self) -> list[tuple[str, int]]:
+        return self.core.take_forwarded()
 
     @property
     def up(self) -> bool:

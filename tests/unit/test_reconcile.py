@@ -111,3 +111,39 @@ def test_requests_routed_after_the_scrape_are_not_released():
         latest[gw.pool.all_pods()[0].key] = sample(0, clock.now - 0.5)
         gw.refresh()
     assert len(gw.open) == 3
+
+
+class PeerState(LocalState):
+    """LocalState plus what Redis says other gateways hold on each pod."""
+
+    def __init__(self, others: int) -> None:
+        super().__init__()
+        self.others = others
+
+    def running(self, key) -> int:
+        return super().running(key) + self.others
+
+
+def test_the_count_never_drops_below_what_other_gateways_hold():
+    latest: dict = {}
+    clock = Clock()
+    shared = PeerState(others=6)
+    accounting = Accounting(shared, health=PodHealth(), samples=lambda key, now: latest.get(key))
+    raw = {"models": {"m": {"pods": [{"name": "a", "address": "10.0.0.1:8000"}]}}}
+    gw = Gateway(parse(raw, env={}), clock=clock, accounting=accounting)
+    profile = gw.profile("least-request", "m")
+    for i in range(10):
+        gw.route(Request("m", "/v1/chat/completions", stream=True), profile, f"r{i}")
+    key = gw.pool.all_pods()[0].key
+    clock.now += 5.0
+    for _ in range(3):  # the engine holds only the other gateways' six: all ten of ours are lost
+        latest[key] = sample(6, clock.now)
+        gw.refresh()
+        clock.now += 1.0
+    assert shared.local_running(key) == 0 and shared.running(key) == 6
+    for _ in range(3):  # nothing of ours left: the engine holding fewer still releases nothing
+        latest[key] = sample(0, clock.now)
+        gw.refresh()
+        clock.now += 1.0
+    assert shared.running(key) == 6
+    assert gw.released_requests.labels("engine_count")._value.get() == 10

@@ -271,3 +271,53 @@ def test_routing_echoes_own_starts_per_peer_until_the_next_snapshot():
     a.sync(0.3)
     assert a.routing_running(pod.key) == a.running(pod.key) == 3
     assert LocalState().running(pod.key) == 0 and not hasattr(LocalState(), "routing_running")
+
+
+def test_after_an_outage_every_own_field_is_written_again_zeros_included():
+    # Redis may come back from an older RDB snapshot holding our count from then: a pod now idle
+    # would keep its stale count there unless the zero is written again.
+    c = core(aibrix_snapshots=False)
+    c.counts.add_running(POD, 5)
+    c.confirm(c.plan(0.0), 0.0)
+    c.counts.add_running(POD, -5)
+    c.confirm(c.plan(0.1), 0.1)  # 0 written
+    assert c.plan(0.2).running == {}  # nothing changed: nothing to send
+    c.failed()
+    assert c.plan(0.3).running == {POD.key: 0}
+    c.confirm(c.plan(0.3), 0.3)
+    assert c.plan(0.4).running == {}  # once
+
+
+def test_a_record_for_another_gateway_is_forwarded_until_sent():
+    c = core(aibrix_snapshots=False)
+    c.forward("owner-1", "owner-1.a", 200)
+    c.forward("owner-1", "owner-1.b", 0)
+    batch = c.plan(0.0)
+    assert batch.forwards == {"owner-1": ["owner-1.a 200", "owner-1.b 0"]}
+    c.unsent(batch)  # the pipeline failed: sent again with the next batch
+    again = c.plan(0.1)
+    assert again.forwards == batch.forwards
+    c.confirm(again, 0.1)
+    assert c.plan(0.2).forwards == {}
+
+
+def test_forwarded_records_are_received_once():
+    c = core()
+    c.receive(["me.1 200", "me.2 503", "garbage"])
+    assert c.take_forwarded() == [("me.1", 200), ("me.2", 503), ("garbage", 0)]
+    assert c.take_forwarded() == []
+
+
+def test_the_outbox_is_bounded_while_redis_is_away():
+    from extproc.state.sync_core import MAX_FORWARDS
+    c = core()
+    for i in range(MAX_FORWARDS + 10):
+        c.forward("o", f"o.{i}", 200)
+    assert sum(len(v) for v in c.plan(0.0).forwards.values()) == MAX_FORWARDS
+
+
+def test_retries_while_redis_is_down_are_at_most_about_a_second_apart():
+    from extproc.state.redis_sync import retry_pause
+    pauses = [retry_pause(n, 0.1, 1.2) for n in range(1, 12)]
+    assert pauses == sorted(pauses) and pauses[0] < 0.5
+    assert max(pauses) <= 1.2  # Redis back: each gateway tries again within this, converging within 2 s
