@@ -11,6 +11,10 @@ A compiled profile is: the imbalance gate (unless the strategy is exclusive), th
 the blend of its members after auto-blend. Member strategies are built once per (name, model) and shared
 by every blend that names them, so a strategy's learning hooks see every request it took part in.
 Clients choose header values, so the caches are bounded (settings.cache_size, oldest dropped first).
+
+A member's learning hooks join (`on_plugin`) when a profile that routes by it is first compiled, not
+when it is built: validation builds every registered strategy, and a gateway must not pay, on every
+request, for learners of strategies no request has asked for. From then on they see every request.
 """
 
 from __future__ import annotations
@@ -27,11 +31,14 @@ from extproc.routing.state import RoutingState
 
 class Router:
     def __init__(self, settings: RoutingSettings | None = None, state: RoutingState | None = None,
-                 on_plugin: Callable[[object], None] | None = None) -> None:
+                 on_plugin: Callable[[object], None] | None = None,
+                 active: set[tuple[str, str]] | None = None) -> None:
         self.settings = settings or RoutingSettings()
         self.state = state if state is not None else RoutingState.seeded(self.settings.seed)
-        # Told about every plugin of a newly built member strategy (the gateway's Hooks.add).
+        # Told about every plugin of a member strategy once a profile routes by it (the gateway's
+        # Hooks.add).
         self.on_plugin = on_plugin
+        self._active: set[tuple[str, str]] = set(active or ())  # (name, model) of members that route
         self._specs: dict[str, StrategySpec] = {}
         self._members: dict[tuple[str, str], Profile] = {}
         self._compiled: dict[tuple[str, str], Profile] = {}
@@ -39,8 +46,9 @@ class Router:
         self.default = parse_spec(self.settings.default_strategy, self._known.__contains__)
 
     def reconfigured(self, settings: RoutingSettings) -> Router:
-        """A Router for a new config that keeps this one's learned state and hook callback."""
-        return Router(settings, self.state, self.on_plugin)
+        """A Router for a new config that keeps this one's learned state, hook callback, and the
+        strategies requests have used (their learners keep learning)."""
+        return Router(settings, self.state, self.on_plugin, self._active)
 
     # -- the request path --------------------------------------------------------------------------
 
@@ -79,15 +87,23 @@ class Router:
         if profile is None:
             settings = replace(self.settings.for_model(model), state=self.state)
             profile = self._members[key] = build(name, settings)
-            if self.on_plugin is not None:
-                for plugin in profile.plugins():
-                    self.on_plugin(plugin)
         return profile
 
+    def _activate(self, names: tuple[str, ...], model: str) -> None:
+        """These members route requests from now on: their learners join the hooks."""
+        for name in names:
+            key = (name, model)
+            if key not in self._active:
+                self._active.add(key)
+                if self.on_plugin is not None:
+                    for plugin in self.member(name, model).plugins():
+                        self.on_plugin(plugin)
+
     def plugins(self) -> Iterator[object]:
-        """Every plugin of every member built so far (for rebuilding the gateway's hooks)."""
-        for profile in self._members.values():
-            yield from profile.plugins()
+        """Every plugin of every member a profile routes by (for rebuilding the gateway's hooks)."""
+        for key, profile in self._members.items():
+            if key in self._active:
+                yield from profile.plugins()
 
     def resolve(self, spec: StrategySpec, model: str) -> StrategySpec:
         """What `spec` routes as for `model`: an exclusive strategy alone, else the auto-blended spec."""
@@ -100,6 +116,7 @@ class Router:
 
     def _compile(self, spec: StrategySpec, model: str) -> Profile:
         routed = self.resolve(spec, model)
+        self._activate(routed.names, model)
         if len(routed.items) == 1:
             alone = self.member(routed.items[0][0], model)
             if alone.exclusive:  # manages its own pod selection: no gate

@@ -76,3 +76,19 @@ def test_seeded_routers_decide_alike():
     assert runs[0] == runs[1]
     one = Router(RoutingSettings(seed=9)).profile_for("load-balance", "m")
     assert len({one.pick(REQ, pods, 0.0).pod.name for _ in range(60)}) > 1
+
+
+def test_learners_join_when_a_profile_first_routes_by_their_strategy_and_stay_across_reloads():
+    seen: list[object] = []
+    r = Router(on_plugin=seen.append)
+    r.validate(["m"])  # builds every strategy; only the default (load-balance) routes
+    latency = r.member("least-latency", "m").plugins()
+    assert not set(map(id, latency)) & set(map(id, seen))
+    assert {id(p) for p in r.member("load-balance", "m").plugins()} <= set(map(id, seen))
+    r.profile_for("least-latency", "m")  # a request asks for it (auto-blended with least-request)
+    assert {id(p) for p in latency} <= set(map(id, seen))
+    assert {id(p) for p in r.member("least-request", "m").plugins()} <= set(map(id, seen))
+    again = r.reconfigured(RoutingSettings(seed=4))
+    again.validate(["m"])
+    assert {id(p) for p in again.member("least-latency", "m").plugins()} <= set(map(id, again.plugins()))
+    assert not {id(p) for p in again.member("throughput", "m").plugins()} & set(map(id, again.plugins()))

@@ -145,8 +145,9 @@ def test_a_pod_leaving_the_pool_leaves_the_prefix_table():
     views = [PodView(pod) for pod in gw.pool.ready_pods("m")]
     request = chat(LONG + "q")
     cache = gw.router.state.store["prefix-cache"]
+    gw.profile("prefix-cache", "m")  # a request asked for prefix-cache: its hooks are live
     cache.table("m")  # prefix-cache has routed this model: its hook records every later choice
-    for chosen in views:  # both pods served the prefix (every strategy's hooks are live after apply)
+    for chosen in views:  # both pods served the prefix
         gw.hooks.post_choice(request, chosen, 0.0)
     hashes = cache.hashes(request)
     assert set(cache.table("m").match(hashes)) == {v.pod.key for v in views}
