@@ -135,11 +135,12 @@ class ImbalanceGate:
         # Capacities, KV health and speeds are derived once per snapshot (routing/snapshot.py):
         # per request the gate reads only the running counts.
         c = derived(pods, self, self._columns)
+        running = [p.running for p in pods]
         if c.speed is not None:  # which pods are least loaded does not matter: only whether it fires
-            if not self._fires(pods, c):
+            if not self._fires(running, c):
                 return pods
-            keep = _quickest(pods, c)
-        elif (keep := self._cool(pods, c)) is None:  # type: ignore[assignment]
+            keep = _quickest(running, c)
+        elif (keep := self._cool(running, c)) is None:  # type: ignore[assignment]
             return pods
         self.counts[request.model] = self.counts.get(request.model, 0) + 1
         return [pods[i] for i in keep]
@@ -159,14 +160,10 @@ class ImbalanceGate:
                          [kv_penalty(pods[i].kv_free, alpha) for i in index])
         return _Columns(caps, sum(caps) / len(caps) if caps is not None else 1.0, healthy, speed)
 
-    def _ratios(self, pods: Sequence[PodView], c: _Columns) -> list[float]:
-        running = [p.running for p in pods]
-        return running if c.caps is None else list(map(truediv, running, c.caps))
-
-    def _cool(self, pods: Sequence[PodView], c: _Columns) -> list[int] | None:
+    def _cool(self, running: list[int], c: _Columns) -> list[int] | None:
         """Indices of the pods to keep when the gate fires, else None (keep every pod)."""
         s = self.settings
-        ratios, scale = self._ratios(pods, c), c.scale
+        ratios, scale = _normalised(running, c), c.scale
         low, high = min(ratios), max(ratios)
         if (high - low) * scale < s.imbalance_min_gap:
             return None  # the usual answer, before any KV check: no subset of the pods spreads wider
@@ -179,10 +176,10 @@ class ImbalanceGate:
         subset = list(compress(ratios, healthy))
         return _among(healthy, least_loaded(subset, s.imbalance_factor, s.imbalance_min_gap, scale))
 
-    def _fires(self, pods: Sequence[PodView], c: _Columns) -> bool:
+    def _fires(self, running: list[int], c: _Columns) -> bool:
         """`_cool(...) is not None`, without listing the pods it would keep."""
         s = self.settings
-        ratios, scale = self._ratios(pods, c), c.scale
+        ratios, scale = _normalised(running, c), c.scale
         low, high = min(ratios), max(ratios)
         if (high - low) * scale < s.imbalance_min_gap:
             return False
@@ -207,14 +204,20 @@ class _Columns:
     speed: tuple[list[int], list[float], list[float], list[float]] | None
 
 
-def _quickest(pods: Sequence[PodView], c: _Columns) -> list[int]:
+def _normalised(running: list[int], c: _Columns) -> list[float]:
+    return running if c.caps is None else list(map(truediv, running, c.caps))  # type: ignore[return-value]
+
+
+def _quickest(running: list[int], c: _Columns) -> list[int]:
     """When the gate fires under `capacity: speed`: the KV-healthy pods with the lowest load-balance
     score (time per token the next request would get × KV penalty), instead of the least loaded by
     count. Those include idle slow GPUs, and an idle GPU slower than a loaded fast one is no relief for
     a hotspot. Not used while some pod has no fitted speed yet (then `c.speed` is None)."""
     index, base, shape, penalty = c.speed  # type: ignore[misc]
+    if c.healthy is not None:
+        running = list(compress(running, c.healthy))
     # Speed.tpot(running + 1) x KV penalty, as load-balance scores
-    score = [b * (1.0 + k * (pods[i].running + 1)) * p for i, b, k, p in zip(index, base, shape, penalty)]
+    score = [b * (1.0 + k * (r + 1)) * p for b, k, p, r in zip(base, shape, penalty, running)]
     best = min(score)
     if score.count(best) == 1:
         return [index[score.index(best)]]
