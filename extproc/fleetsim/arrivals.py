@@ -28,13 +28,14 @@ class Arrival:
 def generate(scenario: Scenario, seed: int, gateways: int = 1) -> list[Arrival]:
     out: list[Arrival] = []
     peak = max([1.0, *(c.factor for c in scenario.rate_changes)])
+    thinned = bool(scenario.rate_changes)
     for i, stream in enumerate(scenario.streams):
         rng = random.Random(f"{seed}:{i}:{stream.name}")  # str seeds hash deterministically (SHA-512)
         lam = stream.rate * peak
         groups = _groups(stream, random.Random(f"{seed}:{i}:{stream.name}:groups"))
         t = rng.expovariate(lam)
         while t < scenario.duration_s:
-            if peak == 1.0 or rng.random() * peak < scenario.rate_factor(t):
+            if not thinned or rng.random() * peak < scenario.rate_factor(t, stream.name):
                 group, prefix = -1, 0
                 if groups:
                     group = rng.choices(range(len(groups[0])), cum_weights=groups[1])[0]

@@ -25,6 +25,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --gateways N: token counters stay local (the spec's known limitation)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="OUT", help="write the report as JSON (with time series)")
+    p.add_argument("--optimizer", action="store_true",
+                   help="the GPU optimizer scales each deployment from the gateways' traces (scenario's "
+                        "autoscale section: provision_s, interval_s, window_s; fleet min_replicas, initial, cost)")
+    p.add_argument("--profiles", metavar="DIR",
+                   help="with --optimizer: its GPU profiles (AIBrix JSON, gpu = the deployment name) instead "
+                        "of profiles measured on the engine model")
     p.add_argument("--plot", metavar="OUT.png", help="utilization and QPS over time per GPU type")
     p.add_argument("--markdown", metavar="OUT.md", help="also write the markdown table to a file")
     p.add_argument("--find-max-rate", action="store_true",
@@ -53,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         print("fleet-sim: --gateways must be >= 1", file=sys.stderr)
         return 2
     options = Options(gateways=args.gateways, share_tokens=not args.no_token_sharing, seed=args.seed,
-                      jobs=args.jobs, oracle_capacity=args.capacity == "oracle")
+                      jobs=args.jobs, oracle_capacity=args.capacity == "oracle", optimizer=args.optimizer,
+                      profiles_dir=args.profiles)
     bars = _Bars(strategies, scenario.duration_s, enabled=not args.no_progress)
     try:
         report = compare(scenario, strategies, options, bars.update)

@@ -19,7 +19,9 @@ class Replica:
     deployment: str
     driver: EngineDriver
     saturated: float           # output tokens/s when kept full with the scenario's mix
-    alive: bool = True
+    alive: bool = True         # serving, or draining (the optimizer scaled it down: no new requests)
+    ready: bool = True         # False while draining
+    starting: bool = False     # the optimizer added it: it serves once provisioned
     scheduled: float = -1.0    # end time of the step the event heap holds for it (lazy invalidation)
     # Figures over the measured window [warmup, duration):
     tokens: int = 0
@@ -32,7 +34,7 @@ class Replica:
     def config_entry(self) -> dict[str, Any]:
         """This pod as the gateway's config file lists it."""
         return {"name": self.name, "address": self.address, "deployment": self.deployment,
-                "labels": {"gpu": self.gpu}}
+                "labels": {"gpu": self.gpu}, "ready": self.ready}
 
 
 def build_replicas(scenario: Scenario, seed: int = 0) -> list[Replica]:

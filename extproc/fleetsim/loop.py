@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from extproc.fleetsim.arrivals import Arrival
+from extproc.fleetsim.autoscale import Optimizer, Timeline
 from extproc.fleetsim.fleet import Replica, build_replicas
 from extproc.fleetsim.gateways import build_gateways, gateway_config
-from extproc.fleetsim.scenario import Scenario
-from extproc.fleetsim.slo_profiles import load_slo_profiles
+from extproc.fleetsim.scenario import Autoscale, Scenario
+from extproc.fleetsim.slo_profiles import load_slo_profiles, virtual_profile
 from extproc.openai import CHARS_PER_TOKEN, Request
+from extproc.profiles import Profile
 from extproc.routing.slo import SloProfile, SloReject, SloWait
 from extproc.server.gateway import Decision
 from extproc.sim.engine import CapacityError, SeqState, SimRequest
@@ -33,7 +35,7 @@ from extproc.slo.dispatch import dispatch, expire
 from extproc.slo.queue import Entry, Full
 
 PENDING, OK, REJECTED, FAILED = 0, 1, 2, 3
-STEP, SCRAPE, REFRESH, SYNC, LOSS, EXPIRE, DISPATCH = 0, 1, 2, 3, 4, 5, 6
+STEP, SCRAPE, REFRESH, SYNC, LOSS, EXPIRE, DISPATCH, REPLAN, PROVISIONED, RETIRE = range(10)
 BUCKET_S = 5.0  # resolution of the time series (utilization over time)
 NAN = math.nan
 
@@ -63,6 +65,9 @@ class RunResult:
     e2e: list[float]
     output: list[int]
     lost_at: dict[int, float] = field(default_factory=dict)  # replica index -> time it disappeared
+    # replica index -> [start, end) spans it served (absent: the whole run, up to lost_at)
+    spans: dict[int, list[list[float]]] = field(default_factory=dict)
+    autoscale: Timeline | None = None  # the optimizer's re-plans (--optimizer)
     bucket_tokens: dict[str, list[int]] = field(default_factory=dict)  # per GPU type, per BUCKET_S
     bucket_routed: dict[str, list[int]] = field(default_factory=dict)
     end_time: float = 0.0
@@ -92,12 +97,28 @@ def _fill(unit: str, chars: int) -> str:
 def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gateways: int = 1,
         share_tokens: bool = True, seed: int = 0, drain_limit_s: float = 600.0,
         progress: ProgressFn | None = None, oracle_capacity: bool = False,
-        give_up: bool = False) -> RunResult:
+        give_up: bool = False, optimizer: bool = False,
+        gpu_profiles: Mapping[str, Profile] | None = None) -> RunResult:
     """Replay `arrivals` through `strategy`. With `give_up`, stop as soon as the scenario's SLO (read
     as the report reads it: p99 TPOT and TTFT of the measured window, nothing rejected or failed) can
-    no longer be met, and set `gave_up`: what a rate search needs, at a fraction of a failing run."""
+    no longer be met, and set `gave_up`: what a rate search needs, at a fraction of a failing run.
+    With `optimizer`, the GPU optimizer scales each deployment (fleetsim.autoscale). `strategy@dep`
+    runs only deployment `dep` (the spec's Scalar baseline: one GPU type, sized by the optimizer).
+    `gpu_profiles` (deployment -> profile) are the optimizer's; default: measured on the engine model."""
     clock = Clock()
+    name = strategy
+    strategy, _, only = strategy.partition("@")
     replicas = build_replicas(scenario, seed)
+    groups = {g.name: g for g in scenario.groups if not only or g.name == only}
+    if only and not groups:
+        raise ValueError(f"{strategy}@{only}: no deployment named {only!r} in the fleet")
+    ordinal: dict[str, int] = {}
+    for r in replicas:  # what runs at the start
+        k = ordinal[r.deployment] = ordinal.get(r.deployment, -1) + 1
+        group = groups.get(r.deployment)
+        first = 0 if group is None else (group.initial if optimizer and group.initial is not None
+                                         else group.replicas)
+        r.alive = k < first
     config = gateway_config(scenario.model, replicas, seed)
     by_addr = {r.address: r for r in replicas}
     oracle = {p.key: by_addr[p.address].saturated for p in config.pods} if oracle_capacity else None
@@ -110,7 +131,7 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
     keys_of = [[p.key for p in g.gateway.pool.all_pods()] for g in gws]
     replicas_of = [[by_address[p.address] for p in g.gateway.pool.all_pods()] for g in gws]
     n = len(arrivals)
-    res = RunResult(strategy, scenario, list(arrivals), replicas, [PENDING] * n, [-1] * n, [NAN] * n,
+    res = RunResult(name, scenario, list(arrivals), replicas, [PENDING] * n, [-1] * n, [NAN] * n,
                     [NAN] * n, [NAN] * n, [0] * n, gateways=gateways)
     nb = max(1, math.ceil(scenario.duration_s / BUCKET_S))
     gpus = sorted({r.gpu for r in replicas})
@@ -144,6 +165,69 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
         push(timing.sync_interval_s * (1 + phase), SYNC, g)  # also the busy-time sample, as live
     for loss_i, loss in enumerate(scenario.losses):
         push(loss.at, LOSS, loss_i)
+    res.spans = {r.index: [[0.0, math.inf]] if r.alive else [] for r in replicas}
+    opt: Optimizer | None = None
+    ready_at: dict[int, float] = {}  # replica index -> when the one being provisioned serves
+    if optimizer:
+        auto = scenario.autoscale or Autoscale()
+        given = gpu_profiles or {}
+        measured = {d: given.get(d) or replace(virtual_profile(scenario, g.gpu, d), cost=g.cost)
+                    for d, g in groups.items()}
+        opt = Optimizer(model, groups, measured, auto, clock)
+        for g in gws:
+            g.gateway.add_hook(opt.hooks())
+        res.autoscale = opt.timeline
+        periods[REPLAN] = auto.interval_s
+        push(auto.interval_s, REPLAN, 0)
+
+    def reconfigure() -> None:
+        """The fleet changed: every gateway gets the new pod list, as from discovery."""
+        cfg = gateway_config(model, replicas, seed)
+        for g in gws:
+            g.gateway.apply(cfg)
+        # apply() rebuilds profiles from names: take the new ones, as the live server would
+        profiles[:] = [g.gateway.profile(strategy, model) for g in gws]
+        keys_of[:] = [[p.key for p in g.gateway.pool.all_pods()] for g in gws]
+        replicas_of[:] = [[by_address[p.address] for p in g.gateway.pool.all_pods()] for g in gws]
+
+    def stop_serving(r: Replica) -> None:
+        r.alive, r.ready = False, True
+        res.spans[r.index][-1][1] = clock.now
+
+    def scale(t: float) -> None:
+        """One re-plan: start, cancel or drain replicas toward what each PodAutoscaler asks for."""
+        assert opt is not None
+        desired = opt.tick(t)
+        changed = False
+        for dep, want in desired.items():
+            mine = [r for r in replicas if r.deployment == dep]
+            serving = [r for r in mine if r.alive and r.ready]
+            starting = [r for r in mine if r.starting]
+            have = len(serving) + len(starting)
+            for r in [r for r in mine if r.alive and not r.ready][:max(0, want - have)]:
+                r.ready, changed, have = True, True, have + 1  # a draining one is kept instead
+            for r in [r for r in mine if not r.alive and not r.starting][:max(0, want - have)]:
+                r.starting, ready_at[r.index] = True, t + opt.settings.provision_s
+                push(ready_at[r.index], PROVISIONED, r.index)
+                have += 1
+            extra = max(0, have - want)
+            for r in [*reversed(starting), *reversed(serving)][:extra]:
+                if r.starting:
+                    r.starting = False  # not provisioned yet: cancelled
+                else:
+                    r.ready, changed = False, True  # drains: no new requests, its open ones finish
+                    if not r.open:
+                        stop_serving(r)
+        if changed:
+            reconfigure()
+        opt.record(t, desired, {d: sum(1 for r in replicas if r.deployment == d and (r.alive or r.starting))
+                                for d in groups})
+
+    def provisioned(r: Replica) -> None:
+        if r.starting and ready_at.get(r.index) == clock.now:
+            r.starting, r.alive, r.ready = False, True, True
+            res.spans[r.index].append([clock.now, math.inf])
+            reconfigure()
 
     def reject(i: int) -> None:
         res.status[i] = REJECTED
@@ -173,6 +257,8 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
                 if measured and ttfb > slo_ttft:
                     misses[1] += 1
         key = decision_key[i]
+        if not r.ready and not r.open:
+            push(clock.now, RETIRE, r.index)  # the last request of a draining replica
         if slo[arrival.gateway] is not None:
             push(clock.now, DISPATCH, arrival.gateway)  # capacity may have freed: the queue goes next
         if key is not None:
@@ -211,19 +297,13 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
         for r in group[len(group) - count:]:
             r.alive = False
             res.lost_at[r.index] = clock.now
+            res.spans[r.index][-1][1] = clock.now
             for rid, i in list(r.open.items()):
                 seq = r.driver.engine.get(rid)  # what it streamed so far is all the client got
                 r.driver.abort(rid)
                 end_request(i, r, seq, FAILED, 0)
             r.open.clear()
-        cfg = gateway_config(model, replicas, seed)
-        for g in gws:
-            g.gateway.apply(cfg)
-        # apply() rebuilds profiles from names: take the new ones, as the live server would
-        profiles[:] = [g.gateway.profile(strategy, model) for g in gws]
-        alive_keys = [[p.key for p in g.gateway.pool.all_pods()] for g in gws]
-        keys_of[:] = alive_keys
-        replicas_of[:] = [[by_address[p.address] for p in g.gateway.pool.all_pods()] for g in gws]
+        reconfigure()
 
     def start(i: int, decision: Decision | None, text: str, t: float) -> None:
         if decision is None:
@@ -320,8 +400,19 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
                 if gateways > 1:
                     gws[arg].shared.sync(t)  # type: ignore[attr-defined]
                 gws[arg].gateway.sample_busy()
+            elif kind == REPLAN:
+                scale(t)
             elif kind == LOSS:
                 lose(arg)
+                continue
+            elif kind == PROVISIONED:
+                provisioned(replicas[arg])
+                continue
+            elif kind == RETIRE:
+                r = replicas[arg]
+                if r.alive and not r.ready and not r.open:
+                    stop_serving(r)
+                    reconfigure()
                 continue
             push(t + periods[kind], kind, arg)
             continue

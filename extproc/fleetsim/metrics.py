@@ -21,6 +21,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from extproc.fleetsim.autoscale import summary as autoscale_summary
 from extproc.fleetsim.loop import BUCKET_S, FAILED, OK, REJECTED, RunResult
 
 CAPACITY_AFTER_S = 120.0  # the capacity metric is judged after two minutes of traffic
@@ -85,7 +86,7 @@ def summarize(run: RunResult) -> dict[str, Any]:
     gpu_types: dict[str, Any] = {}
     for gpu in gpus:
         reps = [r for r in run.replicas if r.gpu == gpu]
-        alive_s = [max(0.0, min(hi, run.lost_at.get(r.index, hi)) - lo) for r in reps]
+        alive_s = [serving_s(run, r.index, lo, hi) for r in reps]
         capacity = sum(r.saturated * s for r, s in zip(reps, alive_s))  # saturated token-seconds
         tokens = sum(r.tokens for r in reps)
         busy = sum(r.busy_s for r in reps)
@@ -121,8 +122,11 @@ def summarize(run: RunResult) -> dict[str, Any]:
                     "completed": sum(1 for s in run.status if s == OK),
                     "rejected": sum(1 for s in run.status if s == REJECTED),
                     "failed": sum(1 for s in run.status if s == FAILED)}
-    return {"gpu_types": gpu_types, "cluster": cluster, "all_requests": conservation,
-            "slo_met": _slo_met(slo, cluster), "series": series(run)}
+    out = {"gpu_types": gpu_types, "cluster": cluster, "all_requests": conservation,
+           "slo_met": _slo_met(slo, cluster), "series": series(run)}
+    if run.autoscale is not None:
+        out["autoscale"] = autoscale_summary(run.autoscale, lo, hi)
+    return out
 
 
 def _capacity_estimate(run: RunResult, reps: list[Any]) -> dict[str, Any] | None:
@@ -131,7 +135,7 @@ def _capacity_estimate(run: RunResult, reps: list[Any]) -> dict[str, Any] | None
     since."""
     def ratios(row: list[float], t: float) -> list[float]:
         return [row[r.index] / r.saturated for r in reps
-                if run.lost_at.get(r.index, math.inf) > t and row[r.index] == row[r.index]]
+                if serving_s(run, r.index, t, t + 1e-9) > 0 and row[r.index] == row[r.index]]
 
     end = run.scenario.duration_s  # while traffic arrives: the drain after it is no steady state
     samples = [(t, row) for t, row in run.capacity_estimates if CAPACITY_AFTER_S <= t < end]
@@ -190,7 +194,7 @@ def series(run: RunResult) -> dict[str, Any]:
         util = []
         for b, n in enumerate(tokens):
             t0, t1 = b * BUCKET_S, min((b + 1) * BUCKET_S, run.scenario.duration_s)
-            cap = sum(r.saturated * max(0.0, min(t1, run.lost_at.get(r.index, t1)) - t0) for r in reps)
+            cap = sum(r.saturated * serving_s(run, r.index, t0, t1) for r in reps)
             util.append(n / cap if cap > 0 else 0.0)
         out["utilization"][gpu] = util
         out["qps"][gpu] = [c / BUCKET_S for c in run.bucket_routed[gpu]]
@@ -198,8 +202,17 @@ def series(run: RunResult) -> dict[str, Any]:
     return out
 
 
+def serving_s(run: RunResult, index: int, lo: float, hi: float) -> float:
+    """Seconds of [lo, hi) the replica was serving (alive, draining included)."""
+    spans = run.spans.get(index, [[0.0, run.lost_at.get(index, math.inf)]])
+    return sum(max(0.0, min(hi, end) - max(lo, start)) for start, end in spans)
+
+
 def strip_series(summary: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in summary.items() if k != "series"}
+    out = {k: v for k, v in summary.items() if k != "series"}
+    if "autoscale" in out:
+        out["autoscale"] = {k: v for k, v in out["autoscale"].items() if k != "series"}
+    return out
 
 
 def mean(values: Iterable[float]) -> float:

@@ -62,6 +62,19 @@ def markdown(report: dict[str, Any]) -> str:
             extra += "; capacity estimate / engine saturated throughput, every replica at the end: " + ", ".join(caps)
         lines.append(f"- {name}: {c['arrived']} requests measured ({c['completed']} completed, {c['rejected']} "
                      f"rejected, {c['failed']} failed); {s['wall_s']:.1f} s wall{extra}")
+    autoscaled = {name: s["autoscale"] for name, s in report["strategies"].items() if s.get("autoscale")}
+    if autoscaled:
+        lines += ["", "| strategy | GPU cost / h (mean, measured) | at the end | replicas (min-max, measured) | "
+                  "most direction changes in 5 min | SLO % |", "|---|---|---|---|---|---|"]
+        for name, a in autoscaled.items():
+            reps = ", ".join(f"{d} {lo}-{hi}" for d, (lo, hi) in a["replicas_range"].items())
+            turns = ", ".join(f"{d} {n}" for d, n in a["turns_per_5min"].items())
+            slo_pct = report["strategies"][name]["cluster"]["slo_attainment"] * 100
+            lines.append(f"| {name} | {a['cost_per_hour_mean']:.2f} | {a['cost_per_hour_end']:.2f} | {reps} | "
+                         f"{turns} | {slo_pct:.1f} |")
+        for name, a in autoscaled.items():
+            for err in a["plan_errors"]:
+                lines.append(f"- {name}: no plan at {err}")
     if report.get("bound_rps") is not None:
         parts = ", ".join(f"{gpu} {'-' if v is None else f'{v:.1f}'}" for gpu, v in report["bound_by_gpu"].items())
         lines.append(f"- bound_rps (each GPU type alone at its highest rate meeting the SLO, summed): "

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from extproc.fleetsim.arrivals import generate
@@ -20,6 +21,7 @@ from extproc.fleetsim.loop import run
 from extproc.fleetsim.metrics import summarize
 from extproc.fleetsim.saturation import saturated_throughput
 from extproc.fleetsim.scenario import Scenario
+from extproc.profiles import Profile, load_profile
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +31,8 @@ class Options:
     seed: int = 0
     jobs: int = 0  # 0: one per strategy, at most the CPU count
     oracle_capacity: bool = False  # diagnostic: true saturated capacities instead of learned ones
+    optimizer: bool = False  # the GPU optimizer scales each deployment (fleetsim.autoscale)
+    profiles_dir: str | None = None  # the optimizer's GPU profiles (AIBrix JSON, "gpu" = deployment)
 
 
 Progress = Callable[[str, float], None]  # (strategy, virtual seconds done)
@@ -40,11 +44,19 @@ def run_strategy(scenario: Scenario, strategy: str, options: Options,
     arrivals = generate(scenario, options.seed, options.gateways)
     started = time.perf_counter()
     result = run(scenario, strategy, arrivals, gateways=options.gateways, share_tokens=options.share_tokens,
-                 seed=options.seed, oracle_capacity=options.oracle_capacity, progress=(lambda t: progress(strategy, t)) if progress else None)
+                 seed=options.seed, oracle_capacity=options.oracle_capacity, optimizer=options.optimizer,
+                 gpu_profiles=given_profiles(options.profiles_dir), progress=(lambda t: progress(strategy, t)) if progress else None)
     summary = summarize(result)
     summary["wall_s"] = time.perf_counter() - started
     summary["virtual_end_s"] = result.end_time
     return summary
+
+
+def given_profiles(directory: str | None) -> dict[str, Profile] | None:
+    if directory is None:
+        return None
+    profiles = [load_profile(path) for path in sorted(Path(directory).glob("*.json"))]
+    return {p.gpu: p for p in profiles}
 
 
 def _worker(scenario: Scenario, strategy: str, options: Options) -> dict[str, Any]:
@@ -86,6 +98,7 @@ def compare(scenario: Scenario, strategies: Sequence[str], options: Options,
         "gateways": options.gateways,
         "token_sharing": options.share_tokens,
         "capacity": "oracle" if options.oracle_capacity else "learned",
+        "optimizer": options.optimizer,
         "seed": options.seed,
         "strategies": results,
     }

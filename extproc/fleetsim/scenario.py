@@ -27,6 +27,11 @@ class Group:
     replicas: int
     name: str  # deployment name; the report groups by GPU type
     tensor_parallel: int | None = None
+    # With the optimizer in the loop (`autoscale`): `replicas` is the most it may run, `initial` how
+    # many run at the start, `min_replicas` the label model.aibrix.ai/min_replicas, `cost` per hour.
+    initial: int | None = None
+    min_replicas: int = 0
+    cost: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +61,25 @@ class Stream:
 
 @dataclass(frozen=True, slots=True)
 class RateChange:
-    """Multiply every stream's rate by `factor` during [start, end)."""
+    """Multiply every stream's rate (or only `stream`'s) by `factor` during [start, end); 0 stops it."""
 
     start: float
     end: float
     factor: float
+    stream: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Autoscale:
+    """The GPU optimizer in the loop: it re-plans every `interval_s` from the traces of the last
+    `window_s` (its live schedule), and a replica it adds serves `provision_s` later. The PodAutoscaler
+    scales down only to the highest count asked for in the last `stabilization_s` (Kubernetes HPA's
+    behavior.scaleDown.stabilizationWindowSeconds, default 300)."""
+
+    provision_s: float = 60.0
+    interval_s: float = 10.0
+    window_s: float = 240.0
+    stabilization_s: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,15 +126,16 @@ class Scenario:
     timing: GatewayTiming = GatewayTiming()
     engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig overrides for every replica
     description: str = ""
+    autoscale: Autoscale | None = None  # the optimizer's defaults for --optimizer
 
     @property
     def total_rate(self) -> float:
         return sum(s.rate for s in self.streams)
 
-    def rate_factor(self, t: float) -> float:
+    def rate_factor(self, t: float, stream: str | None = None) -> float:
         f = 1.0
         for c in self.rate_changes:
-            if c.start <= t < c.end:
+            if c.start <= t < c.end and (c.stream is None or c.stream == stream):
                 f *= c.factor
         return f
 
@@ -148,7 +168,7 @@ def load(name_or_path: str) -> Scenario:
 
 
 _TOP = {"name", "description", "model", "fleet", "streams", "duration_s", "warmup_s", "slo", "events",
-        "strategies", "gateway", "engine"}
+        "strategies", "gateway", "engine", "autoscale"}
 
 
 def parse(raw: Any, default_name: str = "scenario") -> Scenario:
@@ -170,6 +190,17 @@ def parse(raw: Any, default_name: str = "scenario") -> Scenario:
     if duration <= 0 or not 0 <= warmup < duration:
         raise ValueError("need duration_s > 0 and 0 <= warmup_s < duration_s")
     changes, losses = _events(raw.get("events") or [], {g.gpu for g in groups})
+    unknown = {c.stream for c in changes} - {s.name for s in streams} - {None}
+    if unknown:
+        raise ValueError(f"events: no stream named {sorted(unknown)}")
+    auto = raw.get("autoscale")
+    if auto is not None and (not isinstance(auto, dict) or set(auto) - {"provision_s", "interval_s", "window_s",
+                                                                    "stabilization_s"}):
+        raise ValueError("autoscale: a mapping of provision_s, interval_s, window_s, stabilization_s")
+    autoscale = Autoscale(**{k: float(v) for k, v in auto.items()}) if auto is not None else None
+    if autoscale is not None and (autoscale.provision_s < 0 or autoscale.interval_s <= 0
+                                  or autoscale.window_s < autoscale.interval_s or autoscale.stabilization_s < 0):
+        raise ValueError("autoscale: provision_s, stabilization_s >= 0, interval_s > 0, window_s >= interval_s")
     slo_raw = raw.get("slo") or {}
     slo = Slo(tpot_s=_opt_float(slo_raw.get("tpot_s")), ttft_s=_opt_float(slo_raw.get("ttft_s")))
     gw = raw.get("gateway") or {}
@@ -179,7 +210,7 @@ def parse(raw: Any, default_name: str = "scenario") -> Scenario:
         name=str(raw.get("name", default_name)), model=model, groups=groups, streams=streams,
         duration_s=duration, warmup_s=warmup, slo=slo, rate_changes=changes, losses=losses,
         strategies=tuple(str(s) for s in strategies), timing=timing, engine=dict(raw.get("engine") or {}),
-        description=str(raw.get("description", "")).strip())
+        description=str(raw.get("description", "")).strip(), autoscale=autoscale)
 
 
 def _list(raw: dict[str, Any], key: str) -> list[Any]:
@@ -197,7 +228,14 @@ def _group(raw: Any, i: int) -> Group:
     if replicas < 1:
         raise ValueError(f"fleet[{i}]: replicas >= 1")
     tp = raw.get("tensor_parallel")
-    return Group(gpu, replicas, str(raw.get("name", gpu.lower())), int(tp) if tp else None)
+    initial = raw.get("initial")
+    minimum, cost = int(raw.get("min_replicas", 0)), float(raw.get("cost", 1.0))
+    if initial is not None and not 0 <= int(initial) <= replicas:
+        raise ValueError(f"fleet[{i}]: 0 <= initial <= replicas")
+    if not 0 <= minimum <= replicas or cost < 0:
+        raise ValueError(f"fleet[{i}]: 0 <= min_replicas <= replicas and cost >= 0")
+    return Group(gpu, replicas, str(raw.get("name", gpu.lower())), int(tp) if tp else None,
+                 int(initial) if initial is not None else None, minimum, cost)
 
 
 def _stream(raw: Any, i: int) -> Stream:
@@ -231,9 +269,10 @@ def _events(raw: list[Any], gpus: set[str]) -> tuple[tuple[RateChange, ...], tup
         kind = e.get("kind") if isinstance(e, dict) else None
         if kind == "rate":
             start, end = float(e["at"]), float(e["until"])
-            if end <= start or float(e["factor"]) <= 0:
-                raise ValueError(f"events[{i}]: need until > at and factor > 0")
-            changes.append(RateChange(start, end, float(e["factor"])))
+            if end <= start or float(e["factor"]) < 0:
+                raise ValueError(f"events[{i}]: need until > at and factor >= 0")
+            stream = e.get("stream")
+            changes.append(RateChange(start, end, float(e["factor"]), str(stream) if stream else None))
         elif kind == "lose-replicas":
             gpu = get_gpu(str(e["gpu"])).name
             if gpu not in gpus:

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 
 from extproc.openai import Request
 from extproc.routing.framework import PodView
@@ -19,17 +20,19 @@ log = logging.getLogger(__name__)
 
 
 class TraceHooks:
-    """Wall-clock windows, so traces written by several gateways line up in Redis."""
+    """Wall-clock windows, so traces written by several gateways line up in Redis (the fleet
+    simulation passes its virtual clock as `wall`)."""
 
-    def __init__(self, recorder: TraceRecorder) -> None:
+    def __init__(self, recorder: TraceRecorder, wall: Callable[[], float] = time.time) -> None:
         self.recorder = recorder
+        self.wall = wall
 
     def post_choice(self, request: Request, chosen: PodView, now: float) -> None:
-        self.recorder.arrived(request.model, time.time())
+        self.recorder.arrived(request.model, self.wall())
 
     def post_response(self, record: RequestRecord, now: float) -> None:
         if record.ok and record.output_tokens is not None:
-            self.recorder.completed(record.model, record.prompt_tokens or 0, record.output_tokens, time.time())
+            self.recorder.completed(record.model, record.prompt_tokens or 0, record.output_tokens, self.wall())
 
 
 async def run_tracing(gateway: Gateway, redis_url: str) -> None:

@@ -1,0 +1,125 @@
+"""The GPU optimizer in the fleet simulation's loop (`extproc fleet-sim --optimizer`).
+
+The simulated gateways write request traces as live ones do (`TraceHooks` -> `TraceRecorder`, windows
+keyed by wall-clock time, here virtual time from EPOCH); a dict stands in for Redis. Every `interval_s`
+the optimizer's own code re-plans from them: `window_ends` + `parse_trace` (what `read_windows` reads),
+`trace_rates`, `solve` with the per-GPU profiles, `ModelState.apply`/`reported` (overrides none, no load:
+min_replicas). A PodAutoscaler then scales each deployment to ceil(metric / targetValue) with the
+metric in hundredths of a replica and targetValue 100, within [min_replicas, the replicas it may run],
+and down only to the highest count of the last `stabilization_s` (the HPA's scale-down stabilization).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from extproc.fleetsim.scenario import Autoscale, Group
+from extproc.optimizer.deployments import Deployment
+from extproc.optimizer.monitor import ModelState
+from extproc.optimizer.service import REPLICA_UNITS
+from extproc.optimizer.solver import PlanError, solve
+from extproc.optimizer.traces import window_ends
+from extproc.optimizer.workload import parse_trace, trace_rates
+from extproc.profiles import Profile
+from extproc.server.traces import TraceHooks
+from extproc.tracing.window import TraceRecorder, trace_key
+
+EPOCH = 1_700_000_000.0  # virtual time 0 as unix time (trace keys carry window ends in unix seconds)
+TARGET_VALUE = REPLICA_UNITS  # the PodAutoscaler's targetValue for vllm:deployment_replicas
+
+
+@dataclass(slots=True)
+class Timeline:
+    """What the optimizer asked for and what ran, per re-plan."""
+
+    times: list[float] = field(default_factory=list)
+    desired: dict[str, list[int]] = field(default_factory=dict)   # deployment -> PodAutoscaler target
+    billed: dict[str, list[int]] = field(default_factory=dict)    # serving + starting + draining
+    cost_per_hour: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class Optimizer:
+    def __init__(self, model: str, groups: Mapping[str, Group], profiles: Mapping[str, Profile],
+                 settings: Autoscale, clock: Callable[[], float]) -> None:
+        self.model = model
+        self.groups = dict(groups)
+        self.profiles = [profiles[d] for d in sorted(profiles)]
+        self.settings = settings
+        self.clock = clock
+        self.recorder = TraceRecorder()
+        self.redis: dict[str, str] = {}
+        self.state = ModelState(model, deployments={
+            d: Deployment("default", d, model, g.min_replicas, g.initial) for d, g in self.groups.items()})
+        self.timeline = Timeline()
+        self.asked: list[tuple[float, dict[str, int]]] = []  # (time, counts) within the stabilization
+
+    def hooks(self) -> TraceHooks:
+        """One per simulated gateway: they all write into the same windows, as live ones do in Redis."""
+        return TraceHooks(self.recorder, lambda: EPOCH + self.clock())
+
+    def tick(self, now: float) -> dict[str, int]:
+        """One re-plan at virtual time `now`: the replicas each deployment's PodAutoscaler asks for."""
+        wall = EPOCH + now
+        for key, value in self.recorder.due(wall):  # the gateways' flush
+            self.redis[key] = value
+        windows = []
+        for end in window_ends(wall, self.settings.window_s):
+            raw = self.redis.get(trace_key(self.model, end))
+            if raw is not None:
+                windows.append(parse_trace(end, json.loads(raw)))
+        demands = trace_rates(windows, wall, self.settings.window_s)
+        plan, error = None, None
+        if demands:
+            try:
+                plan = solve(self.profiles, demands)
+            except PlanError as e:
+                error = str(e)
+                self.timeline.errors.append(f"{now:.0f}s: {e}")
+        self.state.apply(wall, demands, plan, error)
+        now_asked = {}
+        for d, g in self.groups.items():
+            metric = self.state.reported(d) * REPLICA_UNITS
+            now_asked[d] = min(g.replicas, max(g.min_replicas, math.ceil(metric / TARGET_VALUE)))
+        self.asked = [(t, a) for t, a in self.asked if t > now - self.settings.stabilization_s]
+        self.asked.append((now, now_asked))
+        return {d: max(a[d] for _, a in self.asked) for d in self.groups}
+
+    def record(self, now: float, desired: Mapping[str, int], billed: Mapping[str, int]) -> None:
+        t = self.timeline
+        t.times.append(now)
+        for d in self.groups:
+            t.desired.setdefault(d, []).append(desired.get(d, 0))
+            t.billed.setdefault(d, []).append(billed.get(d, 0))
+        t.cost_per_hour.append(sum(billed.get(d, 0) * g.cost for d, g in self.groups.items()))
+
+
+def direction_changes(values: list[int], times: list[float], span_s: float) -> int:
+    """The most times a series turned from up to down (or back) within any `span_s` of time."""
+    turns: list[float] = []
+    last = 0
+    for prev, cur, t in zip(values, values[1:], times[1:]):
+        step = (cur > prev) - (cur < prev)
+        if step and last and step != last:
+            turns.append(t)
+        last = step or last
+    return max((sum(1 for u in turns if t <= u < t + span_s) for t in turns), default=0)
+
+
+def summary(timeline: Timeline, warmup_s: float, duration_s: float) -> dict[str, object]:
+    measured = [k for k, t in enumerate(timeline.times) if warmup_s <= t < duration_s]
+    cost = [timeline.cost_per_hour[k] for k in measured]
+    return {
+        "cost_per_hour_mean": sum(cost) / len(cost) if cost else 0.0,
+        "cost_per_hour_end": timeline.cost_per_hour[-1] if timeline.cost_per_hour else 0.0,
+        "replicas_end": {d: v[-1] for d, v in timeline.billed.items() if v},
+        "replicas_range": {d: [min(v[k] for k in measured), max(v[k] for k in measured)] if measured else [0, 0]
+                           for d, v in timeline.billed.items()},
+        "turns_per_5min": {d: direction_changes(v, timeline.times, 300.0) for d, v in timeline.desired.items()},
+        "plan_errors": timeline.errors[:5],
+        "series": {"t": timeline.times, "replicas": timeline.billed, "desired": timeline.desired,
+                   "cost_per_hour": timeline.cost_per_hour},
+    }

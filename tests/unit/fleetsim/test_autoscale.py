@@ -1,0 +1,94 @@
+"""The GPU optimizer in the fleet simulation's loop: it reads the gateways' traces, its plan scales each
+deployment after the provisioning delay, min_replicas holds, a step in load does not make it flap, and
+`strategy@deployment` runs one deployment only (the spec's Scalar)."""
+
+from __future__ import annotations
+
+import pytest
+
+from extproc.fleetsim.arrivals import generate
+from extproc.fleetsim.autoscale import direction_changes
+from extproc.fleetsim.loop import run
+from extproc.fleetsim.metrics import summarize
+from extproc.profiles import parse_profile
+from tests.unit.fleetsim.conftest import small
+
+CHAT = {"name": "chat", "rate": 2, "prompt": {"mean": 200, "sigma": 0.5, "max": 1000},
+        "output": {"mean": 40, "sigma": 0.5, "max": 200}}
+
+
+def flat(name: str, tput: float, cost: float):
+    """A profile whose pod serves `tput` req/s of every shape within the SLO."""
+    return parse_profile({"gpu": name, "cost": cost, "tputs": [[tput] * 2] * 2,
+                          "indexes": [[16, 1024], [128, 4096]], "e2e": [[1.0] * 2] * 2,
+                          "slos": {"percentile": 99, "tpot": 0.05}, "created": 1.0})
+
+
+def scenario(**overrides):
+    raw = {"duration_s": 400, "warmup_s": 100, "streams": [CHAT],
+           "fleet": [{"gpu": "A100", "replicas": 10, "initial": 2, "min_replicas": 2, "cost": 2.0, "name": "fast"},
+                     {"gpu": "L20", "replicas": 10, "initial": 1, "min_replicas": 1, "cost": 1.0, "name": "slow"}],
+           # the load triples at 200 s (a step), and stays
+           "events": [{"kind": "rate", "at": 200, "until": 400, "factor": 3}],
+           "autoscale": {"provision_s": 30, "interval_s": 10, "window_s": 60}}
+    raw.update(overrides)
+    return small(**raw)
+
+
+PROFILES = {"fast": flat("fast", 1.0, 2.0), "slow": flat("slow", 0.5, 3.0)}  # slow: 6.0 per req/s, fast 2.0
+
+
+def test_the_plan_scales_the_cheaper_type_after_a_step_and_settles():
+    sc = scenario()
+    res = run(sc, "least-request", generate(sc, 5), seed=5, optimizer=True, gpu_profiles=PROFILES)
+    tl = res.autoscale
+    at = {t: k for k, t in enumerate(tl.times)}
+    # before the step: ~2 req/s on the cheaper-per-request type (fast) and slow at its min_replicas
+    assert 2 <= tl.desired["fast"][at[190.0]] <= 4 and tl.desired["slow"][at[190.0]] == 1
+    # after it: ~6 req/s needs ~6 fast pods, asked for within one window, serving one provisioning later
+    assert tl.desired["fast"][at[260.0]] >= 5
+    ready = [t for t, n in zip(tl.times, tl.billed["fast"]) if n >= 5]
+    assert ready and ready[0] >= 200
+    started = sum(1 for spans in res.spans.values() if any(s[0] > 200 for s in spans))
+    assert started >= 3  # replicas that began serving after the step
+    for d in ("fast", "slow"):  # never below min_replicas, no flapping on a step
+        assert min(tl.billed[d]) >= {"fast": 2, "slow": 1}[d]
+        assert direction_changes(tl.desired[d], tl.times, 300.0) <= 1
+    summary = summarize(res)["autoscale"]
+    assert summary["cost_per_hour_end"] == pytest.approx(
+        tl.billed["fast"][-1] * 2.0 + tl.billed["slow"][-1] * 1.0)
+
+
+def test_same_seed_same_scaling():
+    sc = scenario(duration_s=260)
+    a = run(sc, "least-request", generate(sc, 2), seed=2, optimizer=True, gpu_profiles=PROFILES).autoscale
+    b = run(sc, "least-request", generate(sc, 2), seed=2, optimizer=True, gpu_profiles=PROFILES).autoscale
+    assert a.desired == b.desired and a.billed == b.billed
+
+
+def test_a_stream_switched_off_scales_down_within_the_window():
+    sc = scenario(events=[{"kind": "rate", "at": 200, "until": 400, "factor": 0, "stream": "chat"}],
+                  streams=[CHAT, {**CHAT, "name": "other", "rate": 1}],
+                  autoscale={"provision_s": 30, "interval_s": 10, "window_s": 60, "stabilization_s": 30})
+    res = run(sc, "least-request", generate(sc, 3), seed=3, optimizer=True, gpu_profiles=PROFILES)
+    tl = res.autoscale
+    at = {t: k for k, t in enumerate(tl.times)}
+    assert tl.desired["fast"][at[190.0]] >= 3        # 3 req/s
+    assert tl.desired["fast"][at[200.0 + 60 + 30 + 10]] <= 2  # 1 req/s: the window and stabilization passed
+    assert not any(a.stream == 0 and a.time >= 200 for a in res.arrivals)
+
+
+def test_scalar_runs_one_deployment_only():
+    sc = scenario(duration_s=150)
+    res = run(sc, "least-request@slow", generate(sc, 1), seed=1, optimizer=True, gpu_profiles=PROFILES)
+    served = {res.replicas[i].deployment for i in res.replica_of if i >= 0}
+    assert served == {"slow"} and set(res.autoscale.desired) == {"slow"}
+    with pytest.raises(ValueError, match="no deployment named"):
+        run(sc, "least-request@nope", generate(sc, 1), seed=1, optimizer=True, gpu_profiles=PROFILES)
+
+
+def test_direction_changes_counts_turns_within_a_span():
+    times = [float(t) for t in range(0, 100, 10)]
+    assert direction_changes([1, 2, 3, 3, 3, 3, 3, 3, 3, 3], times, 300) == 0
+    assert direction_changes([1, 2, 1, 2, 1, 2, 2, 2, 2, 2], times, 300) == 4
+    assert direction_changes([1, 2, 1, 2, 1, 2, 2, 2, 2, 2], times, 15) == 2  # turns 10 s apart
