@@ -1,7 +1,7 @@
 """Concurrent streaming requests through one Envoy + one gateway process + eight simulated engines:
 no gateway-caused error, the tally equals what the engines generated, in-flight counts return to 0,
 and the gateway's memory stays bounded. `make test`: one wave of 500 streams; `make soak`: 2,000 at
-once (RELIABILITY_CONCURRENCY), RELIABILITY_SCALE waves."""
+once (RELIABILITY_CONCURRENCY), RELIABILITY_SCALE waves. And 500 clients that disconnect at once."""
 
 from __future__ import annotations
 
@@ -105,3 +105,61 @@ async def test_concurrent_streams(stack: LocalStack, sims: list[SimProcess]):
     assert stack.sample("extproc_released_requests_total") == 0
     grown = rss_mib(pid) - rss_start
     assert grown < 64, f"gateway RSS grew {grown:.0f} MiB over {WAVES * CONCURRENCY} streams"
+
+
+def set_faults(sim: SimProcess, faults: dict) -> None:
+    import json
+    import urllib.request
+    request = urllib.request.Request(sim.url + "/sim/faults", data=json.dumps(faults).encode(),
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        assert resp.status == 200
+
+
+async def opened(session: aiohttp.ClientSession, url: str, i: int) -> aiohttp.ClientResponse:
+    """A stream read up to its last chunk before the engine holds it, still open."""
+    body = {"model": MODEL, "stream": True, "max_tokens": 100,
+            "messages": [{"role": "user", "content": f"request {i}: say something"}]}
+    resp = await session.post(url, json=body)
+    assert resp.status == 200
+    tokens = 0
+    while tokens < HELD_AFTER:  # the role chunk first, then one chunk per token
+        line = await resp.content.readline()
+        assert line, "stream ended early"
+        tokens += line.startswith(b"data: {") and b'"content": ""' not in line
+    return resp
+
+
+HELD_AFTER = 32  # tokens each engine writes before it holds the stream
+DISCONNECTING = 500
+
+
+async def test_500_clients_disconnect_at_once(stack: LocalStack, sims: list[SimProcess]):
+    """Every stream's record arrives (Envoy logs the downstream disconnect): counts back to 0 without
+    any release by reconciliation, the tally within its running count of what was sent, routing goes on."""
+    released = stack.sample("extproc_released_requests_total")
+    tallied = stack.sample("extproc_output_tokens_total")
+    for sim in sims:  # each engine writes HELD_AFTER tokens, then holds the stream
+        set_faults(sim, {"stall_after_tokens": HELD_AFTER, "stall_seconds": 60})
+    try:
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as s:
+            url = stack.url + "/v1/chat/completions"
+            streams = await asyncio.gather(*(opened(s, url, i) for i in range(DISCONNECTING)))
+            await asyncio.to_thread(wait_until, lambda: sum(
+                stack.running(MODEL, f"p{i}") for i in range(PODS)) == DISCONNECTING, 20, "500 counted")
+            for resp in streams:  # all gone at once
+                resp.close()
+        await asyncio.to_thread(wait_until, lambda: idle(stack), 10, "in-flight back to 0")
+    finally:
+        for sim in sims:
+            set_faults(sim, {})
+    assert stack.sample("extproc_released_requests_total") == released  # by their records, not released
+    # The engines wrote HELD_AFTER tokens to each stream; the records (which released the counts)
+    # carry the tally's running count, written every 16 content events: up to 15 short per cut stream,
+    # never more than was sent.
+    sent = HELD_AFTER * DISCONNECTING
+    tally = stack.sample("extproc_output_tokens_total") - tallied
+    assert sent - 15 * DISCONNECTING <= tally <= sent, (tally, sent)
+    async with aiohttp.ClientSession() as s:  # and the gateway routes on
+        assert (await one(s, stack.url + "/v1/chat/completions", 0))[0] == 200
