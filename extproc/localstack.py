@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from extproc.children import popen
 from extproc.envoy_bootstrap import BootstrapOptions, bootstrap, render
 
 VENV_BIN = Path(sys.executable).parent
@@ -60,14 +61,15 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 
 
 class Proc:
-    """A child process whose output goes to a log file that failures print."""
+    """A child process whose output goes to a log file that failures print. It dies with this
+    process, however this one dies (extproc/children.py): a killed run leaves nothing behind."""
 
     def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None):
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")
-        self.popen = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
-                                      env={**os.environ, **(env or {})}, start_new_session=True)
+        self.popen = popen(args, stdout=self._log, stderr=subprocess.STDOUT,
+                           env={**os.environ, **(env or {})}, start_new_session=True)
 
     def wait_ready(self, check: Callable[[], bool], timeout: float = 30.0) -> None:
         def ready() -> bool:

@@ -15,6 +15,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from extproc.children import popen
+
 _LINE_NO = re.compile(r":\d+\)$")
 
 
@@ -47,7 +49,7 @@ def record(pid: int, seconds: float, path: Path, native: bool = False) -> Record
             "--nonblocking", "--format", "raw", "--output", str(path)]
     if native:
         args.append("--native")
-    return Recording(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), path)
+    return Recording(popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), path)
 
 
 def _frame(text: str) -> str:

@@ -72,7 +72,8 @@ class LoadBalanceScorer:
         if c.speed is not None:
             base, shape, penalty = c.speed
             if c.folded:  # a KV-critical pod's base is +Inf and its shape 0: +Inf whatever its load
-                return [b * (1.0 + k * (load + 1.0)) * p for b, k, p, load in zip(base, shape, penalty, loads)]
+                return [b * (1.0 + k * (load + 1.0)) * p
+                        for b, k, p, load in zip(base, shape, penalty, loads)]
             return [INF if x else b * (1.0 + k * (load + 1.0)) * p
                     for x, b, k, p, load in zip(c.critical, base, shape, penalty, loads)]
         caps, penalty = c.caps, c.penalty

@@ -18,6 +18,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter
 
+from extproc import children
 from extproc import config as config_mod
 from extproc.envoy_bootstrap import BUFFER_LIMIT_BYTES
 from extproc.pool.info import PodInfoCollector
@@ -111,7 +112,10 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     registry.register(PodInfoCollector(lambda: gateway.pool.all_pods()))  # GPU type etc. per pod
     prober = HealthProber(accounting.health)
     # Long prompts are parsed in a worker process: the parser holds the GIL, a thread would not help.
-    parser_pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    # The worker dies with the gateway, however the gateway dies (it holds its own queue's write end,
+    # so it would never see the gateway go).
+    parser_pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                      initializer=children.arm, initargs=(os.getpid(),))
     parser_pool.submit(parse_body, "/", b"{}", None)  # start the worker now, not on the first long prompt
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 
+from extproc.children import popen
 from extproc.localstack import free_port
 
 DEADLINE_S = 30.0
@@ -196,9 +197,7 @@ async def run(args: argparse.Namespace) -> int:
         "--max-num-seqs",
         str(args.max_num_seqs),
     ]
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
+    proc = popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         await _wait_healthy(url, proc)
         # Distinct prompts (the index leads), so the prefix cache does not turn prefill into a no-op.
