@@ -16,13 +16,14 @@ def _pong(port: int) -> bool:
 
 
 class RedisServer:
-    def __init__(self, log_dir: Path, port: int | None = None) -> None:
+    def __init__(self, log_dir: Path, port: int | None = None, *extra: str) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (make test installs it through apt)")
         self.port = port or free_port()
+        self.extra = extra  # e.g. --dir and --dbfilename: restarted from a snapshot
         self.proc = Proc(f"redis-{self.port}", [binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                                                "--save", "", "--appendonly", "no"], log_dir)
+                                                "--save", "", "--appendonly", "no", *extra], log_dir)
         self.proc.wait_ready(lambda: _pong(self.port), timeout=15)
 
     @property
@@ -35,7 +36,7 @@ class RedisServer:
     def restart(self, log_dir: Path) -> RedisServer:
         self.stop()
         wait_until(lambda: not _alive(self.port), 5, "redis port free")
-        return RedisServer(log_dir, self.port)
+        return RedisServer(log_dir, self.port, *self.extra)
 
 
 def _alive(port: int) -> bool:
