@@ -74,11 +74,13 @@ class Optimizer:
         demands = trace_rates(windows, wall, self.settings.window_s)
         plan, error = None, None
         if demands:
-            try:
-                plan = solve(self.profiles, demands)
+            try:  # as the service plans (OptimizerService.replan)
+                plan = solve(self.profiles, demands, skip_unservable=True)
+                error = plan.unserved or None
             except PlanError as e:
                 error = str(e)
-                self.timeline.errors.append(f"{now:.0f}s: {e}")
+            if error:
+                self.timeline.errors.append(f"{now:.0f}s: {error}")
         self.state.apply(wall, demands, plan, error)
         now_asked = {}
         for d, g in self.groups.items():

@@ -74,7 +74,7 @@ def markdown(report: dict[str, Any]) -> str:
                          f"{turns} | {slo_pct:.1f} |")
         for name, a in autoscaled.items():
             for err in a["plan_errors"]:
-                lines.append(f"- {name}: no plan at {err}")
+                lines.append(f"- {name}, re-plan at {err}")
     if report.get("bound_rps") is not None:
         parts = ", ".join(f"{gpu} {'-' if v is None else f'{v:.1f}'}" for gpu, v in report["bound_by_gpu"].items())
         lines.append(f"- bound_rps (each GPU type alone at its highest rate meeting the SLO, summed): "

@@ -139,9 +139,12 @@ class OptimizerService:
         plan: Plan | None = None
         error = None
         try:
-            plan = await asyncio.to_thread(solve, profiles, demands)
+            plan = await asyncio.to_thread(solve, profiles, demands, 30.0, True)
         except PlanError as e:
             error = str(e)
+        if plan is not None and plan.unserved:
+            error = plan.unserved  # planned without them: shown on the dashboard, logged
+            log.warning("%s: %s", state.model, plan.unserved)
         if plan is not None and not plan.optimal:
             log.warning("%s: solver time limit, using the best plan found", state.model)
         state.apply(now, demands, plan, error)

@@ -59,6 +59,7 @@ class Plan:
     solve_seconds: float = 0.0
     rps: float = 0.0
     optimal: bool = True  # False only when the solver hit its time limit with a feasible plan
+    unserved: str = ""  # with skip_unservable: the cells no GPU type serves within its SLO (not planned)
 
     def as_json(self) -> dict[str, object]:
         return {"replicas": dict(self.replicas), "cost": self.cost, "solve_seconds": self.solve_seconds}
@@ -91,8 +92,11 @@ def _shape(c: _Cell) -> tuple[float, float]:
     return 2 ** (c.log_in / c.rps), 2 ** (c.log_out / c.rps)
 
 
-def solve(profiles: Sequence[Profile], demands: Iterable[Demand], time_limit: float = 30.0) -> Plan:
-    """The cost-minimal plan. Raises PlanError when there are no profiles or a cell nobody can serve."""
+def solve(profiles: Sequence[Profile], demands: Iterable[Demand], time_limit: float = 30.0,
+          skip_unservable: bool = False) -> Plan:
+    """The cost-minimal plan. Raises PlanError when there are no profiles or a cell nobody can serve;
+    with `skip_unservable` (the service: one odd request shape must not stop every re-plan) such cells
+    are left out of the plan and named in `Plan.unserved`."""
     if not profiles:
         raise PlanError("no GPU profiles: nothing to plan with")
     names = [p.gpu for p in profiles]
@@ -101,13 +105,17 @@ def solve(profiles: Sequence[Profile], demands: Iterable[Demand], time_limit: fl
     started = time.perf_counter()
     cells = _merge(profiles, demands)
     unservable = [c for c in cells if not any(t > 0 for t in c.tputs)]
+    unserved = ""
     if unservable:
         shown = ", ".join(f"input≈{i:.0f} output≈{o:.0f} tokens at {c.rps:.3g} req/s"
                           for c in unservable for i, o in [_shape(c)])
-        raise PlanError(f"no GPU type can serve these cells within its SLO: {shown}")
+        if not skip_unservable or len(unservable) == len(cells):  # nothing to plan is no plan, not 0
+            raise PlanError(f"no GPU type can serve these cells within its SLO: {shown}")
+        unserved = f"not planned, no GPU type serves them within its SLO: {shown}"
+        cells = [c for c in cells if any(t > 0 for t in c.tputs)]
     if not cells:
         return Plan({n: 0 for n in names}, 0.0, {n: 0.0 for n in names},
-                    solve_seconds=time.perf_counter() - started)
+                    solve_seconds=time.perf_counter() - started, unserved=unserved)
 
     G = len(profiles)
     pairs = [(c, g) for c, cell in enumerate(cells) for g in range(G) if cell.tputs[g] > 0]
@@ -156,4 +164,4 @@ def solve(profiles: Sequence[Profile], demands: Iterable[Demand], time_limit: fl
     splits = tuple(CellSplit(*_shape(cell), cell.rps, served[c]) for c, cell in enumerate(cells))
     total = round(math.fsum(p.cost * replicas[p.gpu] for p in profiles), 9)
     return Plan(replicas, total, load, splits, time.perf_counter() - started,
-                rps=sum(c.rps for c in cells), optimal=res.status == 0)
+                rps=sum(c.rps for c in cells), optimal=res.status == 0, unserved=unserved)

@@ -56,6 +56,10 @@ def test_unservable_cells_are_named() -> None:
     with pytest.raises(PlanError, match=r"input≈2048 output≈512 tokens at 3 req/s") as e:
         solve([profile("a", 1.0, short=10, long=0)], rates(short=1, long=3))
     assert "128" not in str(e.value)  # the servable cell is not blamed
+    # the service plans the rest: one odd request shape must not stop every re-plan
+    plan = solve([profile("a", 1.0, short=10, long=0)], rates(short=20, long=3), skip_unservable=True)
+    assert plan.replicas == {"a": 2} and plan.rps == pytest.approx(20)
+    assert "input≈2048 output≈512 tokens at 3 req/s" in plan.unserved
 
 
 def test_no_profiles_and_duplicate_names_are_errors() -> None:
