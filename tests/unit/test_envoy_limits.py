@@ -18,3 +18,11 @@ def test_both_clusters_admit_as_many_requests_as_the_listener_admits_connections
 
 def test_the_gateway_queues_as_many_calls_as_envoy_can_open():
     assert MAX_PENDING_CALLS >= BootstrapOptions().max_connections
+
+
+def test_gateway_replicas_are_health_checked_at_the_same_pace_with_or_without_traffic():
+    # Envoy's default no_traffic_interval (60 s) applied to the ext_proc cluster: a dead replica kept
+    # its share of routing streams (each a 503) for a minute instead of one interval.
+    clusters = {c["name"]: c for c in bootstrap(BootstrapOptions())["static_resources"]["clusters"]}
+    (check,) = clusters["extproc"]["health_checks"]
+    assert check["no_traffic_interval"] == check["interval"] == "2s"
