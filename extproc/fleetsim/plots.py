@@ -25,6 +25,7 @@ def plot(report: dict[str, Any], path: str | Path) -> None:
     fig, axes = plt.subplots(len(rows), len(strategies), figsize=(4.2 * len(strategies), 2.2 * len(rows)),
                              squeeze=False, sharex=True, sharey="row")
     warmup = report["warmup_s"]
+    deployments = [g["deployment"] for g in sorted(report["fleet"], key=lambda g: g["gpu"])]
     tpot_slo = (report.get("slo") or {}).get("tpot_s")
     for col, name in enumerate(strategies):
         series = report["strategies"][name]["series"]
@@ -46,7 +47,8 @@ def plot(report: dict[str, Any], path: str | Path) -> None:
         if auto:
             a = auto["series"]
             for dep, counts in a["replicas"].items():
-                axes[5][col].step(a["t"], counts, where="post", label=dep, linewidth=1.2)
+                color = f"C{deployments.index(dep)}" if dep in deployments else None  # same as its GPU's
+                axes[5][col].step(a["t"], counts, where="post", label=dep, color=color, linewidth=1.2)
             axes[6][col].step(a["t"], a["cost_per_hour"], where="post", color="0.3", linewidth=1.2)
             axes[5][col].legend(loc="upper left", fontsize=8)
         if tpot_slo:
