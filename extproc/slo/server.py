@@ -20,6 +20,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from extproc.openai import OpenAIError
 from extproc.routing.slo import SloReject, SloWait
+from extproc.slo.assignment import assign
 from extproc.slo.dispatch import dispatch
 from extproc.slo.queue import REJECT_BREACHED, REJECT_FULL, Entry, Full
 from extproc.slo.state import SloState, deployment_of
@@ -209,11 +210,31 @@ class SloRoom:
                     await self.refresh_profiles(store, client)
                 except Exception:
                     log.exception("SLO profile refresh failed")
+                try:
+                    await self.refresh_splits()
+                except Exception:
+                    log.exception("SLO split refresh failed")
                 state = self.state
                 await asyncio.sleep(state.settings.profile_refresh_seconds if state else 10.0)
         finally:
             if client is not None:
                 await client.aclose()
+
+    async def refresh_splits(self) -> None:
+        """`slo`'s GPU types per shape (an LP of a few ms) for every model with recent arrivals, in a
+        thread: never on a request's path."""
+        state = self.state
+        if state is None:
+            return
+        state.split_elsewhere = True
+        for model, mix in list(state.mixes.items()):
+            pods: dict[str, int] = {}
+            for pod in self._gw.pool.ready_pods(model):
+                pods[deployment_of(pod)] = pods.get(deployment_of(pod), 0) + 1
+            now = self._gw.clock()
+            rates, table = mix.rates(now), state.table(model)  # snapshots, taken on the loop
+            split = await asyncio.to_thread(assign, table, pods, rates)
+            state.store_split(model, tuple(sorted(pods.items())), now, split)
 
     async def refresh_profiles(self, store: Any, client: Any = None) -> None:
         from extproc.optimizer.deployments import Deployment

@@ -57,6 +57,7 @@ class SloState:
         self.queues = Queues(self.settings.max_queue)
         self.mixes: dict[str, Mix] = {}
         self._assignments: dict[str, tuple[float, tuple, dict[Shape, frozenset[str]]]] = {}
+        self.split_elsewhere = False  # True while the server's background task keeps the splits fresh
         self.dispatching = False  # set by the server while it re-routes queued requests
 
     def configure(self, settings: SloSettings) -> None:
@@ -100,14 +101,20 @@ class SloState:
         mix.observe(shape_of(sig), now)
 
     def assigned(self, model: str, sig: Signature, pods: Mapping[str, int], now: float) -> frozenset[str]:
-        """The deployments the recent mix's split over these pods gives this shape (empty: no opinion)."""
+        """The deployments the recent mix's split over these pods gives this shape (empty: no opinion).
+        Kept fresh by `store_split` off the request path when a server runs it; computed here only when
+        nothing else does (the fleet simulation) or before the first split."""
         key = tuple(sorted(pods.items()))
         cached = self._assignments.get(model)
-        if cached is None or cached[1] != key or now - cached[0] >= ASSIGNMENT_REFRESH_S or now < cached[0]:
+        if cached is None or not self.split_elsewhere and (
+                cached[1] != key or not 0 <= now - cached[0] < ASSIGNMENT_REFRESH_S):
             mix = self.mixes.get(model)
-            split = assign(self.table(model), pods, mix.rates(now) if mix else {})
-            cached = self._assignments[model] = (now, key, split)
+            self.store_split(model, key, now, assign(self.table(model), pods, mix.rates(now) if mix else {}))
+            cached = self._assignments[model]
         return cached[2].get(shape_of(sig), frozenset())
+
+    def store_split(self, model: str, key: tuple, now: float, split: dict[Shape, frozenset[str]]) -> None:
+        self._assignments[model] = (now, key, split)
 
     # -- the load model ---------------------------------------------------------------------------
 

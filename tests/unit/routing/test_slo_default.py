@@ -109,3 +109,27 @@ def test_a_waiting_lane_does_not_hold_up_another(slo):
     # under AIBrix's rule it would queue behind the code request
     with pytest.raises(SloWait):
         s["slo-least-load-pulling"].pick(req(CHAT), views(small0=1, small1=2, big0=2, big1=2), 2.0)
+
+
+def test_the_server_keeps_the_split_fresh_off_the_request_path(tmp_path):
+    import asyncio
+
+    from extproc.config import parse
+    from extproc.server.gateway import Gateway
+
+    cfg = {"models": {"m": {"pods": [{"name": n, "address": p.address, "deployment": p.deployment}
+                                     for n, p in PODS.items()]}},
+           "routing": {"default_strategy": "slo"}}
+    gw = Gateway(parse(cfg, {}))
+    state = gw.slo.state
+    state.set_profiles("m", {"small": SMALL, "big": BIG})
+    for _ in range(20):
+        state.observe_arrival("m", Signature(*CHAT), gw.clock())
+        state.observe_arrival("m", Signature(*CODE), gw.clock())
+    asyncio.run(gw.slo.refresh_splits())
+    assert state.split_elsewhere
+    split = state._assignments["m"]
+    assert split[2][(7, 3)] == frozenset({"small"}) and split[2][(12, 3)] == frozenset({"big"})
+    # the request path reads that split, however old, instead of solving again
+    assert state.assigned("m", Signature(*CHAT), {"small": 1}, gw.clock() + 1e3) == frozenset({"small"})
+    assert state._assignments["m"] is split
