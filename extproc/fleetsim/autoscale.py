@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from extproc.fleetsim.fleet import Replica
 from extproc.fleetsim.scenario import Autoscale, Group
 from extproc.optimizer.deployments import Deployment
 from extproc.optimizer.monitor import ModelState
@@ -97,6 +98,66 @@ class Optimizer:
             t.desired.setdefault(d, []).append(desired.get(d, 0))
             t.billed.setdefault(d, []).append(billed.get(d, 0))
         t.cost_per_hour.append(sum(billed.get(d, 0) * g.cost for d, g in self.groups.items()))
+
+
+class FleetScaler:
+    """Applies each re-plan to the simulated replicas: a replica asked for serves `provision_s` later
+    (`schedule(t, index)` wakes `provisioned`); one no longer needed stops taking requests and leaves
+    when its last one ends (`drained`), or is cancelled while still starting; a draining one asked for
+    again is kept. `reconfigure()` hands the new pod list to the gateways."""
+
+    def __init__(self, optimizer: Optimizer, replicas: list[Replica], spans: dict[int, list[list[float]]],
+                 clock: Callable[[], float], schedule: Callable[[float, int], None],
+                 reconfigure: Callable[[], None]) -> None:
+        self.optimizer = optimizer
+        self.replicas = replicas
+        self.spans = spans  # replica index -> [start, end) spans it served
+        self.clock = clock
+        self.schedule = schedule
+        self.reconfigure = reconfigure
+        self.ready_at: dict[int, float] = {}
+
+    def replan(self, t: float) -> None:
+        desired = self.optimizer.tick(t)
+        changed = False
+        for dep, want in desired.items():
+            mine = [r for r in self.replicas if r.deployment == dep]
+            serving = [r for r in mine if r.alive and r.ready]
+            starting = [r for r in mine if r.starting]
+            have = len(serving) + len(starting)
+            for r in [r for r in mine if r.alive and not r.ready][:max(0, want - have)]:
+                r.ready, changed, have = True, True, have + 1
+            for r in [r for r in mine if not r.alive and not r.starting][:max(0, want - have)]:
+                r.starting, self.ready_at[r.index] = True, t + self.optimizer.settings.provision_s
+                self.schedule(self.ready_at[r.index], r.index)
+                have += 1
+            for r in [*reversed(starting), *reversed(serving)][:max(0, have - want)]:
+                if r.starting:
+                    r.starting = False
+                else:
+                    r.ready, changed = False, True
+                    if not r.open:
+                        self._stop(r)
+        if changed:
+            self.reconfigure()
+        groups = self.optimizer.groups
+        self.optimizer.record(t, desired, {d: sum(1 for r in self.replicas if r.deployment == d
+                                                  and (r.alive or r.starting)) for d in groups})
+
+    def provisioned(self, r: Replica) -> None:
+        if r.starting and self.ready_at.get(r.index) == self.clock():  # else cancelled or re-started
+            r.starting, r.alive, r.ready = False, True, True
+            self.spans[r.index].append([self.clock(), math.inf])
+            self.reconfigure()
+
+    def drained(self, r: Replica) -> None:
+        if r.alive and not r.ready and not r.open:
+            self._stop(r)
+            self.reconfigure()
+
+    def _stop(self, r: Replica) -> None:
+        r.alive, r.ready = False, True
+        self.spans[r.index][-1][1] = self.clock()
 
 
 def direction_changes(values: list[int], times: list[float], span_s: float) -> int:

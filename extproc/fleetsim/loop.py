@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from extproc.fleetsim.arrivals import Arrival
-from extproc.fleetsim.autoscale import Optimizer, Timeline
+from extproc.fleetsim.autoscale import FleetScaler, Optimizer, Timeline
 from extproc.fleetsim.fleet import Replica, build_replicas
 from extproc.fleetsim.gateways import build_gateways, gateway_config
 from extproc.fleetsim.scenario import Autoscale, Scenario
@@ -166,19 +166,6 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
     for loss_i, loss in enumerate(scenario.losses):
         push(loss.at, LOSS, loss_i)
     res.spans = {r.index: [[0.0, math.inf]] if r.alive else [] for r in replicas}
-    opt: Optimizer | None = None
-    ready_at: dict[int, float] = {}  # replica index -> when the one being provisioned serves
-    if optimizer:
-        auto = scenario.autoscale or Autoscale()
-        given = gpu_profiles or {}
-        measured = {d: given.get(d) or replace(virtual_profile(scenario, g.gpu, d), cost=g.cost)
-                    for d, g in groups.items()}
-        opt = Optimizer(model, groups, measured, auto, clock)
-        for g in gws:
-            g.gateway.add_hook(opt.hooks())
-        res.autoscale = opt.timeline
-        periods[REPLAN] = auto.interval_s
-        push(auto.interval_s, REPLAN, 0)
 
     def reconfigure() -> None:
         """The fleet changed: every gateway gets the new pod list, as from discovery."""
@@ -190,44 +177,19 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
         keys_of[:] = [[p.key for p in g.gateway.pool.all_pods()] for g in gws]
         replicas_of[:] = [[by_address[p.address] for p in g.gateway.pool.all_pods()] for g in gws]
 
-    def stop_serving(r: Replica) -> None:
-        r.alive, r.ready = False, True
-        res.spans[r.index][-1][1] = clock.now
-
-    def scale(t: float) -> None:
-        """One re-plan: start, cancel or drain replicas toward what each PodAutoscaler asks for."""
-        assert opt is not None
-        desired = opt.tick(t)
-        changed = False
-        for dep, want in desired.items():
-            mine = [r for r in replicas if r.deployment == dep]
-            serving = [r for r in mine if r.alive and r.ready]
-            starting = [r for r in mine if r.starting]
-            have = len(serving) + len(starting)
-            for r in [r for r in mine if r.alive and not r.ready][:max(0, want - have)]:
-                r.ready, changed, have = True, True, have + 1  # a draining one is kept instead
-            for r in [r for r in mine if not r.alive and not r.starting][:max(0, want - have)]:
-                r.starting, ready_at[r.index] = True, t + opt.settings.provision_s
-                push(ready_at[r.index], PROVISIONED, r.index)
-                have += 1
-            extra = max(0, have - want)
-            for r in [*reversed(starting), *reversed(serving)][:extra]:
-                if r.starting:
-                    r.starting = False  # not provisioned yet: cancelled
-                else:
-                    r.ready, changed = False, True  # drains: no new requests, its open ones finish
-                    if not r.open:
-                        stop_serving(r)
-        if changed:
-            reconfigure()
-        opt.record(t, desired, {d: sum(1 for r in replicas if r.deployment == d and (r.alive or r.starting))
-                                for d in groups})
-
-    def provisioned(r: Replica) -> None:
-        if r.starting and ready_at.get(r.index) == clock.now:
-            r.starting, r.alive, r.ready = False, True, True
-            res.spans[r.index].append([clock.now, math.inf])
-            reconfigure()
+    scaler: FleetScaler | None = None
+    if optimizer:
+        auto = scenario.autoscale or Autoscale()
+        given = gpu_profiles or {}
+        measured = {d: given.get(d) or replace(virtual_profile(scenario, g.gpu, d), cost=g.cost)
+                    for d, g in groups.items()}
+        opt = Optimizer(model, groups, measured, auto, clock)
+        for g in gws:
+            g.gateway.add_hook(opt.hooks())
+        res.autoscale = opt.timeline
+        scaler = FleetScaler(opt, replicas, res.spans, clock, lambda t, i: push(t, PROVISIONED, i), reconfigure)
+        periods[REPLAN] = auto.interval_s
+        push(auto.interval_s, REPLAN, 0)
 
     def reject(i: int) -> None:
         res.status[i] = REJECTED
@@ -401,18 +363,15 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
                     gws[arg].shared.sync(t)  # type: ignore[attr-defined]
                 gws[arg].gateway.sample_busy()
             elif kind == REPLAN:
-                scale(t)
+                scaler.replan(t)  # type: ignore[union-attr]
             elif kind == LOSS:
                 lose(arg)
                 continue
             elif kind == PROVISIONED:
-                provisioned(replicas[arg])
+                scaler.provisioned(replicas[arg])  # type: ignore[union-attr]
                 continue
             elif kind == RETIRE:
-                r = replicas[arg]
-                if r.alive and not r.ready and not r.open:
-                    stop_serving(r)
-                    reconfigure()
+                scaler.drained(replicas[arg])  # type: ignore[union-attr]
                 continue
             push(t + periods[kind], kind, arg)
             continue
