@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 # the configured header.)
 CLIENT_FORBIDDEN_HEADERS = frozenset({DEFAULT_DESTINATION_HEADER, "target-pod"})
 
+# Requests routed this long before a scrape (beyond its timeout) are in the engine's count when
+# the reconciler compares (extproc/state/reconcile.py).
+GRACE_MARGIN_SECONDS = 1.0
+
 disable_created_metrics()  # *_created series double the scrape for no routing value
 
 
@@ -111,6 +115,9 @@ class Gateway:
             self.api_keys = ApiKeys(Path(config.api_keys_file) if config.api_keys_file else None)
             self._keys_file = config.api_keys_file
         self.config = config
+        # A sample is stamped when its scrape returns: the engine's count may be up to the scrape
+        # timeout older, and a request takes milliseconds from the decision to the engine's queue.
+        self.reconciler.grace_s = config.metrics_timeout_seconds + GRACE_MARGIN_SECONDS
         self.client_forbidden_headers = sorted(CLIENT_FORBIDDEN_HEADERS | {config.destination_header})
         self._rebuild_hooks()
         live = {p.key for p in config.pods} | {o.pod.key for o in self.open}

@@ -86,7 +86,8 @@ def gateway_with_samples() -> tuple[Gateway, Clock, dict]:
 def test_the_gateway_releases_what_the_engine_no_longer_holds_and_credits_a_late_record_once():
     gw, clock, latest = gateway_with_samples()
     profile = gw.profile("least-request", "m")
-    decisions = [gw.route(Request("m", "/v1/chat/completions", stream=True), profile, f"r{i}") for i in range(10)]
+    decisions = [gw.route(Request("m", "/v1/chat/completions", stream=True), profile, f"r{i}")
+                 for i in range(10)]
     pod = decisions[0].pod
     clock.now += 5.0  # Envoy was killed with the ten streams open: their records never come
     for _ in range(3):
@@ -147,3 +148,13 @@ def test_the_count_never_drops_below_what_other_gateways_hold():
         clock.now += 1.0
     assert shared.running(key) == 6
     assert gw.released_requests.labels("engine_count")._value.get() == 10
+
+
+def test_the_grace_covers_the_scrape_timeout():
+    # default timeout 0.5 s: a request routed 1.5 s before the scrape returned is in the engine's count
+    gw, _, _ = gateway_with_samples()
+    assert gw.reconciler.grace_s == 1.5
+    raw = {"models": {"m": {"pods": [{"name": "a", "address": "10.0.0.1:8000"}]}},
+           "telemetry": {"timeout_seconds": 4}}
+    gw.apply(parse(raw, env={}))
+    assert gw.reconciler.grace_s == 5.0
