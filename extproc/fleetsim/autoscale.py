@@ -179,9 +179,10 @@ def summary(timeline: Timeline, warmup_s: float, duration_s: float) -> dict[str,
         "cost_per_hour_mean": sum(cost) / len(cost) if cost else 0.0,
         "cost_per_hour_end": timeline.cost_per_hour[-1] if timeline.cost_per_hour else 0.0,
         "replicas_end": {d: v[-1] for d, v in timeline.billed.items() if v},
-        "replicas_range": {d: [min(v[k] for k in measured), max(v[k] for k in measured)] if measured else [0, 0]
-                           for d, v in timeline.billed.items()},
-        "turns_per_5min": {d: direction_changes(v, timeline.times, 300.0) for d, v in timeline.desired.items()},
+        "replicas_range": {d: [min(v[k] for k in measured), max(v[k] for k in measured)]
+                           if measured else [0, 0] for d, v in timeline.billed.items()},
+        "turns_per_5min": {d: direction_changes(v, timeline.times, 300.0)
+                           for d, v in timeline.desired.items()},
         "plan_errors": timeline.errors[:5],
         "series": {"t": timeline.times, "replicas": timeline.billed, "desired": timeline.desired,
                    "cost_per_hour": timeline.cost_per_hour},

@@ -26,8 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="OUT", help="write the report as JSON (with time series)")
     p.add_argument("--optimizer", action="store_true",
-                   help="the GPU optimizer scales each deployment from the gateways' traces (scenario's "
-                        "autoscale section: provision_s, interval_s, window_s; fleet min_replicas, initial, cost)")
+                   help="the GPU optimizer scales each deployment from the gateways' traces (the "
+                        "scenario's autoscale section; fleet min_replicas, initial, cost)")
     p.add_argument("--profiles", metavar="DIR",
                    help="with --optimizer: its GPU profiles (AIBrix JSON, gpu = the deployment name) instead "
                         "of profiles measured on the engine model")

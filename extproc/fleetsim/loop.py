@@ -187,7 +187,8 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
         for g in gws:
             g.gateway.add_hook(opt.hooks())
         res.autoscale = opt.timeline
-        scaler = FleetScaler(opt, replicas, res.spans, clock, lambda t, i: push(t, PROVISIONED, i), reconfigure)
+        scaler = FleetScaler(opt, replicas, res.spans, clock, lambda t, i: push(t, PROVISIONED, i),
+                             reconfigure)
         periods[REPLAN] = auto.interval_s
         push(auto.interval_s, REPLAN, 0)
 

@@ -45,7 +45,8 @@ def run_strategy(scenario: Scenario, strategy: str, options: Options,
     started = time.perf_counter()
     result = run(scenario, strategy, arrivals, gateways=options.gateways, share_tokens=options.share_tokens,
                  seed=options.seed, oracle_capacity=options.oracle_capacity, optimizer=options.optimizer,
-                 gpu_profiles=given_profiles(options.profiles_dir), progress=(lambda t: progress(strategy, t)) if progress else None)
+                 gpu_profiles=given_profiles(options.profiles_dir),
+                 progress=(lambda t: progress(strategy, t)) if progress else None)
     summary = summarize(result)
     summary["wall_s"] = time.perf_counter() - started
     summary["virtual_end_s"] = result.end_time

@@ -194,13 +194,14 @@ def parse(raw: Any, default_name: str = "scenario") -> Scenario:
     if unknown:
         raise ValueError(f"events: no stream named {sorted(unknown)}")
     auto = raw.get("autoscale")
-    if auto is not None and (not isinstance(auto, dict) or set(auto) - {"provision_s", "interval_s", "window_s",
-                                                                    "stabilization_s"}):
+    keys = {"provision_s", "interval_s", "window_s", "stabilization_s"}
+    if auto is not None and (not isinstance(auto, dict) or set(auto) - keys):
         raise ValueError("autoscale: a mapping of provision_s, interval_s, window_s, stabilization_s")
     autoscale = Autoscale(**{k: float(v) for k, v in auto.items()}) if auto is not None else None
-    if autoscale is not None and (autoscale.provision_s < 0 or autoscale.interval_s <= 0
-                                  or autoscale.window_s < autoscale.interval_s or autoscale.stabilization_s < 0):
-        raise ValueError("autoscale: provision_s, stabilization_s >= 0, interval_s > 0, window_s >= interval_s")
+    if autoscale is not None and (min(autoscale.provision_s, autoscale.stabilization_s) < 0
+                                  or autoscale.interval_s <= 0 or autoscale.window_s < autoscale.interval_s):
+        raise ValueError("autoscale: provision_s, stabilization_s >= 0, interval_s > 0, "
+                         "window_s >= interval_s")
     slo_raw = raw.get("slo") or {}
     slo = Slo(tpot_s=_opt_float(slo_raw.get("tpot_s")), ttft_s=_opt_float(slo_raw.get("ttft_s")))
     gw = raw.get("gateway") or {}

@@ -3,7 +3,8 @@ fleet simulation) run the same rule.
 
 Most urgent head first; it is re-routed (the strategy, told it is dispatching, places it on the most
 relaxed deployment that fits); dispatch stops at the first head that still does not fit, so nobody
-overtakes it (under `slo`, nobody of its lane: the requests that may use the same deployments). Entries whose deadline has passed leave as breached.
+overtakes it (under `slo`, nobody of its lane: the requests that may use the same deployments).
+Entries whose deadline has passed leave as breached.
 """
 
 from __future__ import annotations

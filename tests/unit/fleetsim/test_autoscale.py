@@ -26,8 +26,10 @@ def flat(name: str, tput: float, cost: float):
 
 def scenario(**overrides):
     raw = {"duration_s": 400, "warmup_s": 100, "streams": [CHAT],
-           "fleet": [{"gpu": "A100", "replicas": 10, "initial": 2, "min_replicas": 2, "cost": 2.0, "name": "fast"},
-                     {"gpu": "L20", "replicas": 10, "initial": 1, "min_replicas": 1, "cost": 1.0, "name": "slow"}],
+           "fleet": [{"gpu": "A100", "replicas": 10, "initial": 2, "min_replicas": 2, "cost": 2.0,
+                      "name": "fast"},
+                     {"gpu": "L20", "replicas": 10, "initial": 1, "min_replicas": 1, "cost": 1.0,
+                      "name": "slow"}],
            # the load triples at 200 s (a step), and stays
            "events": [{"kind": "rate", "at": 200, "until": 400, "factor": 3}],
            "autoscale": {"provision_s": 30, "interval_s": 10, "window_s": 60}}

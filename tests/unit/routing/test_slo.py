@@ -45,7 +45,8 @@ def req(max_tokens: int = 8, prompt: int = 128) -> Request:
 def routing():
     state = RoutingState.seeded(1)
     settings = RoutingSettings(state=state, model="m")
-    strategies = {n: build(n, settings) for n in ("slo", "slo-pack-load", "slo-least-load", "slo-least-load-pulling")}
+    strategies = {n: build(n, settings)
+                  for n in ("slo", "slo-pack-load", "slo-least-load", "slo-least-load-pulling")}
     slo = state.store["slo"]
     slo.set_profiles("m", {"fast": FAST, "slow": SLOW})
     return strategies, slo
@@ -61,7 +62,7 @@ def test_variants_choose_by_utilization(routing):
     pool = views(fast0=3, fast1=1)   # utilizations 0.6, 0.2, 0 (unseen requests count as this one)
     assert s["slo-least-load"].pick(req(), pool, 0).pod.name == "slow0"        # lowest utilization
     assert s["slo-pack-load"].pick(req(), pool, 0).pod.name == "fast0"         # 0.8 ≤ 1, the fullest
-    assert s["slo-least-load-pulling"].pick(req(), pool, 0).pod.name == "fast1"                   # lowest util + cons: 0.4
+    assert s["slo-least-load-pulling"].pick(req(), pool, 0).pod.name == "fast1"  # lowest util + cons: 0.4
 
 
 def test_unsuitable_type_is_never_chosen(routing):
@@ -113,7 +114,7 @@ def test_a_shape_a_pod_serves_only_alone_takes_an_idle_pod(routing):
     # tput x e2e = 0.25 x 2 = 0.5 < 1: at the SLO rate a pod holds such requests one at a time
     slo.set_profiles("m", {"fast": profile("fast", tput=0.25, e2e=2.0)})
     assert slo.consumption(req(), pod("fast0", "fast"), 0) == 1.0
-    assert s["slo-least-load-pulling"].pick(req(), views(fast0=1), 0).pod.name == "fast1"   # the idle pod, not a wait
+    assert s["slo-least-load-pulling"].pick(req(), views(fast0=1), 0).pod.name == "fast1"  # idle, not a wait
     with pytest.raises(SloWait):
         s["slo-least-load-pulling"].pick(req(), views(fast0=1, fast1=1), 0)
 
