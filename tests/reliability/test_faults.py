@@ -145,25 +145,51 @@ async def test_5xx_engine_is_ejected_and_its_capacity_not_poisoned(stack: LocalS
         await asyncio.to_thread(wait_until, lambda: settled(stack), 10, "in-flight back to 0")
 
 
+async def counted_stream(session: aiohttp.ClientSession, stack: LocalStack,
+                         max_tokens: int) -> tuple[str, int]:
+    """("done" | "cut", content tokens the client received) of one streaming request."""
+    tokens = 0
+    try:
+        async with session.post(stack.url + "/v1/chat/completions",
+                                json={**CHAT, "stream": True, "max_tokens": max_tokens}) as resp:
+            assert resp.status == 200
+            async for line in resp.content:
+                if line.strip() == b"data: [DONE]":
+                    return "done", tokens
+                tokens += line.startswith(b"data: {") and b'"content": ""' not in line
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+        pass
+    return "cut", tokens
+
+
+HUNG_AFTER = 32  # tokens each engine writes before it hangs
+
+
 async def test_a_hanging_engine_is_cut_off_by_envoys_idle_timeout(stack: LocalStack,
                                                                   sims: dict[str, SimProcess]):
+    tallied = stack.sample("extproc_output_tokens_total")
     for sim in sims.values():
-        set_faults(sim, {"stall_after_tokens": 3, "stall_seconds": 60})
+        set_faults(sim, {"stall_after_tokens": HUNG_AFTER, "stall_seconds": 60})
     try:
         async with aiohttp.ClientSession() as session:
             started = asyncio.get_running_loop().time()
-            ends = await asyncio.gather(*(stream(session, stack, 50) for _ in range(2)))
+            ends = await asyncio.gather(*(counted_stream(session, stack, 50) for _ in range(2)))
             async with session.post(stack.url + "/v1/chat/completions",
                                     json={**CHAT, "max_tokens": 50}) as resp:
                 status, body = resp.status, await resp.read()
             elapsed = asyncio.get_running_loop().time() - started
-        assert [e for _, e in ends] == ["cut", "cut"]
+        assert ends == [("cut", HUNG_AFTER)] * 2  # what the clients saw: 32 tokens, then cut
         assert status == 504 and json.loads(body)["error"]["type"]  # Envoy's reply, in the OpenAI shape
         assert elapsed < 4 * IDLE_TIMEOUT_S + 5  # bounded by the timeout, not by the 60 s stall
     finally:
         for sim in sims.values():
             set_faults(sim, {})
     await asyncio.to_thread(wait_until, lambda: settled(stack), 10, "in-flight back to 0")
+    # The records of the cut requests carry the tally's running count (every 16 content events): at
+    # most what the clients received, at most 15 short per stream; the 504 credits nothing.
+    received = sum(tokens for _, tokens in ends)
+    tally = stack.sample("extproc_output_tokens_total") - tallied
+    assert received - 15 * len(ends) <= tally <= received, (tally, received)
 
 
 @pytest.fixture
