@@ -42,7 +42,10 @@ def sims(log_dir: Path) -> Iterator[list[SimProcess]]:
 @pytest.fixture(scope="module")
 def stack(log_dir: Path, sims: list[SimProcess]) -> Iterator[LocalStack]:
     pods = [{"name": f"p{i}", "address": f"127.0.0.1:{sim.port}"} for i, sim in enumerate(sims)]
-    with running_stack(log_dir, {"models": {MODEL: {"pods": pods}}}) as s:
+    # Scrapes 2 s apart: the disconnect test holds streams the simulated engines have finished
+    # generating (its stall fault is in the HTTP writer), which the reconciler would rightly release.
+    config = {"models": {MODEL: {"pods": pods}}, "telemetry": {"refresh_seconds": 2}}
+    with running_stack(log_dir, config) as s:
         yield s
 
 
