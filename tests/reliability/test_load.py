@@ -108,6 +108,7 @@ async def test_concurrent_streams(stack: LocalStack, sims: list[SimProcess]):
     assert stack.sample("extproc_released_requests_total") == 0
     grown = rss_mib(pid) - rss_start
     assert grown < 64, f"gateway RSS grew {grown:.0f} MiB over {WAVES * CONCURRENCY} streams"
+    print(f"{WAVES} x {CONCURRENCY} streams: gateway RSS grew {grown:.1f} MiB")
 
 
 def set_faults(sim: SimProcess, faults: dict) -> None:
