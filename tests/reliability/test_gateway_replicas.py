@@ -95,7 +95,7 @@ async def test_one_of_two_gateways_killed_behind_one_envoy(replicas, sims):
         assert a.sample("extproc_released_requests_total") == b.sample("extproc_released_requests_total") == 0
 
         # Streams open through both, load running; the log stream's gateway dies.
-        tallies_before = receiver.sample("extproc_output_tokens_total") + other.sample("extproc_output_tokens_total")
+        tallies_before = sum(g.sample("extproc_output_tokens_total") for g in (receiver, other))
         engines_before = engine_tokens([main.url, load_sim.url])
         load = Load([url], chat(LOAD_MODEL, 4)).start()
         streams = [asyncio.create_task(request(session, url, chat(MODEL, 300, True))) for _ in range(8)]

@@ -136,6 +136,6 @@ async def test_redis_killed_and_restarted_from_a_snapshot(gateways, redis_server
     await asyncio.to_thread(wait_until, lambda: running(a) == 0 and running(b) == 0, 10, "idle again")
     engines = engine_tokens([sim.url, load_sim.url]) - engines_before
     await asyncio.to_thread(wait_until, lambda: a.sample("extproc_output_tokens_total") + b.sample(
-        "extproc_output_tokens_total") - tallies_before == engines, 10, f"tally equal to the engines' {engines}")
+        "extproc_output_tokens_total") - tallies_before == engines, 10, f"tally equal to {engines}")
     assert a.sample("extproc_released_requests_total") == b.sample("extproc_released_requests_total") == 0
     print(f"converged {converged:.2f} s after Redis's return")
