@@ -133,3 +133,28 @@ def test_the_server_keeps_the_split_fresh_off_the_request_path(tmp_path):
     # the request path reads that split, however old, instead of solving again
     assert state.assigned("m", Signature(*CHAT), {"small": 1}, gw.clock() + 1e3) == frozenset({"small"})
     assert state._assignments["m"] is split
+
+
+def test_full_by_the_profiles_but_not_by_measurement_routes_instead_of_waiting(slo):
+    from extproc.state.speed import Speed
+
+    s, _ = slo
+
+    def tpot_profile(name: str, chat: tuple[float, float], code: tuple[float, float]):
+        raw = {"gpu": name, "cost": 1.0, "tputs": [[chat[0], code[0]]] * 2, "e2e": [[chat[1], code[1]]] * 2,
+               "indexes": [[8, 256], [128, 4096]], "slos": {"percentile": 99, "tpot": 0.05}, "created": 1.0}
+        return parse_profile(raw)
+
+    s["slo"].policy.state.set_profiles("m", {"small": tpot_profile("small", (10.0, 0.2), (0.0, 1.0)),
+                                              "big": tpot_profile("big", (40.0, 0.1), (0.5, 1.0))})
+    full = views(small0=2, small1=2, big0=4, big1=4)  # chat holds 0.5 of a small pod: all full
+    with pytest.raises(SloWait):
+        s["slo"].pick(req(CHAT), full, 2.0)
+    quick = Speed(base=0.01, shape=0.2, saturated=1000.0, batch=64)  # 2 in flight + 1: 16 ms per token
+    slow = Speed(base=0.025, shape=0.3, saturated=500.0, batch=64)   # 2 + 1: 48 ms, too close to 50
+    measured = [PodView(v.pod, running=v.running, speed=quick if v.pod.name == "small0" else slow)
+                for v in full]
+    assert s["slo"].pick(req(CHAT), measured, 2.0).pod.name == "small0"
+    queueing = [PodView(v.pod, running=v.running, speed=v.speed, queued=1.0) for v in measured]
+    with pytest.raises(SloWait):  # the engine already queues: no room whatever the line says
+        s["slo"].pick(req(CHAT), queueing, 2.0)
