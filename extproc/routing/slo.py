@@ -4,8 +4,13 @@
                             none fits: the least loaded after placement
     slo-least-load          the lowest current utilization among pods of suitable types (tput > 0 for the
                             request's cell), ignoring the SLO prediction
-    slo-least-load-pulling  the lowest utilization + consumption ≤ 1; none fits: the request waits in the
-    (= slo)                 gateway queue (SloWait), or is rejected when its SLO cannot be met (SloReject)
+    slo-least-load-pulling  AIBrix's rule: the lowest utilization + consumption ≤ 1; none fits: the request
+                            waits in the gateway queue (SloWait), or is rejected when its SLO cannot be met
+                            (SloReject)
+    slo                     ours: as pulling, among the GPU types comparative advantage gives the shape
+                            (slo.assignment); a full lane spills packed onto another type; a whole-pod
+                            shape shares a pod; a pod measurement says has room takes a request before it
+                            waits; one queue per lane (docs/slo-routing.md, "Why slo departs")
 
 Load model and signature: extproc.slo (docs/slo-routing.md). Pods whose deployment has no usable profile
 are not judged; with no profiles for the model at all, or no suitable pod, load-balance routes.
@@ -129,7 +134,7 @@ class SloPolicy:
         if queue_open and not state.dispatching:
             queue = state.queues.of(request.model)
             if queue.waiting(lane) if lane is not None else queue.length > 0:
-                raise SloWait(self._entry(request, sig, rows, lane, now))  # no overtaking
+                raise SloWait(self._entry(request, sig, lane, now))  # no overtaking
         if fits:
             if state.dispatching and lane is None:
                 # a queued request: the most relaxed deployment, then the least load (AIBrix)
@@ -151,9 +156,9 @@ class SloPolicy:
                 return self._best(room, lambda r: r.utilization + r.consumption)
         if not queue_open:
             return self._best(rows, lambda r: r.utilization + r.consumption)
-        raise SloWait(self._entry(request, sig, rows, lane, now))
+        raise SloWait(self._entry(request, sig, lane, now))
 
-    def _entry(self, request: Request, sig, rows: list[_Row], lane: frozenset | None, now: float) -> Entry:
+    def _entry(self, request: Request, sig, lane: frozenset | None, now: float) -> Entry:
         """The queue entry: slack on the most relaxed deployment that can serve this shape at all (under
         `slo`, of its lane: the deployments it may use)."""
         table = self.state.table(request.model)

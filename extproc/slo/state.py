@@ -18,7 +18,7 @@ from extproc.slo.predictor import OutputPredictor
 from extproc.slo.queue import Queues
 from extproc.state.record import RequestRecord
 
-ASSIGNMENT_REFRESH_S = 5.0  # how often `slo` re-splits the recent mix over the fleet (an LP of ms)
+ASSIGNMENT_REFRESH_S = 5.0  # `slo`'s split re-solved in place (no server loop) at most this often
 LEDGER_LIMIT = 4096  # consumptions remembered per pod (the newest `running` of them are counted)
 
 Ledger = dict[int, "float | None"]  # id(routed Request) -> its consumption, oldest first
