@@ -147,6 +147,7 @@ class FleetScaler:
     def provisioned(self, r: Replica) -> None:
         if r.starting and self.ready_at.get(r.index) == self.clock():  # else cancelled or re-started
             r.starting, r.alive, r.ready = False, True, True
+            r.scheduled = -1.0  # an idle engine: its next request starts a step (a lost one's is stale)
             self.spans[r.index].append([self.clock(), math.inf])
             self.reconfigure()
 

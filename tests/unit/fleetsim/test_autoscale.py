@@ -4,10 +4,13 @@ deployment after the provisioning delay, min_replicas holds, a step in load does
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from extproc.fleetsim.arrivals import generate
 from extproc.fleetsim.autoscale import direction_changes
+from extproc.fleetsim.fleet import build_replicas
 from extproc.fleetsim.loop import run
 from extproc.fleetsim.metrics import summarize
 from extproc.profiles import parse_profile
@@ -94,3 +97,37 @@ def test_direction_changes_counts_turns_within_a_span():
     assert direction_changes([1, 2, 3, 3, 3, 3, 3, 3, 3, 3], times, 300) == 0
     assert direction_changes([1, 2, 1, 2, 1, 2, 2, 2, 2, 2], times, 300) == 4
     assert direction_changes([1, 2, 1, 2, 1, 2, 2, 2, 2, 2], times, 15) == 2  # turns 10 s apart
+
+
+def test_a_lost_replica_can_be_provisioned_again_and_serves():
+    sc = scenario(duration_s=300, events=[
+        {"kind": "lose-replicas", "at": 50, "gpu": "A100", "fraction": 1.0},
+        {"kind": "rate", "at": 100, "until": 300, "factor": 3}])
+    res = run(sc, "least-request", generate(sc, 4), seed=4, optimizer=True, gpu_profiles=PROFILES)
+    fast = [r for r in res.replicas if r.deployment == "fast"]
+    back = [r for r in fast if r.index in res.lost_at and len(res.spans[r.index]) > 1]
+    assert back, "a lost replica was asked for again"
+    again = {r.index for r in back}
+    late = [i for i, a in enumerate(res.arrivals) if a.time > 200 and res.replica_of[i] in again]
+    assert late and all(res.status[i] == 1 for i in late)  # its requests complete: its engine steps
+
+
+def test_a_provisioned_replica_steps_on_its_first_request_whatever_its_past():
+    from extproc.fleetsim.autoscale import FleetScaler
+
+    class Clock:
+        now = 70.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    r = build_replicas(scenario(), 0)[0]
+    r.alive, r.scheduled = False, 52.3  # lost mid-step: that step event was skipped
+    spans: dict = {r.index: [[0.0, 50.0]]}
+    woken: list = []
+    scaler = FleetScaler(None, [r], spans, Clock(), lambda t, i: woken.append((t, i)), lambda: None)  # type: ignore[arg-type]
+    scaler.ready_at[r.index] = 70.0
+    r.starting = True
+    scaler.provisioned(r)
+    assert r.alive and r.ready and not r.starting and spans[r.index][-1] == [70.0, math.inf]
+    assert r.scheduled < 0  # else the loop would wait for a step that never comes
