@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -39,9 +40,14 @@ def _check_config(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"{args.file}: {exc}", file=sys.stderr)
         return 1
+    # the same resolution `serve` applies: EXTPROC_REDIS_URL, redis.url, then REDIS_HOST/REDIS_PORT
+    from extproc.state.shared import redact_url, redis_url_from_env
+
+    redis_url = redis_url_from_env(os.environ, config.redis_url)
     print(f"{args.file}: valid (environment overrides applied)")
     print(f"default strategy: {config.default_strategy}; destination header: {config.destination_header}; "
-          f"max body: {config.max_body_bytes} bytes; Redis: {'on' if config.redis_url else 'off'}")
+          f"max body: {config.max_body_bytes} bytes; "
+          f"Redis: {f'on ({redact_url(redis_url)})' if redis_url else 'off'}")
     print(f"model paths: {', '.join(sorted(config.model_paths))}")
     if config.discovery.enabled:
         d = config.discovery

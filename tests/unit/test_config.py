@@ -96,3 +96,20 @@ def test_check_config_prints_what_would_be_served_or_the_error(tmp_path, capsys)
     assert "model m: 1 pod(s)" in out and "10.0.0.1:8000" in out and "gpu=L20" in out
     assert main(["check-config", str(bad)]) == 1
     assert "models.m.pods[0].raedy" in capsys.readouterr().err
+
+
+def test_check_config_finds_redis_where_serve_does(tmp_path, capsys, monkeypatch):
+    from extproc.cli import main
+
+    path = tmp_path / "g.yaml"
+    path.write_text("models: {m: {pods: [{name: p0, address: '10.0.0.1:8000'}]}}\n")
+    for name in ("EXTPROC_REDIS_URL", "REDIS_HOST", "REDIS_PORT", "REDIS_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["check-config", str(path)]) == 0
+    assert "Redis: off" in capsys.readouterr().out
+    # AIBrix's variables, as `serve` honours them; the password never printed
+    monkeypatch.setenv("REDIS_HOST", "redis.example")
+    monkeypatch.setenv("REDIS_PASSWORD", "s3cret")
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "Redis: on (redis://" in out and "redis.example:6379" in out and "s3cret" not in out
