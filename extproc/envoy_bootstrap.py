@@ -1,8 +1,15 @@
 """`extproc envoy-config`: the Envoy bootstrap that puts the gateway in front of the model pods.
 
-The only upstream is an ORIGINAL_DST cluster that follows the destination header the gateway sets.
-The route to it requires that header; every other request gets a local 503. ext_proc fails closed,
-so no request reaches an upstream without the gateway choosing it.
+The only upstream is an ORIGINAL_DST cluster that follows the destination the gateway chose, in its
+envoy.lb metadata (which no client can set). The route to it requires that metadata; every other
+request gets a local 503. ext_proc fails closed, so no request reaches an upstream without the gateway
+choosing it.
+
+One ext_proc message per request where possible: a request with a body (content-length > 0) skips the
+request headers message, and the headers routing reads come as attributes with the buffered body
+(a buffer filter holds the headers back from the router until then). Others (no content-length: chunked
+or HTTP/2 bodies; bodiless requests such as GET /v1/models) match a route whose per-route override keeps
+the headers message, so the gateway still answers them.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import yaml
 
 from extproc.config import DEFAULT_DESTINATION_HEADER, ENVOY_BUFFER_BYTES
 from extproc.routing.slo_settings import MAX_WAIT_CEILING_SECONDS
+from extproc.server import attributes
 from extproc.server.responses import (
     ANSWERED_KEY,
     GATEWAY_METADATA_NAMESPACE,
@@ -34,6 +42,9 @@ ACCESS_LOG_FORMAT = ('[%START_TIME%] "%REQ(:METHOD)% %REQ(:PATH)%" %RESPONSE_COD
 # Envoy response flags of an upstream that failed us: no healthy host, connect failure, overflow,
 # connection termination, reset, timeout, protocol error, retry limit.
 UPSTREAM_FAILURE_FLAGS = ("UH", "UF", "UO", "UC", "UR", "UT", "UPE", "URX")
+# Headers that steer Envoy's ORIGINAL_DST or AIBrix-style gateways: the route to the pods removes them
+# (the configured destination header is overwritten with the gateway's choice instead).
+CLIENT_DESTINATION_HEADERS = (DEFAULT_DESTINATION_HEADER, "target-pod")
 
 
 @dataclass(slots=True, frozen=True)
@@ -71,6 +82,15 @@ def circuit_breakers(o: BootstrapOptions) -> dict[str, Any]:
 
 def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
     no_route = {"status": 503, "body": {"inline_string": "no destination was chosen for this request"}}
+    # A request with a body: one message (the body, the headers routing reads as attributes). Trailers
+    # are not sent (they would be a second message), nor is anything of the response: Envoy closes
+    # the stream once the request is routed, and the response streams from the pod without the
+    # gateway (its outcome comes back through the access log).
+    one_message = {"request_header_mode": "SKIP", "request_body_mode": "BUFFERED",
+                   "request_trailer_mode": "SKIP", "response_header_mode": "SKIP",
+                   "response_body_mode": "NONE", "response_trailer_mode": "SKIP"}
+    # Without a known body: the headers too (HTTP/2 headers + trailers without a body: a 400).
+    two_messages = {**one_message, "request_header_mode": "SEND", "request_trailer_mode": "SEND"}
     ext_proc = {
         "@type": TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
         "grpc_service": {"envoy_grpc": {"cluster_name": "extproc"},
@@ -80,17 +100,13 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         # Envoy drops metadata from the processor in namespaces not listed here.
         "metadata_options": {"receiving_namespaces": {"untyped": [LB_METADATA_NAMESPACE,
                                                                   GATEWAY_METADATA_NAMESPACE]}},
-        # Request side only: Envoy closes the stream once the request is routed, and the response
-        # streams from the pod without the gateway (its outcome comes back through the access log).
-        "processing_mode": {
-            "request_header_mode": "SEND",
-            "request_body_mode": "BUFFERED",
-            "request_trailer_mode": "SEND",  # HTTP/2 headers + trailers without a body: a 400
-            "response_header_mode": "SKIP",
-            "response_body_mode": "NONE",
-            "response_trailer_mode": "SKIP",
-        },
+        "processing_mode": one_message,
+        "request_attributes": list(attributes.ATTRIBUTES),
     }
+    keep_headers = {"envoy.filters.http.ext_proc": {
+        "@type": TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
+        "overrides": {"processing_mode": two_messages}}}
+    lb_key = {"key": LB_METADATA_NAMESPACE, "path": [{"key": o.destination_header}]}
     tally = {"@type": TYPE + "envoy.extensions.filters.http.lua.v3.Lua",
              "default_source_code": {"inline_string": tally_script()}}
     # Once per request, the finished request's status, timings and the tally's metadata go to the
@@ -152,14 +168,34 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
             "name": "models", "domains": ["*"],
             "response_headers_to_add": decision_headers,
             "routes": [
-                {"match": {"prefix": "/", "headers": [
-                    {"name": o.destination_header, "present_match": True}]},
+                # The gateway chose (its metadata; routes are matched again once it answers). The pod
+                # gets the destination header from that choice, never a client's.
+                {"match": {"prefix": "/", "dynamic_metadata": [{
+                    "filter": LB_METADATA_NAMESPACE, "path": lb_key["path"],
+                    "value": {"present_match": True}}]},
                  "route": {"cluster": "model_pods", "timeout": "0s",
-                           "idle_timeout": f"{o.idle_timeout_seconds}s"}},
-                {"match": {"prefix": "/"}, "direct_response": no_route},
+                           "idle_timeout": f"{o.idle_timeout_seconds}s"},
+                 "request_headers_to_add": [{"header": {
+                     "key": o.destination_header,
+                     "value": f"%DYNAMIC_METADATA({LB_METADATA_NAMESPACE}:{o.destination_header})%"},
+                     "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+                 "request_headers_to_remove": [h for h in CLIENT_DESTINATION_HEADERS
+                                               if h != o.destination_header]},
+                # Not yet: a body is coming (content-length > 0), so is the one message.
+                {"match": {"prefix": "/", "headers": [{"name": "content-length", "string_match": {
+                    "safe_regex": {"regex": "[0-9]*[1-9][0-9]*"}}}]},
+                 "direct_response": no_route},
+                # Not yet, and no body known to be coming: the gateway gets the headers too.
+                {"match": {"prefix": "/"}, "direct_response": no_route,
+                 "typed_per_filter_config": keep_headers},
             ]}]},
         "http_filters": [
             {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
+            # Holds the request headers back from the router while ext_proc buffers the body (without a
+            # headers message, ext_proc itself lets them through at once).
+            {"name": "envoy.filters.http.buffer", "typed_config": {
+                "@type": TYPE + "envoy.extensions.filters.http.buffer.v3.Buffer",
+                "max_request_bytes": BUFFER_LIMIT_BYTES}},
             {"name": "envoy.filters.http.lua", "typed_config": tally},
             {"name": "envoy.filters.http.router",
              "typed_config": {"@type": TYPE + "envoy.extensions.filters.http.router.v3.Router"}},
@@ -190,8 +226,7 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                     "connect_timeout": f"{o.upstream_connect_timeout_seconds}s",
                     "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
                     "circuit_breakers": circuit_breakers(o),
-                    "original_dst_lb_config": {"use_http_header": True,
-                                               "http_header_name": o.destination_header},
+                    "original_dst_lb_config": {"metadata_key": lb_key},
                 },
                 {
                     "name": "extproc",

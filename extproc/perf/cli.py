@@ -44,6 +44,9 @@ def add_parser(sub: Any) -> None:
                    help="paths of the streaming sweep, of envoy,routed,full,tally (tally: Envoy + the Lua "
                         "tally without a gateway: the Lua's share of (c); needs it in --paths too)")
     o.add_argument("--decisions", type=int, default=3000, help="routing decisions timed per pool size")
+    o.add_argument("--baseline", type=Path, metavar="DIR",
+                   help="a checkout of an earlier version (git worktree or `git archive`): its gateway and "
+                        "Envoy bootstrap run as path 'before' beside the others, JSON and streaming")
     o.add_argument("--json", type=Path, help="write the summary (and every run) here")
     o.add_argument("--profile", type=Path, metavar="DIR",
                    help="py-spy the gateways during round 1's heaviest runs; collapsed stacks go to DIR")
@@ -82,9 +85,12 @@ def _overhead(args: argparse.Namespace) -> int:
     from extproc.perf.report import render
     from extproc.perf.stack import Stack, strategy_for_bench
 
+    paths, stream_paths = args.paths, args.stream_paths
+    if args.baseline is not None:
+        paths, stream_paths = (*paths, "before"), (*stream_paths, "before")
     s = Settings(duration=args.duration, rounds=args.rounds, stream_rounds=args.stream_rounds,
                  concurrencies=args.concurrency, streams=args.streams, stream_tokens=args.stream_tokens,
-                 itl_ms=args.itl_ms, paths=args.paths, stream_paths=args.stream_paths,
+                 itl_ms=args.itl_ms, paths=paths, stream_paths=stream_paths,
                  profile_dir=args.profile)
     strategy = strategy_for_bench()
     if strategy != "load-balance":
@@ -93,7 +99,7 @@ def _overhead(args: argparse.Namespace) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="extproc-bench-"))
     if args.keep_logs:
         print(f"process logs: {log_dir}", file=sys.stderr)
-    with Stack(log_dir, s.itl_ms, strategy, paths=s.paths) as stack:
+    with Stack(log_dir, s.itl_ms, strategy, paths=s.paths, baseline=args.baseline) as stack:
         runs = run_all(stack, s, progress=lambda line: print(line, file=sys.stderr, flush=True))
         upstream_cpu = stack.upstream_stats()["cpu_s"]
     summary = summarize(runs, s)

@@ -204,21 +204,25 @@ def summarize(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any]:
         key = lambda path: f"req/{c}/{path}"  # noqa: E731
         row: dict[str, float] = {}
         for label, path in (("upstream", "direct"), ("direct", "envoy"), ("routed", "routed"),
-                            ("gateway", "full")):
+                            ("gateway", "full"), ("before", "before")):
             if key(path) in runs:
                 row[f"{label}_p50_ms"] = _med(runs[key(path)], "p50_ms")
                 row[f"{label}_p99_ms"] = _med(runs[key(path)], "p99_ms")
                 row[f"{label}_rps"] = _med(runs[key(path)], "rps")
-        for label, path in (("routed_", "routed"), ("", "full")):
+        for label, path in (("routed_", "routed"), ("", "full"), ("before_", "before")):
             if key(path) in runs and key("envoy") in runs:
                 row[f"{label}added_p50_ms"] = _added(runs, key(path), key("envoy"), "p50_ms")
                 row[f"{label}added_p99_ms"] = _added(runs, key(path), key("envoy"), "p99_ms")
-        for label, path in (("routed_", "routed"), ("", "full")):
+        for label, path in (("routed_", "routed"), ("", "full"), ("before_", "before")):
             if key(path) in runs:
                 row[f"{label}gateway_cpu_us_per_request"] = _per(runs[key(path)], "gateway", "completed")
                 row[f"{label}envoy_cpu_us_per_request"] = _per(runs[key(path)], "envoy", "completed")
         if key("envoy") in runs:
             row["direct_envoy_cpu_us_per_request"] = _per(runs[key("envoy")], "envoy", "completed")
+        for label, path in (("", "full"), ("before_", "before")):  # req/s against Envoy alone, per round
+            if key(path) in runs and key("envoy") in runs:
+                pairs = zip(runs[key(path)], runs[key("envoy")])
+                row[f"{label}rps_ratio"] = median(a.rps / b.rps for a, b in pairs if b.rps)
         out[f"c{c}"] = row
     out["stream"] = _summarize_streams(runs, s)
     return out
@@ -229,10 +233,12 @@ def _summarize_streams(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any
     for n in s.streams:
         full, alone = runs.get(f"stream/{n}/full", []), runs.get(f"stream/{n}/envoy", [])
         lua, routed = runs.get(f"stream/{n}/tally", []), runs.get(f"stream/{n}/routed", [])
+        before = runs.get(f"stream/{n}/before", [])
         if not full and not alone:
             continue
         level: dict[str, Any] = {"streams": n}
-        for label, rs in (("direct", alone), ("gateway", full), ("lua", lua), ("routed", routed)):
+        for label, rs in (("direct", alone), ("gateway", full), ("lua", lua), ("routed", routed),
+                          ("before", before)):
             if rs:
                 level |= {f"{label}_tokens_per_s": _med(rs, "tokens_per_s"),
                           f"{label}_itl_p50_ms": _med(rs, "itl_p50_ms"),
@@ -245,7 +251,8 @@ def _summarize_streams(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any
             level["added_itl_p50_ms"] = _added(runs, f"stream/{n}/full", f"stream/{n}/envoy", "itl_p50_ms")
             level["added_itl_p99_ms"] = _added(runs, f"stream/{n}/full", f"stream/{n}/envoy", "itl_p99_ms")
             level["added_ttft_p50_ms"] = _added(runs, f"stream/{n}/full", f"stream/{n}/envoy", "ttft_p50_ms")
-        for label, rs, name in (("lua_", lua, "tally"), ("routed_", routed, "routed")):
+        for label, rs, name in (("lua_", lua, "tally"), ("routed_", routed, "routed"),
+                                ("before_", before, "before")):
             if rs and alone:
                 level[f"{label}added_itl_p99_ms"] = _added(runs, f"stream/{n}/{name}", f"stream/{n}/envoy",
                                                            "itl_p99_ms")
@@ -257,7 +264,10 @@ def _summarize_streams(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any
             level["tally_missing"] = max(r.tokens_sent - r.tally for r in full)
             level["running_after"] = max(r.running_after for r in full)
             level["usage_leaked"] = sum(r.usage_leaked for r in full)
-        everything = full + alone + lua + routed
+        if before:
+            level["before_gateway_cpu_us_per_token"] = _per(before, "gateway", "tokens_sent")
+            level["before_tally_ok"] = all(r.tally_ok for r in before)
+        everything = full + alone + lua + routed + before
         level["upstream_late_max_ms"] = max(r.upstream_late_max_ms for r in everything)
         level["upstream_cpu_us_per_token"] = _per(everything, "upstream", "tokens_sent")
         level["client_cpu_us_per_token"] = _per(everything, "client", "tokens_sent")

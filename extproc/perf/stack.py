@@ -6,6 +6,8 @@
     full    (c) the product: routing + Lua tally + gRPC access log back to the gateway
     tally   diagnostic: (a) + the Lua tally, no gateway (a stub Lua filter marks each request as
             routed, with usage to strip, as the gateway would): Envoy's share of (c)'s cost
+    before  (c) as an earlier version builds it (`--baseline DIR`: its gateway code and its Envoy
+            bootstrap), beside the others: before and after measured in one run
 
 Every Envoy runs the same bootstrap generator with filters removed, so the differences between
 paths are the gateway's parts and nothing else. (b) and (c) have a gateway process each, so the
@@ -15,6 +17,8 @@ CPU of each is its own.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -29,8 +33,9 @@ from extproc.perf.load import Target
 from extproc.server.responses import GATEWAY_METADATA_NAMESPACE, POD, STRIP_USAGE
 
 MODEL = "bench"
-PATHS = ("direct", "envoy", "routed", "full", "tally")
+PATHS = ("direct", "envoy", "routed", "full", "tally", "before")
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+BUFFER_FILTER = "envoy.filters.http.buffer"  # holds headers for ext_proc's one message: not without it
 LUA_FILTER = "envoy.filters.http.lua"
 GRPC_ACCESS_LOG = "envoy.access_loggers.http_grpc"
 # What the gateway's routing reply leaves in metadata for tally.lua (server/responses.py).
@@ -47,7 +52,9 @@ def envoy_variant(options: BootstrapOptions, *, ext_proc: bool, tally: bool, mar
     """
     config = bootstrap(options)
     hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    drop = set() if ext_proc else {EXT_PROC_FILTER}
+    drop = set() if ext_proc else {EXT_PROC_FILTER, BUFFER_FILTER}
+    if not ext_proc:
+        route_by_header(config, options.destination_header)
     if not tally:
         drop.add(LUA_FILTER)
     if not tally or mark:
@@ -58,6 +65,17 @@ def envoy_variant(options: BootstrapOptions, *, ext_proc: bool, tally: bool, mar
             "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
             "default_source_code": {"inline_string": _MARK_ROUTED}}})
     return yaml.safe_dump(config, sort_keys=False)
+
+
+def route_by_header(config: dict, destination_header: str) -> None:
+    """Without a gateway (Envoy alone): ORIGINAL_DST follows the destination header the client sets,
+    and the route to the pods requires that header (where the product requires the gateway's metadata)."""
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    to_pods = hcm["route_config"]["virtual_hosts"][0]["routes"][0]
+    to_pods["match"] = {"prefix": "/", "headers": [{"name": destination_header, "present_match": True}]}
+    del to_pods["request_headers_to_add"]
+    pods = next(c for c in config["static_resources"]["clusters"] if c["name"] == "model_pods")
+    pods["original_dst_lb_config"] = {"use_http_header": True, "http_header_name": destination_header}
 
 
 def strategy_for_bench() -> str:
@@ -91,9 +109,11 @@ class BenchPath:
 class Stack:
     """Starts everything on 127.0.0.1 free ports; `close` (or the with-block) stops it all."""
 
-    def __init__(self, log_dir: Path, itl_ms: float, strategy: str, paths: tuple[str, ...] = PATHS) -> None:
+    def __init__(self, log_dir: Path, itl_ms: float, strategy: str, paths: tuple[str, ...] = PATHS,
+                 baseline: Path | None = None) -> None:
         self.log_dir = log_dir
         self.strategy = strategy
+        self.baseline = baseline  # a checkout of an earlier version: the "before" path runs its code
         self._exit = ExitStack()
         self.paths: dict[str, BenchPath] = {}
         try:
@@ -142,8 +162,22 @@ class Stack:
             envoy_port = free_port()
             envoy = self._envoy(name, envoy_port, gateway_port=grpc_port, ext_proc=True, tally=tally)
             self.paths[name] = BenchPath(name, Target(envoy_port), envoy, gateway)
+        if "before" in paths and self.baseline is not None:
+            env = {"PYTHONPATH": str(self.baseline)}  # its code first: the gateway and the generator
+            gateway, grpc_port = self._gateway("before", address, env)
+            envoy_port = free_port()
+            options = (f"BootstrapOptions(listen_port={envoy_port}, listen_address='127.0.0.1', "
+                       f"admin_port={free_port()}, extproc_port={grpc_port})")
+            text = subprocess.run(
+                [sys.executable, "-c", "from extproc.envoy_bootstrap import BootstrapOptions; "
+                 f"from extproc.perf.stack import envoy_variant; print(envoy_variant({options}, "
+                 "ext_proc=True, tally=True))"], env={**os.environ, **env}, cwd=self.baseline,
+                capture_output=True, text=True, check=True).stdout
+            envoy = self._proc(start_envoy("envoy-before", text, self.log_dir))
+            envoy.wait_ready(lambda: port_open(envoy_port))
+            self.paths["before"] = BenchPath("before", Target(envoy_port), envoy, gateway)
 
-    def _gateway(self, name: str, address: str) -> tuple[Gateway, int]:
+    def _gateway(self, name: str, address: str, env: dict[str, str] | None = None) -> tuple[Gateway, int]:
         config = self.log_dir / f"gateway-{name}.yaml"
         # Without the access log (path b) records never come: keep the default request timeout so no
         # expiry (and its per-request warning) runs during the benchmark.
@@ -153,7 +187,8 @@ class Stack:
         grpc_port, admin_port = free_port(), free_port()
         proc = self._proc(Proc(f"gateway-{name}", [
             str(VENV_BIN / "extproc"), "--log-level", "WARNING", "serve", "--config", str(config),
-            "--port", str(grpc_port), "--host", "127.0.0.1", "--admin-port", str(admin_port)], self.log_dir))
+            "--port", str(grpc_port), "--host", "127.0.0.1", "--admin-port", str(admin_port)], self.log_dir,
+            env))
         proc.wait_ready(lambda: http_get(f"http://127.0.0.1:{admin_port}/healthz")[0] == 200
                         and port_open(grpc_port))
         return Gateway(proc, admin_port), grpc_port

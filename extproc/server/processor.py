@@ -1,6 +1,10 @@
 """The ext_proc stream state machine: one Stream per HTTP request, request side only.
 
-request headers -> buffered body -> route (destination header + metadata, optional body rewrite).
+A request with a body (content-length > 0) is one message: its buffered body, with the headers routing
+reads as attributes (server/attributes.py) -> route (envoy.lb metadata, optional body rewrite). Others
+(no content-length: chunked or HTTP/2 bodies, bodiless requests such as GET /v1/models) come as two, on a
+route that keeps Envoy's request headers message (envoy_bootstrap.py): request headers -> buffered body
+-> route (destination header + metadata).
 Envoy closes the stream once routed; the response streams from the pod to the client without the
 gateway, and its outcome comes back once per request through the access log (server/access_log.py).
 Stream.handle is synchronous and does no I/O, so it is unit-testable over a fake message sequence.
@@ -24,7 +28,7 @@ from extproc.openai import OpenAIError, Request
 from extproc.routing import StrategySpec, StrategySpecError, strategy_names
 from extproc.routing.session_affinity import MAX_SESSION_KEY_BYTES, SESSION_HEADER
 from extproc.routing.slo import SloReject, SloWait
-from extproc.server import responses
+from extproc.server import attributes, responses
 from extproc.server.gateway import Decision, Gateway
 
 log = logging.getLogger(__name__)
@@ -67,7 +71,7 @@ def parse_body(path: str, body: bytes, header_model: str | None) -> Request | Op
 
 class Stream:
     __slots__ = ("_gw", "_path", "_strategy", "_request_id", "_header_model", "_has_length",
-                 "_decision", "_done", "_expect_trailers", "_spec", "_session", "_queued")
+                 "_decision", "_done", "_expect_trailers", "_spec", "_session", "_queued", "_one_message")
 
     def __init__(self, gateway: Gateway) -> None:
         self._gw = gateway
@@ -82,6 +86,7 @@ class Stream:
         self._done = False  # answered by the gateway, or routed
         self._expect_trailers = False  # an HTTP/2 body followed by trailers: reply to those too
         self._queued: tuple | None = None  # (request, profile, entry, body, end_of_stream): SLO queue
+        self._one_message = False  # the body came first, with the headers as attributes
 
     @property
     def decision(self) -> Decision | None:
@@ -99,6 +104,11 @@ class Stream:
             if kind == "request_headers":
                 return self._on_request_headers(msg.request_headers)
             if kind == "request_body":
+                if not self._spec and not self._done and attributes.sent(msg):
+                    self._one_message = True
+                    reply = self._start(attributes.headers(msg), end_of_stream=False)
+                    if reply is not None:
+                        return reply
                 return self._on_request_body(msg.request_body, parsed)
             if kind == "request_trailers":
                 self._expect_trailers = False
@@ -137,7 +147,15 @@ class Stream:
             # answer the mutation with a misleading "gateway unavailable" 503.
             raise OpenAIError(431, f"too many request headers (at most {ENVOY_MAX_HEADERS - 1})",
                               code="request_header_fields_too_large")
-        headers = _headers(http_headers)
+        reply = self._start(_headers(http_headers), http_headers.end_of_stream)
+        if reply is not None:
+            return reply
+        # A client must never choose the upstream: strip any destination header it sent.
+        return responses.request_headers(self._gw.client_forbidden_headers)
+
+    def _start(self, headers: dict[str, str], end_of_stream: bool) -> ProcessingResponse | None:
+        """The checks of a request's headers (or of the attributes standing for them); a reply when
+        the gateway answers the request itself, else None."""
         path = self._path = headers.get(":path", "").split("?", 1)[0]
         method = headers.get(":method", "")
         self._request_id = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
@@ -161,7 +179,7 @@ class Stream:
             raise OpenAIError(404, f"{path} is not served by this gateway", code="unknown_route")
         if method != "POST":
             raise OpenAIError(405, f"{method} {path}: only POST is allowed", code="method_not_allowed")
-        if http_headers.end_of_stream:
+        if end_of_stream:
             raise openai.bad_request("request body is required", code="missing_body")
         try:
             spec = gw.strategy(headers.get(STRATEGY_HEADER))
@@ -172,15 +190,20 @@ class Stream:
         # client input.
         self._spec = spec
         self._strategy = spec.label
-        # A client must never choose the upstream: strip any destination header it sent.
-        return responses.request_headers(gw.client_forbidden_headers)
+        return None
 
     def needs_offload(self, msg: ProcessingRequest) -> bool:
         return msg.WhichOneof("request") == "request_body" and \
             OFFLOAD_BODY_BYTES < len(msg.request_body.body) <= self._gw.config.max_body_bytes
 
-    def parse_args(self, body: bytes) -> tuple[str, bytes, str | None]:
-        return (self._path, body, self._header_model)
+    def parse_args(self, msg: ProcessingRequest) -> tuple[str, bytes, str | None]:
+        """What the worker process parses: the body, its path and model header (from the attributes
+        when the body is the request's first message)."""
+        if not self._path and attributes.sent(msg):
+            headers = attributes.headers(msg)
+            path = headers.get(":path", "").split("?", 1)[0]
+            return (path, msg.request_body.body, headers.get(MODEL_HEADER))
+        return (self._path, msg.request_body.body, self._header_model)
 
     def _on_request_body(self, http_body, parsed: Request | OpenAIError | None) -> ProcessingResponse:
         # BUFFERED mode sends the whole body in one message; end_of_stream is false only when request
@@ -235,8 +258,13 @@ class Stream:
                               type="service_unavailable", code="no_ready_pod")
         self._decision = decision
         self._done = True
-        self._expect_trailers = not end_of_stream
+        # One message: trailers are not sent to the gateway (and Envoy sets a new body's length).
+        self._expect_trailers = not end_of_stream and not self._one_message
         new_body = openai.with_usage_requested(body, request) if gw.config.include_usage else None
+        if self._one_message:
+            return responses.route_from_body(gw.config.destination_header, decision.pod, decision.key,
+                                             self._request_id, self._strategy, new_body,
+                                             gw.client_forbidden_headers)
         return responses.route(gw.config.destination_header, decision.pod, decision.key,
                                self._request_id, self._strategy, new_body, self._has_length)
 
@@ -277,7 +305,7 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
                 if self._pool is not None and stream.needs_offload(msg):
                     self.offloaded.inc()
                     parsed = await asyncio.get_running_loop().run_in_executor(
-                        self._pool, parse_body, *stream.parse_args(msg.request_body.body))
+                        self._pool, parse_body, *stream.parse_args(msg))
                 reply = stream.handle(msg, parsed)
                 if reply is None and stream.queued:
                     reply = await stream.wait_queued()

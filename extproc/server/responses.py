@@ -64,17 +64,10 @@ def route(destination_header: str, pod: Pod, key: str, request_id: str, strategy
     `new_body` replaces the request body (usage requested on the client's behalf); its length is set
     when the client sent one, as Envoy refuses a mutated body that disagrees with content-length.
     """
-    metadata = Struct()
-    metadata.fields[LB_METADATA_NAMESPACE].struct_value.fields[destination_header].string_value = pod.address
-    ours = metadata.fields[GATEWAY_METADATA_NAMESPACE].struct_value.fields
-    ours[KEY].string_value = key
-    ours[POD].string_value = pod.name
-    ours[STRATEGY].string_value = strategy
-    ours[REQUEST_ID].string_value = request_id
+    metadata = _decision(destination_header, pod, key, request_id, strategy, new_body is not None)
     headers = [(destination_header, pod.address)]
     mutation = None
     if new_body is not None:
-        ours[STRIP_USAGE].bool_value = True
         mutation = BodyMutation(body=new_body)
         if has_content_length:
             headers.append(("content-length", str(len(new_body))))
@@ -83,6 +76,37 @@ def route(destination_header: str, pod: Pod, key: str, request_id: str, strategy
             header_mutation=HeaderMutation(set_headers=_set(headers)), body_mutation=mutation,
             clear_route_cache=True)),
         dynamic_metadata=metadata)
+
+
+def route_from_body(destination_header: str, pod: Pod, key: str, request_id: str, strategy: str,
+                    new_body: bytes | None, remove: list[str]) -> ProcessingResponse:
+    """`route` for a request whose headers Envoy did not send (one message: the body). Envoy (1.40)
+    applies no header mutation then: the destination is the envoy.lb metadata, which the route and
+    the ORIGINAL_DST cluster follow, and the route itself sets the destination header and strips
+    client-sent ones (envoy_bootstrap.py); it also sets a new body's content-length. The header
+    mutation is there because Envoy clears the route cache only for a response that has one."""
+    metadata = _decision(destination_header, pod, key, request_id, strategy, new_body is not None)
+    return ProcessingResponse(
+        request_body=BodyResponse(response=CommonResponse(
+            header_mutation=HeaderMutation(remove_headers=remove),
+            body_mutation=BodyMutation(body=new_body) if new_body is not None else None,
+            clear_route_cache=True)),
+        dynamic_metadata=metadata)
+
+
+def _decision(destination_header: str, pod: Pod, key: str, request_id: str, strategy: str,
+              strip_usage: bool) -> Struct:
+    """The routing decision as dynamic metadata: envoy.lb (the endpoint-picker protocol) and ours."""
+    metadata = Struct()
+    metadata.fields[LB_METADATA_NAMESPACE].struct_value.fields[destination_header].string_value = pod.address
+    ours = metadata.fields[GATEWAY_METADATA_NAMESPACE].struct_value.fields
+    ours[KEY].string_value = key
+    ours[POD].string_value = pod.name
+    ours[STRATEGY].string_value = strategy
+    ours[REQUEST_ID].string_value = request_id
+    if strip_usage:
+        ours[STRIP_USAGE].bool_value = True
+    return metadata
 
 
 def immediate(status: int, body: bytes, headers: Iterable[tuple[str, str]] = (),

@@ -12,6 +12,7 @@ import aiohttp
 import grpc
 import openai
 import pytest
+import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from extproc.envoy_bootstrap import BootstrapOptions, render
@@ -141,7 +142,12 @@ def test_custom_destination_header_validates(tmp_path: Path):
     check = subprocess.run([str(VENV_BIN / "envoy"), "--mode", "validate", "-c", str(path)],
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "http_header_name: target-pod" in path.read_text()
+    config = yaml.safe_load(path.read_text())
+    pods = next(c for c in config["static_resources"]["clusters"] if c["name"] == "model_pods")
+    assert pods["original_dst_lb_config"]["metadata_key"]["path"] == [{"key": "target-pod"}]
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    to_pods = hcm["route_config"]["virtual_hosts"][0]["routes"][0]
+    assert to_pods["request_headers_to_add"][0]["header"]["key"] == "target-pod"
 
 
 async def test_unreachable_pod_gives_503_and_balances_counts(tmp_path: Path):

@@ -178,8 +178,8 @@ def test_summary_subtracts_envoy_alone_per_round_and_picks_the_best_tallied_rate
                               "100_p99": 70.0}
     status = {name: ok for name, _, ok in target_status(summary)}
     assert status["c1 added p50 <= 0.6 ms"] is True
-    assert status["decision <= 50 us at 100 pods"] is False
-    assert status["decision <= 500 us at 1000 pods"] is None  # not measured: neither met nor missed
+    assert status["decision <= 30 us at 100 pods"] is False
+    assert status["decision <= 300 us at 1000 pods"] is None  # not measured: neither met nor missed
     assert "(c) full path" in render(summary, s.concurrencies)
 
 

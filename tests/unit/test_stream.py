@@ -299,3 +299,59 @@ def test_a_session_key_reaches_routing(gw: Gateway):
         picks.add(s.decision.pod.name)
         finish(gw, s)
     assert len(picks) == 1
+
+
+# -- one message: the body first, the headers routing reads as attributes -----------------------------
+
+def body_first(body, path="/v1/chat/completions", method="POST", eos=True, **headers) -> ProcessingRequest:
+    from google.protobuf.struct_pb2 import Struct
+
+    from extproc.server import attributes
+    msg = req_body(body, eos)
+    fields: Struct = msg.attributes[attributes.FILTER]
+    for name, value in (("request.path", path), ("request.method", method), ("request.id", "rid-9"),
+                        *((f"request.headers['{h}']", v) for h, v in headers.items())):
+        fields.fields[name].string_value = value
+    return msg
+
+
+def test_one_message_routes_through_metadata_and_lets_the_route_strip_client_headers(gw: Gateway):
+    s = Stream(gw)
+    r = s.handle(body_first({**CHAT, "stream": True}, **{"routing-strategy": "random"}))
+    response = r.request_body.response
+    # Envoy applies no header mutation to a body when it skipped the headers; the destination is
+    # the envoy.lb metadata, and the (ignored) mutation makes Envoy clear the route cache.
+    assert not response.header_mutation.set_headers and response.clear_route_cache
+    assert {"x-gateway-destination-endpoint", "target-pod"} <= set(response.header_mutation.remove_headers)
+    lb = r.dynamic_metadata.fields["envoy.lb"].struct_value.fields
+    assert lb["x-gateway-destination-endpoint"].string_value == s.decision.pod.address
+    ours = r.dynamic_metadata.fields["extproc"].struct_value.fields
+    assert ours["request_id"].string_value == "rid-9" and ours["strategy"].string_value == "random"
+    assert json.loads(response.body_mutation.body)["stream_options"] == {"include_usage": True}
+    assert ours["strip_usage"].bool_value
+    assert s.finished  # no trailers come in this mode, even after a body without end_of_stream
+    finish(gw, s)
+    assert in_flight(gw) == 0 and running(gw) == 0
+
+
+def test_one_message_keeps_every_check_of_the_headers(gw: Gateway, monkeypatch):
+    assert error_of(Stream(gw).handle(body_first(CHAT, path="/sim/faults")))[0] == 404
+    assert error_of(Stream(gw).handle(body_first(CHAT, method="PUT")))[0] == 405
+    status, error = error_of(Stream(gw).handle(body_first(CHAT, **{"routing-strategy": "nope"})))
+    assert status == 400 and error["code"] == "unknown_routing_strategy"
+    status, error = error_of(Stream(gw).handle(body_first(CHAT, **{"x-aibrix-session-key": "k" * 5000})))
+    assert status == 400 and error["code"] == "invalid_session_key"
+    status, error = error_of(Stream(gw).handle(body_first({**CHAT, "model": "nope"})))
+    assert status == 404 and error["code"] == "model_not_found"
+    monkeypatch.setenv("EXTPROC_API_KEYS", "sk-right")
+    keyed = Gateway(parse(CONFIG, {}))
+    assert error_of(Stream(keyed).handle(body_first(CHAT)))[0] == 401
+    assert error_of(Stream(keyed).handle(body_first(CHAT, authorization="Bearer sk-wrong")))[0] == 401
+    assert Stream(keyed).handle(body_first(CHAT, authorization="Bearer sk-right")).HasField("request_body")
+    assert in_flight(gw) == 0 and running(gw) == 0
+
+
+def test_the_attributes_envoy_is_asked_for_are_the_headers_routing_reads():
+    from extproc.server import attributes
+    from extproc.server.processor import WANTED_HEADERS
+    assert {":path", ":method", "x-request-id", "content-length", *attributes.HEADERS} == WANTED_HEADERS
