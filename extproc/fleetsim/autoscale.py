@@ -6,7 +6,8 @@ the optimizer's own code re-plans from them: `window_ends` + `parse_trace` (what
 `trace_rates`, `solve` with the per-GPU profiles, `ModelState.apply`/`reported` (overrides none, no load:
 min_replicas). A PodAutoscaler then scales each deployment to ceil(metric / targetValue) with the
 metric in hundredths of a replica and targetValue 100, within [min_replicas, the replicas it may run],
-and down only to the highest count of the last `stabilization_s` (the HPA's scale-down stabilization).
+down only to the highest count of the last `stabilization_s` (the HPA's scale-down stabilization), and
+not at all within 10 % of where it is (the HPA's tolerance).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from extproc.tracing.window import TraceRecorder, trace_key
 
 EPOCH = 1_700_000_000.0  # virtual time 0 as unix time (trace keys carry window ends in unix seconds)
 TARGET_VALUE = REPLICA_UNITS  # the PodAutoscaler's targetValue for vllm:deployment_replicas
+TOLERANCE = 0.1  # no scaling within 10 % of the current count (HPA's default tolerance; AIBrix's APA too)
 
 
 @dataclass(slots=True)
@@ -57,6 +59,7 @@ class Optimizer:
             d: Deployment("default", d, model, g.min_replicas, g.initial) for d, g in self.groups.items()})
         self.timeline = Timeline()
         self.asked: list[tuple[float, dict[str, int]]] = []  # (time, counts) within the stabilization
+        self.scaled_to: dict[str, int] = {}
 
     def hooks(self) -> TraceHooks:
         """One per simulated gateway: they all write into the same windows, as live ones do in Redis."""
@@ -89,7 +92,14 @@ class Optimizer:
             now_asked[d] = min(g.replicas, max(g.min_replicas, math.ceil(metric / TARGET_VALUE)))
         self.asked = [(t, a) for t, a in self.asked if t > now - self.settings.stabilization_s]
         self.asked.append((now, now_asked))
-        return {d: max(a[d] for _, a in self.asked) for d in self.groups}
+        out = {}
+        for d, g in self.groups.items():
+            want = max(a[d] for _, a in self.asked)
+            have = self.scaled_to.get(d, want)
+            # within the autoscaler's tolerance of where it is, it stays (unless below min_replicas)
+            out[d] = have if abs(want - have) <= TOLERANCE * have and have >= g.min_replicas else want
+        self.scaled_to = out
+        return out
 
     def record(self, now: float, desired: Mapping[str, int], billed: Mapping[str, int]) -> None:
         t = self.timeline

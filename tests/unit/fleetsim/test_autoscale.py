@@ -131,3 +131,28 @@ def test_a_provisioned_replica_steps_on_its_first_request_whatever_its_past():
     scaler.provisioned(r)
     assert r.alive and r.ready and not r.starting and spans[r.index][-1] == [70.0, math.inf]
     assert r.scheduled < 0  # else the loop would wait for a step that never comes
+
+
+def test_the_autoscaler_holds_within_its_tolerance():
+    import json
+
+    from extproc.fleetsim.autoscale import EPOCH, Optimizer
+    from extproc.fleetsim.scenario import Autoscale, Group
+    from extproc.tracing.window import trace_key
+
+    group = Group("A100", 100, "fast", initial=1, min_replicas=1, cost=1.0)
+    opt = Optimizer("m", {"fast": group}, {"fast": flat("fast", 1.0, 1.0)},
+                    Autoscale(provision_s=0, interval_s=10, window_s=10, stabilization_s=0), lambda: 0.0)
+
+    def asked(t: float, rps: float) -> int:
+        n = round(rps * 10)
+        end = int(EPOCH + t)
+        opt.redis[trace_key("m", end)] = json.dumps({"70:30": n, "meta_v": 4, "meta_interval_sec": 10,
+                                                     "meta_precision": 10, "meta_total_reqs": n})
+        return opt.tick(t)["fast"]
+
+    assert asked(10, 20) == 20
+    assert asked(20, 21.5) == 20   # 22 is within 10 % of 20: it stays
+    assert asked(30, 18.5) == 20   # and 19
+    assert asked(40, 25) == 25     # beyond it: it scales
+    assert asked(50, 12) == 12
