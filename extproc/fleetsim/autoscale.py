@@ -79,7 +79,8 @@ class Optimizer:
         plan, error = None, None
         if demands:
             try:  # as the service plans (OptimizerService.replan)
-                plan = solve(self.profiles, demands, skip_unservable=True)
+                plan = solve(self.profiles, demands, skip_unservable=True,
+                             current={d: self.state.reported(d) for d in self.groups})
                 error = plan.unserved or None
             except PlanError as e:
                 error = str(e)

@@ -139,7 +139,8 @@ class OptimizerService:
         plan: Plan | None = None
         error = None
         try:
-            plan = await asyncio.to_thread(solve, profiles, demands, 30.0, True)
+            running = {k: state.reported(k) for k in state.deployments}  # near-ties keep these
+            plan = await asyncio.to_thread(solve, profiles, demands, 30.0, True, running)
         except PlanError as e:
             error = str(e)
         if plan is not None and plan.unserved:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +25,9 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
 
 from extproc.profiles import Profile
+
+
+CHANGE_COST = 0.05  # of a replica's hourly cost, per replica the plan adds or removes (with `current`)
 
 
 class PlanError(ValueError):
@@ -93,10 +96,12 @@ def _shape(c: _Cell) -> tuple[float, float]:
 
 
 def solve(profiles: Sequence[Profile], demands: Iterable[Demand], time_limit: float = 30.0,
-          skip_unservable: bool = False) -> Plan:
+          skip_unservable: bool = False, current: Mapping[str, int] | None = None) -> Plan:
     """The cost-minimal plan. Raises PlanError when there are no profiles or a cell nobody can serve;
     with `skip_unservable` (the service: one odd request shape must not stop every re-plan) such cells
-    are left out of the plan and named in `Plan.unserved`."""
+    are left out of the plan and named in `Plan.unserved`. With `current` (the replicas running now),
+    each replica added or removed costs CHANGE_COST of its hourly cost: of plans within that of each
+    other the one closest to now wins, so near-ties between GPU types do not flip the mix every re-plan."""
     if not profiles:
         raise PlanError("no GPU profiles: nothing to plan with")
     names = [p.gpu for p in profiles]
@@ -119,9 +124,13 @@ def solve(profiles: Sequence[Profile], demands: Iterable[Demand], time_limit: fl
 
     G = len(profiles)
     pairs = [(c, g) for c, cell in enumerate(cells) for g in range(G) if cell.tputs[g] > 0]
-    P = len(pairs)  # variables: n_0..n_{G-1}, then one share per servable (cell, type) pair
-    cost = np.zeros(G + P)
+    P = len(pairs)  # variables: n_0..n_{G-1}, one share per servable (cell, type) pair, then G changes
+    D = G if current is not None else 0
+    cost = np.zeros(G + P + D)
     cost[:G] = [p.cost for p in profiles]
+    if D:
+        unit = math.fsum(p.cost for p in profiles) / G or 1.0  # zero-cost types still resist churn
+        cost[G + P:] = [CHANGE_COST * (p.cost or unit) for p in profiles]
 
     rows, cols, vals = [], [], []
     for k, (c, g) in enumerate(pairs):
@@ -135,18 +144,25 @@ def solve(profiles: Sequence[Profile], demands: Iterable[Demand], time_limit: fl
         rows.append(len(cells) + g)
         cols.append(g)
         vals.append(-1.0)
-    A = coo_array((vals, (rows, cols)), shape=(len(cells) + G, G + P)).tocsr()
-    lower = np.concatenate([np.ones(len(cells)), np.full(G, -np.inf)])
-    upper = np.concatenate([np.ones(len(cells)), np.zeros(G)])
+    now = [float((current or {}).get(n, 0)) for n in names]
+    base = len(cells) + G
+    for g in range(D):  # |n_g - now_g| <= d_g as two rows: n_g - d_g <= now_g, -n_g - d_g <= -now_g
+        rows += [base + 2 * g, base + 2 * g, base + 2 * g + 1, base + 2 * g + 1]
+        cols += [g, G + P + g, g, G + P + g]
+        vals += [1.0, -1.0, -1.0, -1.0]
+    A = coo_array((vals, (rows, cols)), shape=(base + 2 * D, G + P + D)).tocsr()
+    lower = np.concatenate([np.ones(len(cells)), np.full(G + 2 * D, -np.inf)])
+    upper = np.concatenate([np.ones(len(cells)), np.zeros(G),
+                            np.ravel([[now[g], -now[g]] for g in range(D)]) if D else np.zeros(0)])
 
     # n_g never needs to exceed the replicas g would need to serve alone everything it can serve
     n_max = np.zeros(G)
     for c, g in pairs:
         n_max[g] += cells[c].rps / cells[c].tputs[g]
-    ub = np.concatenate([np.ceil(n_max + 1e-9), np.ones(P)])
-    integrality = np.concatenate([np.ones(G), np.zeros(P)])
+    ub = np.concatenate([np.ceil(n_max + 1e-9), np.ones(P), np.full(D, np.inf)])
+    integrality = np.concatenate([np.ones(G), np.zeros(P + D)])
     res = milp(cost, constraints=LinearConstraint(A, lower, upper), integrality=integrality,
-               bounds=Bounds(np.zeros(G + P), ub),
+               bounds=Bounds(np.zeros(G + P + D), ub),
                options={"mip_rel_gap": 0.0, "time_limit": time_limit, "presolve": True})
     if res.x is None:
         raise PlanError(f"the solver found no plan: {res.message}")

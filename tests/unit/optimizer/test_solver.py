@@ -182,3 +182,16 @@ def test_issue_size_solves_well_under_a_second() -> None:
 
     result = run(types=5, cells=40, runs=5, seed=7)
     assert result["max_s"] < 1.0, result
+
+
+def test_near_ties_keep_the_running_mix() -> None:
+    a, b = one_cell("a", 1.00, 1.0), one_cell("b", 1.02, 1.0)   # b 2 % dearer per request
+    demand = [Demand(128, 8, 4.0)]
+    assert solve([a, b], demand).replicas == {"a": 4, "b": 0}
+    # running on b: moving 4 replicas to save 2 % is not worth the churn
+    assert solve([a, b], demand, current={"a": 0, "b": 4}).replicas == {"a": 0, "b": 4}
+    # growth goes where it is cheapest; a real saving still moves
+    grown = solve([a, b], [Demand(128, 8, 6.0)], current={"a": 0, "b": 4})
+    assert grown.replicas == {"a": 2, "b": 4}
+    far = one_cell("c", 2.0, 1.0)
+    assert solve([a, far], demand, current={"a": 0, "c": 4}).replicas == {"a": 4, "c": 0}
