@@ -96,7 +96,7 @@ def _measure(stack: Stack, path: BenchPath, load: int, drive: Callable[[], LoadR
     run = Run(path=path.name, load=load, tokens_sent=int(up["tokens"] - sent0), tokens_received=result.tokens,
               rps=result.rps, tokens_per_s=result.tokens_per_s, usage_leaked=result.usage_leaked,
               errors=result.errors, completed=result.completed, upstream_late_max_ms=up["late_max_ms"])
-    if path.gateway is not None and path.name == "full":
+    if path.gateway is not None and path.name in ("full", "before"):  # the paths with the access log
         # Records reach the gateway every 20 ms after each request ends: wait for the last ones.
         deadline = time.monotonic() + tally_timeout
         while True:
