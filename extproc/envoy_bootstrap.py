@@ -237,9 +237,10 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                     # this cluster, Envoy stops opening streams to it before it stops accepting.
                     # no_traffic_interval: Envoy's 60 s default applied here (ext_proc's gRPC streams do
                     # not count as traffic), so a dead replica kept its share of streams for a minute.
-                    "health_checks": [{"timeout": "1s", "interval": "2s", "no_traffic_interval": "2s",
-                                       "unhealthy_threshold": 1, "healthy_threshold": 1, "grpc_health_check": {
-                                           "service_name": "envoy.service.ext_proc.v3.ExternalProcessor"}}],
+                    "health_checks": [{
+                        "timeout": "1s", "interval": "2s", "no_traffic_interval": "2s",
+                        "unhealthy_threshold": 1, "healthy_threshold": 1, "grpc_health_check": {
+                            "service_name": "envoy.service.ext_proc.v3.ExternalProcessor"}}],
                     "typed_extension_protocol_options": {
                         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                             "@type": TYPE + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
