@@ -16,10 +16,10 @@ import redis
 from extproc.localstack import Proc, free_port, wait_until
 from extproc.profiles import load_profile, parse_profile
 from tests.integration.sim_fixtures import SimProcess, start_sim
+from tests.support.shared_data import AIBRIX_DATA
 
 pytestmark = pytest.mark.integration
 
-AIBRIX_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "aibrix"
 MODEL = "llama2-7b"
 SECRET = "sk-never-print-me-42"
 REDIS_PASSWORD = "s3cret-redis-pw"

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from extproc.profiles import Profile, ProfileError, dump_profile, load_profile, parse_profile
+from tests.support.shared_data import A40_PROFILE
 
-SHARED = (Path(__file__).parents[2] / ".." / "shared" / "data" / "aibrix").resolve()
-A40 = SHARED / "simulator-llama2-7b-a40.json"
+A40 = A40_PROFILE
 
 
 def small(**over) -> dict:

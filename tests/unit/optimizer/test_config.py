@@ -18,11 +18,10 @@ from extproc.optimizer.deployments import (
     parse_config,
 )
 from extproc.profiles import dump_profile
+from tests.support.shared_data import A40_PROFILE
 from tests.unit.optimizer.support import profile
 
-A40 = (
-    Path(__file__).parents[3] / ".." / "shared" / "data" / "aibrix" / "simulator-llama2-7b-a40.json"
-).resolve()
+A40 = A40_PROFILE
 
 
 def test_fields_and_kubernetes_labels(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ import pytest
 
 from extproc.profiling.records import BenchmarkError, MetricLine, read_benchmark
 from extproc.profiling.selection import SLOs, select
+from tests.support.shared_data import AIBRIX_DATA
 
-AIBRIX_DATA = Path(__file__).resolve().parents[4] / "shared" / "data" / "aibrix"
 REFERENCE = Path(__file__).parent / "aibrix_reference"
 
 

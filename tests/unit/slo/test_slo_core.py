@@ -4,7 +4,6 @@ the queue's urgency order and bound."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -12,8 +11,9 @@ from extproc.profiles import load_profile, parse_profile
 from extproc.slo.model import Signature, deployment_model
 from extproc.slo.predictor import OutputPredictor
 from extproc.slo.queue import Entry, Full, Queues
+from tests.support.shared_data import A40_PROFILE
 
-A40 = Path("/work/shared/data/aibrix/simulator-llama2-7b-a40.json")
+A40 = A40_PROFILE
 
 
 def test_shipped_a40_cell_and_clamping():
