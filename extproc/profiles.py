@@ -25,6 +25,16 @@ from typing import Any
 Matrix = tuple[tuple[float, ...], ...]
 
 
+def profile_key_prefix(model: str) -> str:
+    """Redis keys of a model's profiles: `aibrix:profile_<model>_<deployment>` (AIBrix's; gen-profile
+    writes them, the SLO router and the GPU optimizer read them)."""
+    return f"aibrix:profile_{model}_"
+
+
+def profile_key(model: str, deployment: str) -> str:
+    return profile_key_prefix(model) + deployment
+
+
 class ProfileError(ValueError):
     """A profile that cannot be used; the message names the offending key."""
 

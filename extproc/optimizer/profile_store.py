@@ -14,13 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from extproc.optimizer.deployments import Deployment
-from extproc.profiles import Profile, ProfileError, load_profile, parse_profile
+from extproc.profiles import Profile, ProfileError, load_profile, parse_profile, profile_key_prefix
 
 log = logging.getLogger(__name__)
-
-
-def profile_key_prefix(model: str) -> str:
-    return f"aibrix:profile_{model}_"
 
 
 def _glob_escape(text: str) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import parse_qs, unquote, urlsplit
 
-REDIS_PROFILE_KEY = "aibrix:profile_{model}_{deployment}"  # what the SLO router and the optimizer read
+from extproc.profiles import profile_key
 
 
 class OutputError(ValueError):
@@ -27,7 +27,7 @@ class RedisTarget:
     tls: bool = False
 
     def key(self, deployment: str) -> str:
-        return REDIS_PROFILE_KEY.format(model=self.model, deployment=deployment)
+        return profile_key(self.model, deployment)
 
     def public(self) -> str:
         return f"{'rediss' if self.tls else 'redis'}://{self.host}:{self.port}/{self.db}"
