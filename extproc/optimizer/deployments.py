@@ -23,9 +23,10 @@ from typing import Any, Protocol
 
 import yaml
 
+from extproc.pool.pod import MODEL_LABEL
+
 log = logging.getLogger(__name__)
 
-MODEL_LABEL = "model.aibrix.ai/name"
 MIN_REPLICAS_LABEL = "model.aibrix.ai/min_replicas"
 
 

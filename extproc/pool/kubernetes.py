@@ -26,14 +26,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from extproc.pool.pod import APP_NAME_LABEL, ENGINE_LABEL, ENGINES, FLEET_LABEL, METRIC_PORT_LABEL, Pod
+from extproc.pool.pod import (
+    APP_NAME_LABEL,
+    ENGINE_LABEL,
+    ENGINES,
+    FLEET_LABEL,
+    METRIC_PORT_LABEL,
+    MODEL_LABEL,
+    Pod,
+)
 
 if TYPE_CHECKING:
     from extproc.config import Config
 
 log = logging.getLogger(__name__)
 
-MODEL_LABEL = "model.aibrix.ai/name"
 PORT_KEY = "model.aibrix.ai/port"  # AIBrix's key for the serving port (annotation or label)
 # Where a pod's GPU type is read from, first found wins; else the deployment name stands for it
 # (the spec's prerequisite: one Deployment per GPU type).

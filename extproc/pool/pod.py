@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 PodKey = tuple[str, str, str]  # (model, pod name, address): a pod that reappears elsewhere is a new pod
 
 ENGINES = ("vllm", "sglang", "trtllm")
+MODEL_LABEL = "model.aibrix.ai/name"           # AIBrix's label naming the model a pod (or Deployment) serves
 ENGINE_LABEL = "model.aibrix.ai/engine"        # AIBrix's label naming a pod's inference engine
 METRIC_PORT_LABEL = "model.aibrix.ai/metric-port"
 # A pod's deployment, when the pool config does not name it (AIBrix's labels, in this order)
