@@ -123,7 +123,7 @@ def _labels(meta: Mapping[str, Any], key: str = "labels") -> dict[str, str]:
     return {str(k): str(v) for k, v in _map(meta.get(key)).items() if v is not None}
 
 
-def deployment_of(meta: Mapping[str, Any]) -> str:
+def deployment_from_metadata(meta: Mapping[str, Any]) -> str:
     """The rule the SLO profiles use: fleet label, app name label, else the ReplicaSet owner's name
     without its pod-template hash."""
     labels = _labels(_map(meta))
@@ -190,7 +190,7 @@ def pod_from_object(obj: Mapping[str, Any], settings: DiscoverySettings) -> Pod 
     if not model or port is None or status.get("phase") in ("Succeeded", "Failed"):
         return None
     address = f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
-    deployment = deployment_of(meta)
+    deployment = deployment_from_metadata(meta)
     gpu = next((labels[k] for k in settings.gpu_labels if labels.get(k)), deployment)
     engine = labels.get(ENGINE_LABEL, "vllm").lower()
     if engine not in ENGINES:

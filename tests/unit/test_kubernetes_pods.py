@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extproc.config import ConfigError, parse
-from extproc.pool.kubernetes import DiscoverySettings, deployment_of, pod_from_object
+from extproc.pool.kubernetes import DiscoverySettings, deployment_from_metadata, pod_from_object
 
 S = DiscoverySettings(kind="kubernetes")
 
@@ -57,9 +57,9 @@ def test_deployment_rule_and_gpu_and_engine() -> None:
     labels["app.kubernetes.io/name"] = "app-name"
     pod = pod_from_object(obj(metadata__labels=labels, metadata__ownerReferences=owner), S)
     assert (pod.deployment, pod.gpu) == ("app-name", "L20")
-    assert deployment_of({"labels": {"orchestration.aibrix.ai/raycluster-fleet-name": "fleet",
+    assert deployment_from_metadata({"labels": {"orchestration.aibrix.ai/raycluster-fleet-name": "fleet",
                                      "app.kubernetes.io/name": "app-name"}}) == "fleet"
-    assert deployment_of({"ownerReferences": [{"kind": "ReplicaSet", "name": "dep-5c7b9d6f4"}]}) == "dep"
+    assert deployment_from_metadata({"ownerReferences": [{"kind": "ReplicaSet", "name": "dep-5c7b9d6f4"}]}) == "dep"
 
 
 def test_discovery_section() -> None:
