@@ -23,8 +23,8 @@ import logging
 import random
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from extproc.pool.pod import (
     APP_NAME_LABEL,
@@ -35,9 +35,6 @@ from extproc.pool.pod import (
     MODEL_LABEL,
     Pod,
 )
-
-if TYPE_CHECKING:
-    from extproc.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -369,37 +366,3 @@ def _in_cluster() -> bool:
     import os
 
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-
-
-class DiscoveredPool:
-    """Joins the config file with the watched pods: the gateway's config is always the file's config
-    with the discovered pods (and their models) added, whichever of the two changed last."""
-
-    def __init__(self, apply: Callable[[Config], None], base: Config) -> None:
-        self._apply = apply
-        self.base = base
-        self.pods: list[Pod] = []
-
-    def overlay(self, config: Config) -> Config:
-        self.base = config
-        return self._merged()
-
-    def _merged(self) -> Config:
-        models = tuple(dict.fromkeys([*self.base.models, *sorted({p.model for p in self.pods})]))
-        return replace(self.base, pods=(*self.base.pods, *self.pods), models=models)
-
-    def update(self, pods: list[Pod]) -> None:
-        self.pods = sorted(pods, key=lambda p: (p.model, p.namespace, p.name))
-        self._apply(self._merged())
-
-
-def start_discovery(gateway: Any, config: Config) -> tuple[asyncio.Task | None, Callable[[Config], Config]]:
-    """For `extproc serve`: the watch task (None with static discovery) and the overlay a config reload
-    goes through, so a reloaded file keeps the discovered pods. Discovery settings take a restart."""
-    if not config.discovery.enabled:
-        return None, lambda c: c
-    joined = DiscoveredPool(gateway.apply, config)
-    watcher = PodWatcher(config.discovery, joined.update)
-    where = config.discovery.namespace or "all namespaces"
-    log.info("discovering pods labelled %s in %s", config.discovery.label_selector, where)
-    return asyncio.create_task(watcher.run(), name="discovery"), joined.overlay

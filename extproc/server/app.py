@@ -22,10 +22,10 @@ from extproc import children
 from extproc import config as config_mod
 from extproc.envoy_bootstrap import BUFFER_LIMIT_BYTES
 from extproc.pool.info import PodInfoCollector
-from extproc.pool.kubernetes import start_discovery
 from extproc.server import loops
 from extproc.server.access_log import AccessLogService
 from extproc.server.admin import admin_app
+from extproc.server.discovery import start_discovery
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor, parse_body
 from extproc.server.tls import ReloadingCredentials, TlsError, TlsSettings

@@ -15,7 +15,8 @@ import pytest
 from aiohttp import web
 
 from extproc.config import parse
-from extproc.pool.kubernetes import DiscoveredPool, DiscoverySettings, PodWatcher
+from extproc.pool.kubernetes import DiscoverySettings, PodWatcher
+from extproc.server.discovery import DiscoveredPool
 from extproc.server.gateway import Gateway
 
 MODEL = "deepseek-coder-7b"
