@@ -14,7 +14,6 @@ from pathlib import Path
 import grpc
 from aiohttp import web
 from envoy.service.accesslog.v3 import als_pb2_grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter
 
@@ -22,7 +21,7 @@ from extproc import children
 from extproc import config as config_mod
 from extproc.envoy_bootstrap import BUFFER_LIMIT_BYTES
 from extproc.pool.info import PodInfoCollector
-from extproc.server import loops
+from extproc.server import loops, processor
 from extproc.server.access_log import AccessLogService
 from extproc.server.admin import admin_app
 from extproc.server.discovery import start_discovery
@@ -135,7 +134,7 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
                                       ("grpc.keepalive_timeout_ms", 10_000),
                                       ("grpc.http2.max_pings_without_data", 0),
                                       ("grpc.keepalive_permit_without_calls", 1)])
-    external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(Processor(gateway, parser_pool), server)
+    processor.add_to_server(Processor(gateway, parser_pool), server)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(AccessLogService(gateway), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

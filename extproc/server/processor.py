@@ -18,8 +18,10 @@ import uuid
 from concurrent.futures import Executor
 from dataclasses import replace
 
+import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
+from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
 from extproc import openai
@@ -59,6 +61,29 @@ def _header_bytes(value: str) -> int:
         return len(value.encode("latin-1"))
     except UnicodeEncodeError:
         return len(value.encode("utf-8", "replace"))
+
+
+# Stands for a message protobuf refused to parse: Envoy sends the headers routing reads as attribute
+# strings (server/attributes.py), and a header value that is not UTF-8 makes the whole message invalid.
+UNDECODABLE = ProcessingRequest()
+
+
+def decode(data: bytes) -> ProcessingRequest:
+    """The gRPC request deserializer: a refused message becomes UNDECODABLE, answered with a 400, where
+    an exception would fail the stream and Envoy would answer a retryable 503 (and log a traceback)."""
+    try:
+        return ProcessingRequest.FromString(data)
+    except DecodeError:
+        return UNDECODABLE
+
+
+def add_to_server(processor: Processor, server: grpc.aio.Server) -> None:
+    """Serve `processor` as Envoy's ExternalProcessor, with the lenient deserializer."""
+    handler = grpc.stream_stream_rpc_method_handler(
+        processor.Process, request_deserializer=decode,
+        response_serializer=ProcessingResponse.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "envoy.service.ext_proc.v3.ExternalProcessor", {"Process": handler}),))
 
 
 def parse_body(path: str, body: bytes, header_model: str | None) -> Request | OpenAIError:
@@ -101,6 +126,9 @@ class Stream:
         """One ext_proc message in, one reply out. `parsed` is the body already parsed off the loop."""
         kind = msg.WhichOneof("request")
         try:
+            if msg is UNDECODABLE:
+                raise openai.bad_request(f"a request header routing reads ({', '.join(attributes.HEADERS)}) "
+                                         "is not valid UTF-8", code="invalid_header")
             if kind == "request_headers":
                 return self._on_request_headers(msg.request_headers)
             if kind == "request_body":

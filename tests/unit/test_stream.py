@@ -355,3 +355,15 @@ def test_the_attributes_envoy_is_asked_for_are_the_headers_routing_reads():
     from extproc.server import attributes
     from extproc.server.processor import WANTED_HEADERS
     assert {":path", ":method", "x-request-id", "content-length", *attributes.HEADERS} == WANTED_HEADERS
+
+
+def test_a_header_value_that_is_not_utf8_is_a_400_not_a_failed_stream(gw: Gateway):
+    """Envoy sends the headers routing reads as attribute strings; protobuf refuses a message whose
+    string is not UTF-8. The deserializer turns it into a message the stream answers with a 400."""
+    from extproc.server.processor import UNDECODABLE, decode
+    good = body_first(CHAT, **{"routing-strategy": "XX"}).SerializeToString()
+    bad = good.replace(b"XX", b"\xff\xfe")
+    assert decode(good).request_body.body and decode(bad) is UNDECODABLE
+    status, error = error_of(Stream(gw).handle(decode(bad)))
+    assert status == 400 and error["code"] == "invalid_header"
+    assert in_flight(gw) == 0
