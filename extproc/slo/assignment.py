@@ -19,9 +19,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-import numpy as np
-from scipy.optimize import linprog
-
 from extproc.slo.model import DeploymentModel, Signature
 from extproc.slo.predictor import bucket
 
@@ -60,6 +57,9 @@ def assign(table: Mapping[str, DeploymentModel], pods: Mapping[str, int],
            rates: Mapping[Shape, float]) -> dict[Shape, frozenset[str]]:
     """Shape -> the deployments that should serve it. Shapes no live deployment can serve are left out
     (the caller then considers every suitable deployment)."""
+    import numpy as np  # here, not at import: scipy adds ~1 s to a gateway's start
+    from scipy.optimize import linprog
+
     deps = [d for d in sorted(pods) if pods[d] > 0 and d in table]
     pairs: list[tuple[int, int, float]] = []  # (shape index, deployment index, tput)
     shapes = [s for s in sorted(rates) if rates[s] > 0]
