@@ -30,7 +30,7 @@ from extproc.server.processor import Processor, parse_body
 from extproc.server.tls import ReloadingCredentials, TlsError, TlsSettings
 from extproc.server.traces import run_tracing
 from extproc.state.accounting import Accounting
-from extproc.state.shared import LocalState, RedisState, redis_url_from_env
+from extproc.state.shared import LocalState, redis_url_from_env
 from extproc.telemetry.health import PodHealth
 from extproc.telemetry.scraper import HealthProber, MetricsScraper
 from extproc.tracing.window import FLAG_ENV, tracing_enabled
@@ -104,7 +104,12 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     config = config_mod.load(path)
     registry = CollectorRegistry()
     redis_url = redis_url_from_env(os.environ, config.redis_url)
-    shared = RedisState(redis_url, registry=registry) if redis_url else LocalState()
+    if redis_url:
+        from extproc.state.redis_sync import RedisState  # the Redis client loads only when used
+
+        shared = RedisState(redis_url, registry=registry)
+    else:
+        shared = LocalState()
     scraper = MetricsScraper(registry, timeout=config.metrics_timeout_seconds)
     accounting = Accounting(shared, health=PodHealth(), samples=scraper.sample)
     gateway = Gateway(config, registry=registry, accounting=accounting)

@@ -174,12 +174,4 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{parts.netloc.rpartition('@')[2]}"))
 
 
-def __getattr__(name: str) -> object:
-    # RedisState lives in redis_sync (which builds on this module); re-exported lazily so callers
-    # need one import and an embedded gateway never loads the Redis client.
-    if name == "RedisState":
-        from extproc.state.redis_sync import RedisState
-        return RedisState
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-__all__ = ["LocalCounts", "LocalState", "RedisState", "SharedState", "redact_url", "redis_url_from_env"]
+__all__ = ["LocalCounts", "LocalState", "SharedState", "redact_url", "redis_url_from_env"]

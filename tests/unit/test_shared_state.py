@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from extproc.fleetsim.shared import SimSharedState, SyncHub
 from extproc.pool.pod import Pod
-from extproc.state.shared import LocalCounts, LocalState, RedisState, redact_url, redis_url_from_env
+from extproc.state.redis_sync import RedisState
+from extproc.state.shared import LocalCounts, LocalState, redact_url, redis_url_from_env
 from extproc.state.sync_core import Snapshot, SyncCore, running_key, tokens_key
 
 POD = Pod("llama", "pod-a", "10.0.0.1:8000", namespace="team")
