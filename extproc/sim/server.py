@@ -18,21 +18,29 @@ from typing import Any
 
 from aiohttp import HttpVersion11, web
 
-from extproc.sim.engine import CapacityError, Engine, SeqState, SimRequest, StepResult
+from extproc.sim.engine import CapacityError, Engine, SimRequest, StepResult
 from extproc.sim.faults import FaultConfig, RequestFaults, decide, in_slow_start
 from extproc.sim.metrics import EngineMetrics
 from extproc.sim.protocol import (
     DONE,
     ChunkFormatter,
     RequestError,
-    error_body,
-    error_event,
     full_response,
-    http_chunk,
     parse_request,
     sample_output_len,
 )
 from extproc.sim.replica import ReplicaSpec
+from extproc.sim.streams import (
+    CONNECTION_BROKEN,
+    ENGINE_DIED,
+    KV_DROPPED,
+    SHUTTING_DOWN,
+    DirectSink,
+    Failure,
+    Lateness,
+    TokenStream,
+    json_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,143 +51,9 @@ MAX_STEPS_WITHOUT_YIELD = 16
 MAX_WAKE_BIAS_S = 0.003
 SPIN_MIN_STEP_S = 0.004  # below this a step is too short for sub-ms precision to matter: don't spin
 MAX_TIMELINES = 100_000
-MAX_UNREAD_BYTES = 4 * 1024 * 1024
 # How long runner.cleanup() lets handlers finish on shutdown. Open streams are dropped first, so what is
 # left is short work; aiohttp's default (60 s) would only hold up a SIGTERM.
 SHUTDOWN_TIMEOUT_S = 1.0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Failure:
-    """Why a stream ended without finishing: an OpenAI error (JSON body, or an SSE event once streaming)."""
-
-    status: int
-    type_: str
-    message: str
-
-    def response(self) -> web.Response:
-        return _error(self.status, self.message, self.type_, None, self.status)
-
-    def event(self) -> bytes:
-        return error_event(self.message, self.type_, self.status)
-
-
-KV_DROPPED = _Failure(
-    503, "ServiceUnavailableError", "request dropped: it no longer fits in the KV cache (kv_pressure fault)"
-)
-SHUTTING_DOWN = _Failure(503, "ServiceUnavailableError", "the engine is shutting down")
-CONNECTION_BROKEN = _Failure(500, "InternalServerError", "the simulator could not write to this connection")
-ENGINE_DIED = _Failure(500, "InternalServerError", "the engine loop died; see the simulator's log")
-
-
-class _Lateness:
-    """Histogram of delivery lateness in 0.1 ms buckets (the server's own share of token timing error)."""
-
-    __slots__ = ("counts",)
-    BUCKET_S = 0.0001
-
-    def __init__(self) -> None:
-        self.counts = [0] * 1001  # last bucket: >= 100 ms
-
-    def add(self, seconds: float) -> None:
-        self.counts[min(1000, max(0, int(seconds / self.BUCKET_S)))] += 1
-
-    def summary(self) -> dict[str, float]:
-        total = sum(self.counts)
-        out: dict[str, float] = {"n": total}
-        for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
-            seen, target = 0, q * total
-            for i, c in enumerate(self.counts):
-                seen += c
-                if total and seen >= target:
-                    out[name] = round(i * self.BUCKET_S * 1e3, 1)
-                    break
-        return out
-
-
-class _DirectSink:
-    """Fast path: the engine loop writes a stream's events straight to its socket as HTTP chunks.
-
-    Why: waking one handler task per token per stream costs tens of microseconds; at 500 streams that is a
-    ~20 ms burst per step whose order shifts from step to step, i.e. per-token jitter. Writing from the
-    engine loop keeps every token within a few ms of its step's end, in the same order every step.
-    aiohttp has sent the headers with chunked encoding on, and writes the last chunk at write_eof().
-    """
-
-    __slots__ = ("transport", "fmt", "written", "last", "finish_reason", "include_usage", "prompt_tokens")
-
-    def __init__(
-        self,
-        transport: asyncio.BaseTransport,
-        fmt: ChunkFormatter,
-        last: int,
-        finish_reason: str,
-        include_usage: bool,
-        prompt_tokens: int,
-    ) -> None:
-        self.transport: Any = transport
-        self.fmt, self.last, self.finish_reason = fmt, last, finish_reason
-        self.include_usage, self.prompt_tokens = include_usage, prompt_tokens
-        self.written = 0
-
-    def _write(self, data: bytes) -> None:
-        t = self.transport
-        if t.is_closing():
-            return
-        if t.get_write_buffer_size() > MAX_UNREAD_BYTES:
-            t.abort()  # the client stopped reading; don't buffer without bound
-            return
-        t.write(http_chunk(data))
-
-    def emit(self, tokens: int) -> None:
-        if tokens > self.written:
-            data = self.fmt.tokens(self.written, tokens, self.last, self.finish_reason)
-            self.written = tokens
-            self._write(data)
-
-    def finish(self, failure: _Failure | None = None) -> None:
-        if failure is not None:
-            tail = failure.event()
-        else:
-            tail = self.fmt.usage(self.prompt_tokens, self.written) if self.include_usage else b""
-        self._write(tail + DONE)
-
-
-class _Stream:
-    """Where the engine loop leaves tokens for one responder."""
-
-    __slots__ = ("tokens", "done", "failure", "seq", "waiter", "stamps", "sink", "transport")
-
-    def __init__(self, record: bool, transport: asyncio.BaseTransport | None) -> None:
-        self.sink: _DirectSink | None = None
-        self.transport = transport  # to drop the connection on shutdown
-        self.tokens = 0
-        self.done = False
-        self.failure: _Failure | None = None  # set with done when the request ended without finishing
-        self.seq: SeqState | None = None
-        self.waiter: asyncio.Future[None] | None = None
-        self.stamps: list[float] | None = [] if record else None
-
-    def fail(self, failure: _Failure) -> None:
-        """End the stream with an error: the sink writes it now, a handler when it wakes."""
-        if self.done:
-            return
-        self.done, self.failure = True, failure
-        if self.sink is not None:
-            self.sink.finish(failure)
-        self.notify()
-
-    def notify(self) -> None:
-        w = self.waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    async def wait(self) -> None:
-        self.waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self.waiter
-        finally:
-            self.waiter = None
 
 
 class ReplicaServer:
@@ -191,10 +65,10 @@ class ReplicaServer:
         self.port = spec.port
         self.lag_seconds = 0.0  # model time lost to an overloaded event loop (should stay ~0)
         self.dead = False  # the engine loop died: nothing will be generated any more
-        self.lateness = _Lateness()  # wall time between a step's planned end and its tokens' delivery
+        self.lateness = Lateness()  # wall time between a step's planned end and its tokens' delivery
         self._wake_bias = 0.001  # how early to set the timer (learned)
         self.timelines: dict[str, list[float]] = {}
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, TokenStream] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._t0 = 0.0
         self._wall_t0 = 0.0
@@ -315,7 +189,7 @@ class ReplicaServer:
         await self._listen(None)
         log.info("engine-sim %s: outage over, serving again", self.spec.name)
 
-    def _broken(self, rid: str, s: _Stream) -> None:
+    def _broken(self, rid: str, s: TokenStream) -> None:
         """A stream's socket write failed: drop that connection and its request, keep the loop going."""
         log.warning("engine-sim %s: dropping %s after a write error", self.spec.name, rid, exc_info=True)
         s.sink = None
@@ -324,7 +198,7 @@ class ReplicaServer:
         s.fail(CONNECTION_BROKEN)
         self.engine.abort(rid)
 
-    def _fail_streams(self, failure: _Failure, drop: bool) -> None:
+    def _fail_streams(self, failure: Failure, drop: bool) -> None:
         """End every open stream with `failure`; `drop` also closes its connection at once."""
         for s in list(self._streams.values()):
             s.fail(failure)
@@ -461,13 +335,13 @@ class ReplicaServer:
         try:
             body = await request.json(loads=json.loads)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "request body is not valid JSON")
+            return json_error(400, "request body is not valid JSON")
         try:
             parsed = parse_request(body, chat, self.engine.config.block_size)
         except RequestError as e:
-            return _error(e.status, e.message, e.type, e.param, e.code)
+            return json_error(e.status, e.message, e.type, e.param, e.code)
         if parsed.model not in (self.spec.model_name, self.spec.model):
-            return _error(404, f"The model `{parsed.model}` does not exist.", "NotFoundError", "model", 404)
+            return json_error(404, f"The model `{parsed.model}` does not exist.", "NotFoundError", "model", 404)
         limit = self.engine.max_model_len - parsed.prompt_tokens
         max_tokens = parsed.max_tokens
         if max_tokens is None:
@@ -475,7 +349,7 @@ class ReplicaServer:
         fault = decide(self.faults, self.rng, max_tokens)
         if fault.error_status is not None:
             kind = "ServiceUnavailableError" if fault.error_status == 503 else "InternalServerError"
-            return _error(
+            return json_error(
                 fault.error_status,
                 "simulated engine failure (fault injection)",
                 kind,
@@ -489,8 +363,8 @@ class ReplicaServer:
             request_ = SimRequest(rid, parsed.prompt_tokens, max_tokens, parsed.block_hashes)
             self.engine.add(request_, self.sim_now())
         except CapacityError as e:
-            return _error(400, str(e), param="max_tokens")
-        stream = _Stream(self.spec.record_timeline, request.transport)
+            return json_error(400, str(e), param="max_tokens")
+        stream = TokenStream(self.spec.record_timeline, request.transport)
         self._streams[rid] = stream
         assert self._wake is not None
         self._wake.set()
@@ -534,7 +408,7 @@ class ReplicaServer:
     async def _stream(
         self,
         request: web.Request,
-        stream: _Stream,
+        stream: TokenStream,
         fault: RequestFaults,
         rid: str,
         chat: bool,
@@ -557,7 +431,7 @@ class ReplicaServer:
             resp.enable_chunked_encoding()
             await resp.prepare(request)  # StreamResponse sends its headers here, before our first chunk
             assert request.transport is not None
-            sink = _DirectSink(request.transport, fmt, last, finish_reason, include_usage, prompt_tokens)
+            sink = DirectSink(request.transport, fmt, last, finish_reason, include_usage, prompt_tokens)
             stream.sink = sink
             if stream.tokens:  # tokens that arrived while the headers were being sent
                 sink.emit(stream.tokens)
@@ -582,7 +456,7 @@ class ReplicaServer:
         self,
         request: web.Request,
         resp: web.StreamResponse,
-        stream: _Stream,
+        stream: TokenStream,
         fault: RequestFaults,
         fmt: ChunkFormatter,
         last: int,
@@ -686,7 +560,7 @@ class ReplicaServer:
             outage = float(body.pop("outage_seconds", 5.0))
             faults = FaultConfig.from_dict(body)
         except (ValueError, KeyError, TypeError) as e:
-            return _error(400, str(e))
+            return json_error(400, str(e))
         self.apply_faults(faults, outage, keep=request.transport)
         resp = web.json_response(dataclasses.asdict(faults))
         resp.force_close()  # this connection is not dropped by an outage; close it cleanly instead
@@ -695,20 +569,10 @@ class ReplicaServer:
     async def _timeline(self, request: web.Request) -> web.Response:
         """Per-request model timestamps of each token (sum of step durations), for the benchmark."""
         if not self.spec.record_timeline:
-            return _error(404, "start the simulator with --record-timeline", "NotFoundError")
+            return json_error(404, "start the simulator with --record-timeline", "NotFoundError")
         return web.json_response(
             {"time_scale": self.spec.time_scale, "lag_seconds": self.lag_seconds, "timelines": self.timelines}
         )
-
-
-def _error(
-    status: int,
-    message: str,
-    type_: str = "invalid_request_error",
-    param: str | None = None,
-    code: Any = None,
-) -> web.Response:
-    return web.json_response(error_body(message, type_, param, code), status=status)
 
 
 @web.middleware
@@ -719,7 +583,7 @@ async def _openai_http_errors(request: web.Request, handler: Any) -> web.StreamR
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return _error(exc.status, f"{request.method} {request.path}: {exc.reason}",
+        return json_error(exc.status, f"{request.method} {request.path}: {exc.reason}",
                       "NotFoundError" if exc.status == 404 else "invalid_request_error")
 
 
