@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import multiprocessing
 import os
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 EXTPROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 RELOAD_INTERVAL_SECONDS = 1.0
 ACCESS_LOG_GRACE_SECONDS = 0.2  # last batched access-log records (Envoy flushes every 20 ms)
+ADMIN_SHUTDOWN_SECONDS = 1.0  # admin handlers (metrics, health) are short: do not hold up a SIGTERM
+SHUTDOWN_GRACE_SECONDS = 10.0  # after the drain timeout: longer than this, the shutdown has hung
 MAX_MESSAGE_BYTES = BUFFER_LIMIT_BYTES + (1 << 20)  # the body plus headers and framing
 MAX_PENDING_CALLS = 10_000  # calls received, not yet picked up: Envoy's max_connections (one per request)
 
@@ -152,7 +155,9 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     for service in ("", EXTPROC_SERVICE):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
 
-    admin = web.AppRunner(admin_app(gateway, lambda: serving), access_log=None)
+    # shutdown_timeout: aiohttp waits up to 60 s by default for admin handlers in flight at shutdown
+    admin = web.AppRunner(admin_app(gateway, lambda: serving), access_log=None,
+                          shutdown_timeout=ADMIN_SHUTDOWN_SECONDS)
     await admin.setup()
     await web.TCPSite(admin, admin_host, admin_port).start()
     await server.start()
@@ -185,6 +190,10 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     # Stream.close() then releases its count). Routing streams last milliseconds; Envoy's access-log
     # stream never ends by itself, so once the routing streams are done the server stops outright.
     # Records of responses still streaming reach the next gateway process instead.
+    # Past drain + grace, a shutdown that still runs is a hang: every thread's stack goes to the log
+    # and the process exits, so a recurrence says where it stuck instead of waiting for a SIGKILL.
+    faulthandler.dump_traceback_later(gateway.config.drain_timeout_seconds + SHUTDOWN_GRACE_SECONDS,
+                                      exit=True)
     stopping = asyncio.create_task(server.stop(gateway.config.drain_timeout_seconds))
     deadline = loop.time() + gateway.config.drain_timeout_seconds
     while gateway.open_streams and loop.time() < deadline:
@@ -192,6 +201,7 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     await asyncio.sleep(ACCESS_LOG_GRACE_SECONDS)
     await server.stop(None)
     await stopping
+    log.info("gRPC server stopped; stopping background tasks, clients and the admin server")
     for task in background:
         task.cancel()
     await asyncio.gather(*background, return_exceptions=True)
@@ -202,6 +212,7 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
         await close()
     parser_pool.shutdown(wait=False, cancel_futures=True)
     await admin.cleanup()
+    faulthandler.cancel_dump_traceback_later()
     log.info("stopped; %d routed requests had no access-log record yet", len(gateway.open))
 
 
