@@ -61,8 +61,7 @@ class Gateway:
         # origin names this process, so a gateway that receives another's record knows whose it is.
         self.origin = f"{os.getpid():x}.{time.time_ns():x}"
         self._keys = (f"{self.origin}.{n:x}" for n in itertools.count())
-        if (listen := getattr(self.accounting.shared, "listen", None)) is not None:
-            listen(self.origin)
+        self.accounting.shared.listen(self.origin)
         self.requests_total = Counter("extproc_requests", "Requests handled, by outcome",
                                       ["model", "pod", "strategy", "code"], registry=self.registry)
         self._series: dict[tuple[str, str], set[tuple[str, str]]] = {}  # (model, pod) -> (strategy, code)
@@ -193,9 +192,7 @@ class Gateway:
         # Routed by another gateway process behind the same Envoy: it releases its count when this
         # reaches it (through Redis). The tokens are credited here, once.
         owner = key.rpartition(".")[0]
-        forward = getattr(self.accounting.shared, "forward", None)
-        if owner and owner != self.origin and forward is not None:
-            forward(owner, key, status)
+        if owner and owner != self.origin and self.accounting.shared.forward(owner, key, status):
             self.peer_records.labels("sent").inc()
         pod = self.pool.pod_at(upstream) if upstream else None
         if pod is not None:
@@ -204,9 +201,8 @@ class Gateway:
     def release_forwarded(self) -> int:
         """Release this process's requests whose records another gateway received and passed on.
         Their tokens were credited there; here the count, health and the request series."""
-        take = getattr(self.accounting.shared, "take_forwarded", None)
         n = 0
-        for key, status in take() if take is not None else ():
+        for key, status in self.accounting.shared.take_forwarded():
             entry = self.open.close(key)
             if entry is not None:
                 self._finish(entry, status=status)

@@ -38,6 +38,15 @@ class SharedState(Protocol):
     def forget(self, live: Iterable[PodKey]) -> None:
         """Drop pods no longer in the pool, except those with requests still in flight here."""
 
+    def listen(self, origin: str) -> None:
+        """Receive the access-log records other gateway processes got for requests `<origin>.…`."""
+
+    def forward(self, owner: str, key: str, status: int) -> bool:
+        """Pass a record of a request `owner` routed on to it; False when there is no way to."""
+
+    def take_forwarded(self) -> list[tuple[str, int]]:
+        """(request key, status) of this process's requests whose record another one received."""
+
     @property
     def up(self) -> bool:
         """True while counts are shared with other gateways."""
@@ -132,6 +141,17 @@ class LocalState:
 
     def forget(self, live: Iterable[PodKey]) -> None:
         self.counts.forget(live)
+
+    # Records of other gateway processes' requests: with no Redis there is no one to pass them to
+    # (reconciliation against the engines' counts releases those requests).
+    def listen(self, origin: str) -> None:
+        pass
+
+    def forward(self, owner: str, key: str, status: int) -> bool:
+        return False
+
+    def take_forwarded(self) -> list[tuple[str, int]]:
+        return []
 
     @property
     def up(self) -> bool:

@@ -338,8 +338,9 @@ class SyncedState:
         """Receive the records other gateways got for requests keyed `<origin>.…`."""
         self.core.inbox = origin
 
-    def forward(self, owner: str, key: str, status: int) -> None:
+    def forward(self, owner: str, key: str, status: int) -> bool:
         self.core.forward(owner, key, status)
+        return True
 
     def take_forwarded(self) -> list[tuple[str, int]]:
         return self.core.take_forwarded()

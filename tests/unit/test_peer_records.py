@@ -29,8 +29,9 @@ class ForwardingState(LocalState):
         self.origin = origin
         self.hub.boxes.setdefault(origin, [])
 
-    def forward(self, owner: str, key: str, status: int) -> None:
+    def forward(self, owner: str, key: str, status: int) -> bool:
         self.hub.boxes.setdefault(owner, []).append((key, status))
+        return True
 
     def take_forwarded(self) -> list[tuple[str, int]]:
         out, self.hub.boxes[self.origin] = self.hub.boxes[self.origin], []
