@@ -65,7 +65,7 @@ class RunResult:
     e2e: list[float]
     output: list[int]
     lost_at: dict[int, float] = field(default_factory=dict)  # replica index -> time it disappeared
-    # replica index -> [start, end) spans it served (absent: the whole run, up to lost_at)
+    # replica index -> [start, end) spans it served (lost or drained: its last span ends then)
     spans: dict[int, list[list[float]]] = field(default_factory=dict)
     autoscale: Timeline | None = None  # the optimizer's re-plans (--optimizer)
     bucket_tokens: dict[str, list[int]] = field(default_factory=dict)  # per GPU type, per BUCKET_S

@@ -204,8 +204,7 @@ def series(run: RunResult) -> dict[str, Any]:
 
 def serving_s(run: RunResult, index: int, lo: float, hi: float) -> float:
     """Seconds of [lo, hi) the replica was serving (alive, draining included)."""
-    spans = run.spans.get(index, [[0.0, run.lost_at.get(index, math.inf)]])
-    return sum(max(0.0, min(hi, end) - max(lo, start)) for start, end in spans)
+    return sum(max(0.0, min(hi, end) - max(lo, start)) for start, end in run.spans[index])
 
 
 def strip_series(summary: dict[str, Any]) -> dict[str, Any]:
