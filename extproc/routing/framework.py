@@ -18,34 +18,10 @@ from operator import attrgetter
 from typing import Protocol, runtime_checkable
 
 from extproc.openai import Request
-from extproc.pool.pod import Pod
 from extproc.routing.settings import RoutingSettings
-from extproc.state.record import RequestRecord
-from extproc.state.speed import Speed
+from extproc.state.record import PodView, RequestRecord
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class PodView:
-    """A snapshot of one pod as routing sees it for one decision."""
-
-    pod: Pod
-    running: int = 0                    # in flight, counted across every gateway replica
-    queued: float = 0.0                 # waiting inside the engine (engine metric)
-    kv_free: float | None = None        # free fraction of the GPU KV cache; None: not reported
-    cpu_kv_usage: float | None = None   # used fraction of the CPU (swap/offload) KV cache
-    capacity: float | None = None       # learned output tokens/s (already mean-filled for new pods)
-    healthy: bool = True
-    speed: Speed | None = None          # time per token against load (capacity: speed); None: unknown
-
-    @property
-    def gpu(self) -> str:
-        return self.pod.gpu
-
-    @property
-    def deployment(self) -> str:
-        return self.pod.deployment
 
 
 def capacities(pods: Sequence[PodView]) -> list[float]:

@@ -11,22 +11,12 @@ on each call.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from extproc.routing.framework import PodView
+from extproc.state.record import PodView
 
 T = TypeVar("T")
-
-
-class Snapshot(list[PodView]):
-    """PodViews whose fields other than `running` and `healthy` do not change while it lives."""
-
-    __slots__ = ("memo",)
-
-    def __init__(self, views: Iterable[PodView] = ()) -> None:
-        super().__init__(views)
-        self.memo: dict[Any, Any] = {}
 
 
 def derived(pods: Sequence[PodView], owner: object, build: Callable[[Sequence[PodView]], T]) -> T:

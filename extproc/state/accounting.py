@@ -14,10 +14,8 @@ from dataclasses import dataclass
 
 from extproc.openai import Request
 from extproc.pool.pod import Pod, PodKey
-from extproc.routing.framework import PodView
-from extproc.routing.snapshot import Snapshot
 from extproc.state.capacity import BusyClock, CapacityEstimator
-from extproc.state.record import RequestRecord
+from extproc.state.record import PodView, RequestRecord, Snapshot
 from extproc.state.shared import SharedState
 from extproc.state.speed import LoadIntegral, SpeedEstimator
 from extproc.telemetry.engine_metrics import EngineSample

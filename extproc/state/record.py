@@ -1,14 +1,18 @@
-"""What the gateway learns from one finished request: the post-response hooks' input."""
+"""The records routing and the gateway's learners pass between them: `PodView` (one pod as one decision
+sees it), `Snapshot` (a model's views between rebuilds) and `RequestRecord` (one finished request, the
+post-response hooks' input). Both routing and accounting import them; they import neither."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from extproc.pool.pod import Pod
 
 if TYPE_CHECKING:
     from extproc.openai import Request
+    from extproc.state.speed import Speed
 
 # How output_tokens was obtained: the engine's own usage report, counted content-bearing stream
 # events (no usage in the response), or not at all (compressed or unparsable body, cut before usage).
@@ -37,3 +41,35 @@ class RequestRecord:
     @property
     def ok(self) -> bool:
         return 200 <= self.status < 400 and not self.aborted
+
+
+@dataclass(slots=True)
+class PodView:
+    """A snapshot of one pod as routing sees it for one decision."""
+
+    pod: Pod
+    running: int = 0                    # in flight, counted across every gateway replica
+    queued: float = 0.0                 # waiting inside the engine (engine metric)
+    kv_free: float | None = None        # free fraction of the GPU KV cache; None: not reported
+    cpu_kv_usage: float | None = None   # used fraction of the CPU (swap/offload) KV cache
+    capacity: float | None = None       # learned output tokens/s (already mean-filled for new pods)
+    healthy: bool = True
+    speed: Speed | None = None          # time per token against load (capacity: speed); None: unknown
+
+    @property
+    def gpu(self) -> str:
+        return self.pod.gpu
+
+    @property
+    def deployment(self) -> str:
+        return self.pod.deployment
+
+
+class Snapshot(list[PodView]):
+    """PodViews whose fields other than `running` and `healthy` do not change while it lives."""
+
+    __slots__ = ("memo",)
+
+    def __init__(self, views: Iterable[PodView] = ()) -> None:
+        super().__init__(views)
+        self.memo: dict[Any, Any] = {}
