@@ -25,7 +25,7 @@ from extproc.optimizer.service import REPLICA_UNITS
 from extproc.optimizer.solver import PlanError, solve
 from extproc.optimizer.traces import window_ends
 from extproc.optimizer.workload import parse_trace, trace_rates
-from extproc.profiles import Profile
+from extproc.gpu_profiles import GpuProfile
 from extproc.server.traces import TraceHooks
 from extproc.tracing.window import TraceRecorder, trace_key
 
@@ -46,7 +46,7 @@ class Timeline:
 
 
 class Optimizer:
-    def __init__(self, model: str, groups: Mapping[str, Group], profiles: Mapping[str, Profile],
+    def __init__(self, model: str, groups: Mapping[str, Group], profiles: Mapping[str, GpuProfile],
                  settings: Autoscale, clock: Callable[[], float]) -> None:
         self.model = model
         self.groups = dict(groups)

@@ -26,7 +26,7 @@ from extproc.fleetsim.gateways import build_gateways, gateway_config
 from extproc.fleetsim.scenario import Autoscale, Scenario
 from extproc.fleetsim.slo_profiles import load_slo_profiles, virtual_profile
 from extproc.openai import CHARS_PER_TOKEN, Request
-from extproc.profiles import Profile
+from extproc.gpu_profiles import GpuProfile
 from extproc.routing.slo import SloProfile, SloReject, SloWait
 from extproc.server.gateway import Decision
 from extproc.sim.engine import CapacityError, SeqState, SimRequest
@@ -98,7 +98,7 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
         share_tokens: bool = True, seed: int = 0, drain_limit_s: float = 600.0,
         progress: ProgressFn | None = None, oracle_capacity: bool = False,
         give_up: bool = False, optimizer: bool = False,
-        gpu_profiles: Mapping[str, Profile] | None = None) -> RunResult:
+        gpu_profiles: Mapping[str, GpuProfile] | None = None) -> RunResult:
     """Replay `arrivals` through `strategy`. With `give_up`, stop as soon as the scenario's SLO (read
     as the report reads it: p99 TPOT and TTFT of the measured window, nothing rejected or failed) can
     no longer be met, and set `gave_up`: what a rate search needs, at a fraction of a failing run.

@@ -21,7 +21,7 @@ from extproc.fleetsim.loop import run
 from extproc.fleetsim.metrics import summarize
 from extproc.fleetsim.saturation import saturated_throughput
 from extproc.fleetsim.scenario import Scenario
-from extproc.profiles import Profile, load_profile
+from extproc.gpu_profiles import GpuProfile, load_profile
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,7 @@ def run_strategy(scenario: Scenario, strategy: str, options: Options,
     return summary
 
 
-def given_profiles(directory: str | None) -> dict[str, Profile] | None:
+def given_profiles(directory: str | None) -> dict[str, GpuProfile] | None:
     if directory is None:
         return None
     profiles = [load_profile(path) for path in sorted(Path(directory).glob("*.json"))]

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from extproc.fleetsim.saturation import build_engine
 from extproc.fleetsim.scenario import Scenario
-from extproc.profiles import Profile
+from extproc.gpu_profiles import GpuProfile
 from extproc.profiling.gen_profile import build_profile
 from extproc.profiling.records import MetricLine
 from extproc.profiling.selection import SLOs, select
@@ -48,7 +48,7 @@ def _lines(i: int, o: int, rate: float, res: LoadResult) -> list[MetricLine]:
             line("TPOT", tpots)]
 
 
-def virtual_profile(scenario: Scenario, gpu: str, deployment: str) -> Profile:
+def virtual_profile(scenario: Scenario, gpu: str, deployment: str) -> GpuProfile:
     """The GPU type's profile (AIBrix's format) for the scenario's model and SLO, named `deployment`."""
     slos = scenario_slos(scenario)
     key = (gpu, scenario.model, tuple(sorted(scenario.engine.items())), tuple(sorted(slos.targets.items())))
@@ -57,10 +57,10 @@ def virtual_profile(scenario: Scenario, gpu: str, deployment: str) -> Profile:
     return replace(_CACHE[key], gpu=deployment)
 
 
-_CACHE: dict[tuple[object, ...], Profile] = {}
+_CACHE: dict[tuple[object, ...], GpuProfile] = {}
 
 
-def _profile(scenario: Scenario, gpu: str, slos: SLOs) -> Profile:
+def _profile(scenario: Scenario, gpu: str, slos: SLOs) -> GpuProfile:
     lines: list[MetricLine] = []
     for i in INPUTS:
         for o in OUTPUTS:

@@ -14,13 +14,13 @@ import sys
 from collections.abc import Sequence
 
 from extproc.optimizer.solver import Demand, solve
-from extproc.profiles import Profile
+from extproc.gpu_profiles import GpuProfile
 
 OUTPUTS = (4, 8, 16, 32, 64, 128, 256, 512)
 INPUTS = (128, 256, 512, 1024, 2048)
 
 
-def instance(types: int, cells: int, rng: random.Random) -> tuple[list[Profile], list[Demand]]:
+def instance(types: int, cells: int, rng: random.Random) -> tuple[list[GpuProfile], list[Demand]]:
     grid = [(o, i) for o in OUTPUTS for i in INPUTS]
     chosen = rng.sample(grid, min(cells, len(grid)))
     profiles = []
@@ -33,7 +33,7 @@ def instance(types: int, cells: int, rng: random.Random) -> tuple[list[Profile],
                 t = speed * 60.0 / (o / 4) ** 0.8 / (i / 128) ** 0.3 * rng.uniform(0.8, 1.2)
                 row.append(0.0 if rng.random() < 0.1 * (g % 3) else round(t, 3))
             rows.append(tuple(row))
-        profiles.append(Profile(f"gpu{g}", round(cost, 2), OUTPUTS, INPUTS, tuple(rows), None, None, {}, 0.0))
+        profiles.append(GpuProfile(f"gpu{g}", round(cost, 2), OUTPUTS, INPUTS, tuple(rows), None, None, {}, 0.0))
     demands = [Demand(i, o, round(rng.uniform(0.1, 20.0), 2)) for o, i in chosen]
     servable = [d for d in demands if any(p.tput(d.input_tokens, d.output_tokens) > 0 for p in profiles)]
     return profiles, servable

@@ -12,10 +12,10 @@ import math
 from typing import Any
 
 from extproc.optimizer.monitor import ModelState
-from extproc.profiles import Profile
+from extproc.gpu_profiles import GpuProfile
 
 
-def dashboard_data(state: ModelState, profiles: dict[str, Profile | None], now: float) -> dict[str, Any]:
+def dashboard_data(state: ModelState, profiles: dict[str, GpuProfile | None], now: float) -> dict[str, Any]:
     """Everything the page draws, as JSON-ready data."""
     heat: dict[tuple[int, int], float] = {}
     for d in state.demands:  # whole-log2 cells: a readable grid whatever the profiles' grids are

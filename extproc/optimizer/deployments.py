@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from extproc.gpu_profiles import deployment_key
 from extproc.pool.pod import MODEL_LABEL
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class Deployment:
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
+        return deployment_key(self.namespace, self.name)
 
 
 class DeploymentSource(Protocol):

@@ -27,7 +27,7 @@ from extproc.openai import OpenAIError
 from extproc.optimizer.dashboard import dashboard_data, render_page
 from extproc.optimizer.deployments import ConfigError, DeploymentSource, parse_deployment
 from extproc.optimizer.monitor import Fleet, ModelState, NotMonitored
-from extproc.optimizer.profile_store import ProfileStore
+from extproc.gpu_profiles import ProfileStore
 from extproc.optimizer.solver import Plan, PlanError, solve
 from extproc.optimizer.traces import read_windows
 from extproc.optimizer.workload import DEFAULT_WINDOW_SECONDS, trace_rates
@@ -114,7 +114,7 @@ class OptimizerService:
             await self.replan(state, now)
 
     def profiles_of(self, state: ModelState) -> dict[str, Any]:
-        return {k: self.store.profile_for(d) for k, d in state.deployments.items()}
+        return {k: self.store.profile_for(d.model, d.namespace, d.name) for k, d in state.deployments.items()}
 
     async def replan(self, state: ModelState, now: float) -> None:
         demands = state.demands

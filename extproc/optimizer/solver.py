@@ -24,7 +24,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
 
-from extproc.profiles import Profile
+from extproc.gpu_profiles import GpuProfile
 
 
 CHANGE_COST = 0.05  # of a replica's hourly cost, per replica the plan adds or removes (with `current`)
@@ -76,7 +76,7 @@ class _Cell:
     tputs: tuple[float, ...] = field(default_factory=tuple)
 
 
-def _merge(profiles: Sequence[Profile], demands: Iterable[Demand]) -> list[_Cell]:
+def _merge(profiles: Sequence[GpuProfile], demands: Iterable[Demand]) -> list[_Cell]:
     cells: dict[tuple[tuple[int, int], ...], _Cell] = {}
     for d in demands:
         if not (d.rps > 0 and math.isfinite(d.rps)):
@@ -95,7 +95,7 @@ def _shape(c: _Cell) -> tuple[float, float]:
     return 2 ** (c.log_in / c.rps), 2 ** (c.log_out / c.rps)
 
 
-def solve(profiles: Sequence[Profile], demands: Iterable[Demand], time_limit: float = 30.0,
+def solve(profiles: Sequence[GpuProfile], demands: Iterable[Demand], time_limit: float = 30.0,
           skip_unservable: bool = False, current: Mapping[str, int] | None = None) -> Plan:
     """The cost-minimal plan. Raises PlanError when there are no profiles or a cell nobody can serve;
     with `skip_unservable` (the service: one odd request shape must not stop every re-plan) such cells

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from extproc.profiles import Profile, dump_profile, parse_profile
+from extproc.gpu_profiles import GpuProfile, dump_profile, parse_profile
 from extproc.profiling.records import read_benchmark
 from extproc.profiling.selection import Grid, SLOs, select
 
 
-def build_profile(deployment: str, grid: Grid, cost: float, slos: SLOs, created: float) -> Profile:
-    return Profile(gpu=deployment, cost=cost, outputs=grid.outputs, inputs=grid.inputs, tputs=grid.tputs,
+def build_profile(deployment: str, grid: Grid, cost: float, slos: SLOs, created: float) -> GpuProfile:
+    return GpuProfile(gpu=deployment, cost=cost, outputs=grid.outputs, inputs=grid.inputs, tputs=grid.tputs,
                    e2e=grid.e2e, ttft=grid.ttft, slos=slos.as_profile(), created=created)
 
 

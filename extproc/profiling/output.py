@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from extproc.profiles import profile_key
+from extproc.gpu_profiles import profile_key
 
 
 class OutputError(ValueError):

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from extproc.profiles import Profile
+from extproc.gpu_profiles import GpuProfile
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class Signature:
 @dataclass(frozen=True, slots=True)
 class DeploymentModel:
     name: str
-    profile: Profile
+    profile: GpuProfile
     e2e: tuple[tuple[float, ...], ...]   # the profile's, or estimated (see `estimated`)
     metric: str | None                   # the SLO the queue's urgency is measured in; None: no target
     target: float | None
@@ -89,7 +89,7 @@ def slo_metric(slos: Mapping[str, float]) -> tuple[str | None, float | None]:
     return None, None
 
 
-def deployment_model(name: str, profile: Profile) -> DeploymentModel | None:
+def deployment_model(name: str, profile: GpuProfile) -> DeploymentModel | None:
     """The deployment's load model, or None (logged) when the profile cannot give one."""
     metric, target = slo_metric(profile.slos)
     if profile.e2e is not None:
@@ -112,7 +112,7 @@ def deployment_model(name: str, profile: Profile) -> DeploymentModel | None:
     return None
 
 
-def build_table(profiles: Mapping[str, Profile]) -> dict[str, DeploymentModel]:
+def build_table(profiles: Mapping[str, GpuProfile]) -> dict[str, DeploymentModel]:
     """deployment name -> load model, for the profiles that can give one."""
     out = {}
     for name, profile in profiles.items():

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
+from extproc.gpu_profiles import ProfileStore
 from extproc.openai import OpenAIError
 from extproc.routing.slo import SloReject, SloWait
 from extproc.slo.assignment import assign
@@ -197,8 +198,6 @@ class SloRoom:
 
     async def run_profiles(self, redis_url: str | None) -> None:
         """Every profile_refresh_seconds: profile files named in config, and Redis `aibrix:profile_*`."""
-        from extproc.optimizer.profile_store import ProfileStore
-
         store = ProfileStore()
         client = None
         if redis_url:
@@ -236,9 +235,7 @@ class SloRoom:
             split = await asyncio.to_thread(assign, table, pods, rates)
             state.store_split(model, tuple(sorted(pods.items())), now, split)
 
-    async def refresh_profiles(self, store: Any, client: Any = None) -> None:
-        from extproc.optimizer.deployments import Deployment
-
+    async def refresh_profiles(self, store: ProfileStore, client: Any = None) -> None:
         state = self.state
         if state is None:
             return
@@ -256,7 +253,7 @@ class SloRoom:
                     continue
                 dep = deployment_of(pod)
                 if dep and dep not in found:
-                    p = store.profile_for(Deployment(pod.namespace, dep, model))
+                    p = store.profile_for(model, pod.namespace, dep)
                     if p is not None:
                         found[dep] = p
             state.set_profiles(model, found)

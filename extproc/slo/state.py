@@ -11,7 +11,7 @@ from itertools import islice
 
 from extproc.openai import Request
 from extproc.pool.pod import APP_NAME_LABEL, FLEET_LABEL, Pod
-from extproc.profiles import Profile
+from extproc.gpu_profiles import GpuProfile
 from extproc.slo.assignment import Mix, Shape, assign, shape_of
 from extproc.slo.model import DeploymentModel, Signature, build_table
 from extproc.slo.predictor import OutputPredictor
@@ -51,7 +51,7 @@ class SloState:
     def __init__(self, settings: SloSettings | None = None) -> None:
         self.settings = settings or SloSettings()
         self.tables: dict[str, dict[str, DeploymentModel]] = {}
-        self._sources: dict[str, dict[str, Profile]] = {}  # what each table was built from
+        self._sources: dict[str, dict[str, GpuProfile]] = {}  # what each table was built from
         self.predictors: dict[str, OutputPredictor] = {}
         self.ledger: dict[tuple, Ledger] = {}
         self.queues = Queues(self.settings.max_queue)
@@ -66,7 +66,7 @@ class SloState:
 
     # -- profiles ---------------------------------------------------------------------------------
 
-    def set_profiles(self, model: str, profiles: Mapping[str, Profile]) -> None:
+    def set_profiles(self, model: str, profiles: Mapping[str, GpuProfile]) -> None:
         """deployment name -> profile for one model (from files and Redis, newest `created` won)."""
         profiles = dict(profiles)
         if self._sources.get(model) == profiles:

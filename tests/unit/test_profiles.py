@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from extproc.profiles import Profile, ProfileError, dump_profile, load_profile, parse_profile
+from extproc.gpu_profiles import GpuProfile, ProfileError, dump_profile, load_profile, parse_profile
 from tests.support.shared_data import A40_PROFILE
 
 A40 = A40_PROFILE
@@ -66,7 +66,7 @@ def test_older_shape_dumps_without_optional_keys() -> None:
 
 def test_profile_is_frozen() -> None:
     p = parse_profile(small())
-    assert isinstance(p, Profile)
+    assert isinstance(p, GpuProfile)
     with pytest.raises(AttributeError):
         p.cost = 2.0  # type: ignore[misc]
 

@@ -13,7 +13,7 @@ from extproc.fleetsim.autoscale import direction_changes
 from extproc.fleetsim.fleet import build_replicas
 from extproc.fleetsim.loop import run
 from extproc.fleetsim.metrics import summarize
-from extproc.profiles import parse_profile
+from extproc.gpu_profiles import parse_profile
 from tests.unit.fleetsim.conftest import small
 
 CHAT = {"name": "chat", "rate": 2, "prompt": {"mean": 200, "sigma": 0.5, "max": 1000},

@@ -17,7 +17,7 @@ from extproc.optimizer.deployments import (
     load_config,
     parse_config,
 )
-from extproc.profiles import dump_profile
+from extproc.gpu_profiles import dump_profile
 from tests.support.shared_data import A40_PROFILE
 from tests.unit.optimizer.support import profile
 

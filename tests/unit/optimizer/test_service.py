@@ -11,9 +11,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from extproc.optimizer.deployments import Deployment, StaticDeploymentSource
-from extproc.optimizer.profile_store import ProfileStore
+from extproc.gpu_profiles import ProfileStore
 from extproc.optimizer.service import OptimizerService, ServiceSettings, metrics_text
-from extproc.profiles import dump_profile
+from extproc.gpu_profiles import dump_profile
 from extproc.tracing import TraceRecorder
 from tests.unit.optimizer.support import LONG, SHORT, profile
 
@@ -234,11 +234,11 @@ async def test_newer_profile_wins(service: OptimizerService, redis: MemoryRedis,
     service.profile_files = lambda: [path]
     await service.tick(NOW)
     d = service.fleet.models[MODEL].deployments["default/a"]
-    p = service.store.profile_for(d)
+    p = service.store.profile_for(d.model, d.namespace, d.name)
     assert p is not None and p.cost == 1.0 and p.gpu == "default/a"  # Redis' created=1.0 beats the file's
     path.write_text(json.dumps(dump_profile(profile("a", 7.0, short=1, long=1, created=9.0))))
     await service.tick(NOW + 20)
-    p = service.store.profile_for(d)
+    p = service.store.profile_for(d.model, d.namespace, d.name)
     assert p is not None and p.cost == 7.0
 
 

@@ -11,7 +11,7 @@ import pytest
 from scipy.optimize import linprog
 
 from extproc.optimizer import Demand, PlanError, solve
-from extproc.profiles import Profile
+from extproc.gpu_profiles import GpuProfile
 from tests.unit.optimizer.support import LONG, SHORT, one_cell, profile
 
 
@@ -77,7 +77,7 @@ def test_no_load_is_an_empty_plan() -> None:
 def test_profiles_on_different_grids_match_cell_by_cell_in_log2() -> None:
     # a measures 64..1024 outputs, b 4..256: a 100-token output is a's 128 column and b's 128 column;
     # a 600-token output clamps to b's 256 edge.
-    a = Profile(
+    a = GpuProfile(
         "a",
         1.0,
         outputs=(64, 128, 1024),
@@ -88,7 +88,7 @@ def test_profiles_on_different_grids_match_cell_by_cell_in_log2() -> None:
         slos={},
         created=0,
     )
-    b = Profile(
+    b = GpuProfile(
         "b",
         1.0,
         outputs=(4, 16, 128, 256),
@@ -157,7 +157,7 @@ def test_optimum_equals_brute_force(seed: int) -> None:
     costs = [round(rng.uniform(0.2, 2.0), 2) for _ in range(G)]
     r = [round(rng.uniform(0.2, 6.0), 2) for _ in range(C)]
     profiles = [
-        Profile(
+        GpuProfile(
             f"g{g}",
             costs[g],
             outputs=outputs,

@@ -13,7 +13,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, HttpHeade
 from extproc.config import ConfigError, parse
 from extproc.openai import Request
 from extproc.pool import Pod
-from extproc.profiles import parse_profile
+from extproc.gpu_profiles import parse_profile
 from extproc.routing import PodView, RoutingSettings, RoutingState, build
 from extproc.routing.slo import SloReject, SloWait
 from extproc.server.gateway import Gateway

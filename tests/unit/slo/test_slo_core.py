@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from extproc.profiles import load_profile, parse_profile
+from extproc.gpu_profiles import load_profile, parse_profile
 from extproc.slo.model import Signature, deployment_model
 from extproc.slo.predictor import OutputPredictor
 from extproc.slo.queue import Entry, Full, Queues

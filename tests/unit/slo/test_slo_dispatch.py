@@ -6,7 +6,7 @@ import pytest
 
 from extproc.openai import Request
 from extproc.pool import Pod
-from extproc.profiles import parse_profile
+from extproc.gpu_profiles import parse_profile
 from extproc.routing import PodView, RoutingSettings, RoutingState, build
 from extproc.routing.slo import SloWait
 from extproc.slo.dispatch import dispatch, expire

@@ -12,7 +12,7 @@ from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, HttpHeaders, ProcessingRequest
 
 from extproc.config import parse
-from extproc.optimizer.profile_store import ProfileStore
+from extproc.gpu_profiles import ProfileStore
 from extproc.pool import Pod
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor

@@ -1,4 +1,6 @@
-"""AIBrix's per-GPU profile JSON: what one deployment (GPU type) sustains per (input, output) cell.
+"""GPU profiles: AIBrix's per-GPU profile JSON (what one deployment, a GPU type, sustains per (input,
+output) cell) and the store that keeps the newest one per deployment, from files and from Redis. The
+SLO strategies (through the gateway) and the GPU optimizer both read them from here.
 
 The format is AIBrix's (`aibrix_gen_profile`, python/aibrix/aibrix/gpu_optimizer/optimizer/types.py), so
 profiles move freely between AIBrix and us:
@@ -15,12 +17,16 @@ A throughput of 0 means the deployment cannot meet the SLO in that cell at any r
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 Matrix = tuple[tuple[float, ...], ...]
 
@@ -40,7 +46,7 @@ class ProfileError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Profile:
+class GpuProfile:
     gpu: str  # the deployment name (AIBrix's key "gpu")
     cost: float  # per replica-hour, relative units
     outputs: tuple[int, ...]  # indexes[0]: output lengths
@@ -110,8 +116,8 @@ def _matrix(value: Any, key: str, rows: int, cols: int) -> Matrix:
     return tuple(out)
 
 
-def parse_profile(data: Mapping[str, Any]) -> Profile:
-    """Validate AIBrix profile JSON (already decoded) into a Profile."""
+def parse_profile(data: Mapping[str, Any]) -> GpuProfile:
+    """Validate AIBrix profile JSON (already decoded) into a GpuProfile."""
     if not isinstance(data, Mapping):
         raise ProfileError(f"profile: expected a JSON object, got {type(data).__name__}")
     for key in ("gpu", "cost", "tputs", "indexes"):
@@ -131,12 +137,12 @@ def parse_profile(data: Mapping[str, Any]) -> Profile:
     if not isinstance(slos_raw, Mapping):
         raise ProfileError(f"slos: expected an object, got {slos_raw!r}")
     slos = {str(k): _number(v, f"slos.{k}") for k, v in slos_raw.items()}
-    return Profile(gpu=gpu, cost=_number(data["cost"], "cost"), outputs=outputs, inputs=inputs,
+    return GpuProfile(gpu=gpu, cost=_number(data["cost"], "cost"), outputs=outputs, inputs=inputs,
                    tputs=_matrix(data["tputs"], "tputs", *shape), e2e=optional["e2e"], ttft=optional["ttft"],
                    slos=slos, created=_number(data.get("created", 0.0), "created"))
 
 
-def load_profile(path: str | Path) -> Profile:
+def load_profile(path: str | Path) -> GpuProfile:
     """Read one profile file; errors name the file and the key."""
     try:
         data = json.loads(Path(path).read_text())
@@ -148,7 +154,7 @@ def load_profile(path: str | Path) -> Profile:
         raise ProfileError(f"{path}: {e}") from e
 
 
-def dump_profile(p: Profile) -> dict[str, Any]:
+def dump_profile(p: GpuProfile) -> dict[str, Any]:
     """AIBrix's JSON, in the key order aibrix_gen_profile writes; e2e/ttft/slos only when present."""
     out: dict[str, Any] = {"gpu": p.gpu, "cost": p.cost, "tputs": [list(r) for r in p.tputs],
                            "indexes": [list(p.outputs), list(p.inputs)], "created": p.created}
@@ -159,3 +165,83 @@ def dump_profile(p: Profile) -> dict[str, Any]:
     if p.slos:
         out["slos"] = dict(p.slos)
     return out
+
+# -- the store ------------------------------------------------------------------------------------
+# The newest profile per deployment, from files and from Redis (`aibrix:profile_<model>_<deployment>`).
+# A profile names its deployment in "gpu" (AIBrix). The same deployment may have a file profile and a
+# Redis profile; the one with the newer `created` wins, so re-running gen-profile takes effect without a
+# restart.
+
+
+def deployment_key(namespace: str, name: str) -> str:
+    """A deployment's key in a plan and in the store: `namespace/name`."""
+    return f"{namespace}/{name}"
+
+
+def _glob_escape(text: str) -> str:
+    """A model name taken literally in a Redis MATCH pattern."""
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
+
+
+class ProfileStore:
+    def __init__(self) -> None:
+        self._files: dict[str, GpuProfile] = {}  # gpu -> profile, whatever the model
+        self._redis: dict[str, dict[str, GpuProfile]] = {}  # model -> gpu -> profile
+        self._refused: set[tuple[str, str]] = set()  # (source, message) already logged
+
+    def _refuse(self, source: str, error: Exception) -> None:
+        if (source, str(error)) not in self._refused:
+            self._refused.add((source, str(error)))
+            log.warning("profile refused: %s: %s", source, error)
+
+    def load_files(self, paths: Iterable[str | Path]) -> list[str]:
+        """Read profile files; returns the errors (also logged) so a CLI can fail on them."""
+        errors = []
+        for path in paths:
+            try:
+                p = load_profile(path)
+            except ProfileError as e:
+                errors.append(str(e))
+                self._refuse(str(path), e)
+                continue
+            self._offer(self._files, p)
+        return errors
+
+    @staticmethod
+    def _offer(table: dict[str, GpuProfile], p: GpuProfile) -> None:
+        old = table.get(p.gpu)
+        if old is None or p.created >= old.created:
+            table[p.gpu] = p
+
+    def offer_redis(self, model: str, key: str, raw: Any) -> None:
+        try:
+            data = json.loads(raw)
+            p = parse_profile(data)
+        except (ValueError, TypeError) as e:  # ProfileError and JSONDecodeError are ValueErrors
+            self._refuse(key, e)
+            return
+        self._offer(self._redis.setdefault(model, {}), p)
+
+    def profile_for(self, model: str, namespace: str, name: str) -> GpuProfile | None:
+        """The newest profile for the deployment, renamed to its `namespace/name` key for the plan."""
+        key = deployment_key(namespace, name)
+        candidates = [t.get(n) for t in (self._files, self._redis.get(model, {})) for n in (key, name)]
+        found = [p for p in candidates if p is not None]
+        if not found:
+            return None
+        best = max(found, key=lambda p: p.created)
+        return dataclasses.replace(best, gpu=key)
+
+    async def refresh_redis(self, redis: Any, models: Iterable[str]) -> int:
+        """SCAN each model's profile keys and take what is newer; returns how many keys were read."""
+        n = 0
+        for model in models:
+            pattern = f"{_glob_escape(profile_key_prefix(model))}*"
+            keys = [k async for k in redis.scan_iter(match=pattern, count=100)]
+            if not keys:
+                continue
+            for key, raw in zip(keys, await redis.mget(keys)):
+                if raw is not None:
+                    self.offer_redis(model, key.decode() if isinstance(key, bytes) else key, raw)
+                    n += 1
+        return n
