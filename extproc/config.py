@@ -199,7 +199,8 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
 def _routing(routing: dict[str, Any], model_routing: dict[str, Any], models: tuple[str, ...],
              env: Mapping[str, str]) -> tuple[dict[str, Any], str]:
     """Every routing setting and strategy checked now, so a bad one refuses the (re)load."""
-    # late: importing extproc.routing registers every strategy; routing never imports config
+    # late: importing extproc.strategies registers every strategy; routing never imports config
+    import extproc.strategies  # noqa: F401
     from extproc.routing import Router, SettingError, StrategySpecError
     from extproc.routing.settings import merge_env, parse_settings
 

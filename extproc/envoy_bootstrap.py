@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from extproc.config import DEFAULT_DESTINATION_HEADER, ENVOY_BUFFER_BYTES
-from extproc.routing.slo_settings import MAX_WAIT_CEILING_SECONDS
+from extproc.slo.settings import MAX_WAIT_CEILING_SECONDS
 from extproc.server import attributes
 from extproc.server.responses import (
     ANSWERED_KEY,

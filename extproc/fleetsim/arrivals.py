@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass
 
 from extproc.fleetsim.scenario import Scenario, Stream
+from extproc.openai import CHARS_PER_TOKEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,3 +56,15 @@ def _groups(stream: Stream, rng: random.Random) -> tuple[list[int], list[float]]
     lengths = [p.tokens.sample(rng) for _ in range(p.groups)]
     weights = [1.0 / (k + 1) ** p.skew for k in range(p.groups)]
     return lengths, list(itertools.accumulate(weights))
+
+
+def prompt_text(a: Arrival, i: int) -> str:
+    """A prompt whose first `prefix_tokens` are its group's and the rest its own (~4 characters per
+    token, as the gateway and the simulator count): what prefix-cache routing hashes, and what the
+    engine's prefix cache sees through the same hash chain the live simulator uses."""
+    shared = _fill(f"[stream {a.stream} group {a.group}]", a.prefix_tokens * CHARS_PER_TOKEN)
+    return shared + _fill(f"<request {i}>", (a.prompt_tokens - a.prefix_tokens) * CHARS_PER_TOKEN)
+
+
+def _fill(unit: str, chars: int) -> str:
+    return (unit * (chars // len(unit) + 1))[:chars]

@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from extproc.fleetsim.arrivals import Arrival
+from extproc.fleetsim.arrivals import Arrival, prompt_text
 from extproc.fleetsim.autoscale import FleetScaler, Optimizer, Timeline
 from extproc.fleetsim.fleet import Replica, build_replicas
 from extproc.fleetsim.gateways import build_gateways, gateway_config
@@ -27,12 +27,12 @@ from extproc.fleetsim.scenario import Autoscale, Scenario
 from extproc.fleetsim.slo_profiles import load_slo_profiles, virtual_profile
 from extproc.openai import CHARS_PER_TOKEN, Request
 from extproc.gpu_profiles import GpuProfile
-from extproc.routing.slo import SloProfile, SloReject, SloWait
-from extproc.server.gateway import Decision
+from extproc.routing.outcome import Queued, Rejected, Routed
 from extproc.sim.engine import CapacityError, SeqState, SimRequest
 from extproc.sim.prefix import block_hashes
-from extproc.slo.dispatch import dispatch, expire
-from extproc.slo.queue import Entry, Full
+from extproc.slo.queue import Entry
+from extproc.slo.room import Room
+from extproc.slo.strategy import SloProfile
 
 PENDING, OK, REJECTED, FAILED = 0, 1, 2, 3
 STEP, SCRAPE, REFRESH, SYNC, LOSS, EXPIRE, DISPATCH, REPLAN, PROVISIONED, RETIRE = range(10)
@@ -82,18 +82,6 @@ class RunResult:
 ProgressFn = Callable[[float], None]
 
 
-def prompt_text(a: Arrival, i: int) -> str:
-    """A prompt whose first `prefix_tokens` are its group's and the rest its own (~4 characters per
-    token, as the gateway and the simulator count): what prefix-cache routing hashes, and what the
-    engine's prefix cache sees through the same hash chain the live simulator uses."""
-    shared = _fill(f"[stream {a.stream} group {a.group}]", a.prefix_tokens * CHARS_PER_TOKEN)
-    return shared + _fill(f"<request {i}>", (a.prompt_tokens - a.prefix_tokens) * CHARS_PER_TOKEN)
-
-
-def _fill(unit: str, chars: int) -> str:
-    return (unit * (chars // len(unit) + 1))[:chars]
-
-
 def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gateways: int = 1,
         share_tokens: bool = True, seed: int = 0, drain_limit_s: float = 600.0,
         progress: ProgressFn | None = None, oracle_capacity: bool = False,
@@ -124,8 +112,9 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
     oracle = {p.key: by_addr[p.address].saturated for p in config.pods} if oracle_capacity else None
     gws = build_gateways(gateways, config, clock, share_tokens, oracle)
     profiles = [g.gateway.profile(strategy, scenario.model) for g in gws]  # the model's own routingConfig
-    slo = [load_slo_profiles(scenario, g.gateway, replicas) if isinstance(p, SloProfile) else None
-           for g, p in zip(gws, profiles)]
+    # the SLO waiting room of each gateway (slo* strategies), run in virtual time
+    rooms = [Room(load_slo_profiles(scenario, g.gateway, replicas).queues) if isinstance(p, SloProfile)
+             else None for g, p in zip(gws, profiles)]
     queued: dict[int, tuple[Request, str]] = {}  # arrival index -> (request, prompt text): SLO queue
     by_address = {r.address: r for r in replicas}
     keys_of = [[p.key for p in g.gateway.pool.all_pods()] for g in gws]
@@ -222,7 +211,7 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
         key = decision_key[i]
         if not r.ready and not r.open:
             push(clock.now, RETIRE, r.index)  # the last request of a draining replica
-        if slo[arrival.gateway] is not None:
+        if rooms[arrival.gateway] is not None:
             push(clock.now, DISPATCH, arrival.gateway)  # capacity may have freed: the queue goes next
         if key is not None:
             gws[arrival.gateway].gateway.complete(
@@ -268,7 +257,7 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
             r.open.clear()
         reconfigure()
 
-    def start(i: int, decision: Decision | None, text: str, t: float) -> None:
+    def start(i: int, decision: Routed | None, text: str, t: float) -> None:
         if decision is None:
             reject(i)  # no routable pod: the client gets a 503 from the gateway
             return
@@ -290,19 +279,19 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
             on_step(r, t)  # idle engine: start a step now
 
     def drain(g: int, t: float) -> None:
-        """The SLO queue's dispatch rule (extproc.slo.dispatch), as the live waiting room runs it."""
-        state = slo[g]
-        if state is None or not state.queues.length(model):
+        """The SLO waiting room dispatches, as the live one does (extproc.slo.room)."""
+        room = rooms[g]
+        if room is None or not room.queues.length(model):
             return
 
         def route(entry: Entry) -> object:
             request, _ = queued[entry.payload]  # type: ignore[index]
-            return gws[g].gateway.route(request, profiles[g], str(entry.payload))
+            return gws[g].gateway.route(request, profiles[g], str(entry.payload), queued=True)
 
-        for entry, result in dispatch(state, model, t, route):
+        for entry, result in room.dispatch(model, t, route):  # type: ignore[arg-type]
             i = entry.payload
             _, text = queued.pop(i)  # type: ignore[arg-type]
-            if isinstance(result, SloReject):
+            if type(result) is Rejected:
                 reject(i)  # type: ignore[arg-type]
             else:
                 start(i, result, text, t)  # type: ignore[arg-type]
@@ -333,7 +322,7 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
                     on_step(r, t)
                 continue
             if kind == EXPIRE:
-                for entry in expire(slo[arg], model, t):  # type: ignore[arg-type]
+                for entry, _ in rooms[arg].expire(model, t):  # type: ignore[union-attr]
                     queued.pop(entry.payload)  # type: ignore[arg-type]
                     reject(entry.payload)  # type: ignore[arg-type]  (a 429: SLO breached)
                 push(t, DISPATCH, arg)
@@ -387,22 +376,18 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
         text = prompt_text(a, i) if a.group >= 0 else ""
         request = Request(model, "/v1/chat/completions", stream=True, prompt_tokens=a.prompt_tokens,
                           max_tokens=stream.max_tokens, prompt=text)
-        try:
-            decision = gws[a.gateway].gateway.route(request, profiles[a.gateway], str(i))
-        except SloWait as wait:  # slo-least-load-pulling: wait in this gateway's queue
-            wait.entry.payload = i
-            try:
-                slo[a.gateway].queues.push(wait.entry)  # type: ignore[union-attr]
-            except Full:
-                reject(i)  # 429 queue_full
+        outcome = gws[a.gateway].gateway.route(request, profiles[a.gateway], str(i))
+        if type(outcome) is Queued:  # wait in this gateway's room
+            outcome.entry.payload = i
+            outcome = rooms[a.gateway].admit(outcome)  # type: ignore[union-attr]
+            if type(outcome) is Queued:
+                queued[i] = (request, text)
+                push(outcome.entry.deadline, EXPIRE, a.gateway)
                 continue
-            queued[i] = (request, text)
-            push(wait.entry.deadline, EXPIRE, a.gateway)
+        if type(outcome) is Rejected:
+            reject(i)  # a 429: slo_breached, queue_full
             continue
-        except SloReject:
-            reject(i)  # 429 slo_breached
-            continue
-        start(i, decision, text, t)
+        start(i, outcome, text, t)  # type: ignore[arg-type]
     for i in list(queued):  # still waiting when the run ended: never served
         res.status[i] = REJECTED
     # Anything still open after the drain limit ends as a failure, so every request is accounted for.

@@ -18,7 +18,7 @@ from extproc.profiling.records import MetricLine
 from extproc.profiling.selection import SLOs, select
 from extproc.profiling.stats import Summary
 from extproc.sim.virtual import LoadResult, run_open_loop
-from extproc.slo.state import SloState
+from extproc.slo.state import SloState, learned
 
 INPUTS = (128, 512, 2048, 4096, 7168)  # 7168 + 1024 fits an 8K context
 OUTPUTS = (16, 64, 256, 1024)
@@ -89,8 +89,7 @@ def _measure(scenario: Scenario, gpu: str, slos: SLOs, i: int, o: int, rate: flo
 
 def load_slo_profiles(scenario: Scenario, gateway, replicas) -> SloState:  # noqa: ANN001
     """Give a simulated gateway's SLO state one profile per deployment (GPU type) of the fleet."""
-    gateway.slo.dispatches = False  # the simulation runs the queue itself, in virtual time
-    state: SloState = gateway.router.state.store["slo"]  # built with the slo* strategies at config load
+    state: SloState = learned(gateway.router.state.store)  # type: ignore[assignment]  (built at config load)
     gpus = {r.deployment: r.gpu for r in replicas}
     state.set_profiles(scenario.model, {d: virtual_profile(scenario, gpu, d) for d, gpu in gpus.items()})
     return state

@@ -1,4 +1,5 @@
-"""Pure scheduling core: (Request, [PodView], now) -> Pod. Importing this package registers strategies."""
+"""Pure scheduling core: (Request, [PodView], now) -> Pod. Importing this package registers its strategies
+(extproc.strategies adds the SLO family, which builds on this package)."""
 
 from extproc.routing import (  # noqa: F401  (registration)
     least_kv_cache,
@@ -10,7 +11,6 @@ from extproc.routing import (  # noqa: F401  (registration)
     random_pick,
     round_robin,
     session_affinity,
-    slo,
     throughput,
 )
 from extproc.routing.blend import StrategySpec

@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Protocol, runtime_checkable
 
 from extproc.openai import Request
+from extproc.pool.pod import PodKey
+from extproc.routing.outcome import Queued, Rejected
 from extproc.routing.settings import RoutingSettings
 from extproc.state.record import PodView, RequestRecord
 
@@ -68,6 +70,33 @@ class PostResponse(Protocol):
     """Told how a request ended: tokens, latency, status (GIE's PostResponse)."""
 
     def post_response(self, record: RequestRecord, now: float) -> None: ...
+
+
+@runtime_checkable
+class Forgets(Protocol):
+    """Learned state kept per pod: told which pods remain when the pool changes (a departed pod's goes)."""
+
+    def forget(self, live: set[PodKey]) -> None: ...
+
+
+@dataclass(slots=True, frozen=True)
+class Series:
+    """One metric a strategy's learned state shows on /metrics: `kind` is "counter" or "gauge";
+    `samples` are (label values, value). Plain data: the server turns it into Prometheus families."""
+
+    name: str
+    help: str
+    kind: str
+    labels: tuple[str, ...]
+    samples: list[tuple[tuple[str, ...], float]]
+
+
+@runtime_checkable
+class Collects(Protocol):
+    """Learned state with metrics, computed when /metrics is scraped. `views(model)`: the model's ready
+    pods as routing sees them now."""
+
+    def collect(self, views: Callable[[str], Sequence[PodView]], now: float) -> Iterable[Series]: ...
 
 
 class MaxScorePicker:
@@ -128,7 +157,10 @@ class Profile:
             totals = [t + weight * s for t, s in zip(totals, scorer.score(request, pods, now))]
         return totals
 
-    def pick(self, request: Request, pods: Sequence[PodView], now: float) -> PodView | None:
+    def pick(self, request: Request, pods: Sequence[PodView], now: float,
+             queued: bool = False) -> PodView | Queued | Rejected | None:
+        """The chosen pod; None: no candidate. A strategy that holds requests back returns Queued or
+        Rejected instead (routing/outcome.py); `queued` tells it the request is leaving its queue."""
         pods = self.candidates(request, pods, now)
         if not pods:
             return None

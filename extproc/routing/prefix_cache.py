@@ -16,11 +16,11 @@ as `prefix-cache:5,load-balance:4`, which is how it is meant to run.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from extproc.openai import CHARS_PER_TOKEN, Request
 from extproc.pool.pod import PodKey
-from extproc.routing.framework import MaxScorePicker, PodView, Profile, RoutingSettings, register
+from extproc.routing.framework import MaxScorePicker, PodView, Profile, RoutingSettings, Series, register
 from extproc.routing.gate import loads
 from extproc.routing.settings import LoadBalanceSettings, PrefixCacheSettings
 
@@ -138,6 +138,12 @@ class PrefixCache:
         comes back, even at the same address, starts cold)."""
         for table in self.tables.values():
             table.forget_pods(live)
+
+    def collect(self, views: Callable[[str], Sequence[PodView]], now: float) -> Iterator[Series]:
+        yield Series("extproc_prefix_cache_lookups", "prefix-cache scorings: was a prefix of the prompt "
+                     "found on some pod", "counter", ("model", "result"),
+                     [((model, result), n) for model, (matched, unmatched) in self.lookups.items()
+                      for result, n in (("matched", matched), ("unmatched", unmatched))])
 
     def hashes(self, request: Request) -> list[int]:
         """The request's block hashes, computed once for its scoring and its post-choice hook."""

@@ -173,7 +173,7 @@ def parse_settings(routing: Mapping[str, Any],
     default = routing.get("default_strategy", DEFAULT_STRATEGY)
     if not isinstance(default, str) or not default.strip():
         raise SettingError(f"routing.default_strategy must be a strategy name, not {default!r}")
-    from extproc.routing.slo_settings import parse_slo  # late: the slo package imports this module
+    from extproc.slo.settings import parse_slo  # late: the slo package imports this module
 
     return RoutingSettings(seed=seed, default_strategy=default.strip().lower(), load_balance=lb,
                            auto_blend=ab, models=models, cache_size=cache_size,

@@ -2,15 +2,20 @@
 
 A reload rebuilds every Profile from new settings; anything a strategy learns or must remember across
 decisions lives here instead, so the gateway keeps one RoutingState for its lifetime and hands it to
-each new Router. Plain data, no clock, no I/O: the fleet simulation shares the same objects.
+each new Router. Plain data, no clock, no I/O: the fleet simulation shares the same objects. The gateway
+reaches every strategy's learned state through `forget` and `collect`, never by a strategy's name.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
+
+from extproc.pool.pod import PodKey
+from extproc.routing.framework import Collects, Forgets, Series
+from extproc.state.record import PodView
 
 T = TypeVar("T")
 
@@ -32,3 +37,15 @@ class RoutingState:
         if value is None:
             value = self.store[key] = factory()
         return value  # type: ignore[return-value]
+
+    def forget(self, live: set[PodKey]) -> None:
+        """The pool changed: every learned state kept per pod drops the pods not in `live`."""
+        for value in self.store.values():
+            if isinstance(value, Forgets):
+                value.forget(live)
+
+    def collect(self, views: Callable[[str], Sequence[PodView]], now: float) -> Iterator[Series]:
+        """Every learned state's metrics (/metrics)."""
+        for value in self.store.values():
+            if isinstance(value, Collects):
+                yield from value.collect(views, now)

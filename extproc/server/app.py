@@ -30,6 +30,7 @@ from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor, parse_body
 from extproc.server.tls import ReloadingCredentials, TlsError, TlsSettings
 from extproc.server.traces import run_tracing
+from extproc.slo.refresh import SloRefresh
 from extproc.state.accounting import Accounting
 from extproc.state.shared import LocalState, redis_url_from_env
 from extproc.telemetry.health import PodHealth
@@ -167,7 +168,7 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     if discovery is not None:
         background.append(discovery)
     # SLO routing's profiles: files named in routing.slo.profiles and Redis aibrix:profile_* (every 10 s)
-    background.append(asyncio.create_task(gateway.slo.run_profiles(redis_url), name="slo-profiles"))
+    background.append(asyncio.create_task(SloRefresh(gateway).run_profiles(redis_url), name="slo-profiles"))
     if tracing_enabled(os.environ):
         if redis_url:
             background.append(asyncio.create_task(run_tracing(gateway, redis_url), name="traces"))

@@ -11,22 +11,23 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
 
+import extproc.strategies  # noqa: F401  (every strategy registered: a config may name any)
 from extproc.config import DEFAULT_DESTINATION_HEADER, Config, ConfigError
 from extproc.openai import Request
 from extproc.pool import Pod, Pool
 from extproc.routing import Profile, Router, SettingError, StrategySpec, StrategySpecError
 from extproc.routing.framework import Hooks
+from extproc.routing.outcome import Outcome, Routed
 from extproc.server.auth import ApiKeys
 from extproc.server.metrics import PodMetricsCollector
 from extproc.state.accounting import Accounting
 from extproc.state.inflight import OpenRequest, OpenRequests
 from extproc.state.reconcile import Reconciler
-from extproc.state.record import RequestRecord
+from extproc.state.record import PodView, RequestRecord
 from extproc.state.shared import LocalState, SharedState
 
 log = logging.getLogger(__name__)
@@ -41,12 +42,6 @@ CLIENT_FORBIDDEN_HEADERS = frozenset({DEFAULT_DESTINATION_HEADER, "target-pod"})
 GRACE_MARGIN_SECONDS = 1.0
 
 disable_created_metrics()  # *_created series double the scrape for no routing value
-
-
-@dataclass(slots=True, frozen=True)
-class Decision:
-    pod: Pod
-    key: str  # the gateway's own key for this request; the access log brings it back
 
 
 class Gateway:
@@ -92,9 +87,6 @@ class Gateway:
         self.hooks = Hooks()
         self.router: Router | None = None
         self.apply(config)
-        from extproc.slo.server import SloRoom  # late: extproc.slo.server imports this module's types
-
-        self.slo = SloRoom(self)  # the SLO queue: requests slo-least-load-pulling holds back
 
     def apply(self, config: Config) -> None:
         """Swap in a new config. Learned state (capacity, counts, health) and open requests stay."""
@@ -126,8 +118,7 @@ class Gateway:
         settings = config.routing_settings
         self.accounting.default_mode = settings.load_balance.capacity
         self.accounting.capacity_modes = {m: r.load_balance.capacity for m, r in settings.models.items()}
-        if (prefixes := self.router.state.store.get("prefix-cache")) is not None:
-            prefixes.forget(live)  # a departed pod's cache went with it
+        self.router.state.forget(live)  # what strategies learned of a departed pod went with it
         self.accounting.shared.track(config.pods)
 
     def add_hook(self, plugin: object) -> None:
@@ -155,21 +146,23 @@ class Gateway:
 
     # -- the request path -------------------------------------------------------------------------
 
-    def route(self, request: Request, profile: Profile, request_id: str) -> Decision | None:
-        """Choose a pod; the request counts as in flight until `complete` or `abort`."""
+    def route(self, request: Request, profile: Profile, request_id: str, queued: bool = False) -> Outcome:
+        """Choose a pod: Routed, and the request counts as in flight until `complete` or `abort`. Or
+        what the strategy says instead (Queued, Rejected), passed on for the waiting room; None: no
+        ready pod. `queued`: the request is leaving the waiting room (extproc.slo.room)."""
         now = self.clock()
         # Unhealthy pods are left out, unless that leaves none: a health signal must never cause a
         # total outage.
         candidates = self.accounting.routable(request.model, self.pool.ready_pods(request.model), now)
         if not candidates:
             return None
-        chosen = profile.pick(request, candidates, now)
-        if chosen is None:
-            return None
+        chosen = profile.pick(request, candidates, now, queued)
+        if chosen.__class__ is not PodView:
+            return chosen  # type: ignore[return-value]  (None, Queued or Rejected)
         self.hooks.post_choice(request, chosen, now)
         key = next(self._keys)
         self.open.open(key, OpenRequest(request, chosen.pod, profile.name, request_id, now))
-        return Decision(chosen.pod, key)
+        return Routed(chosen.pod, key)
 
     def abort(self, key: str) -> None:
         """The routing stream was cancelled: Envoy may never have used the decision."""

@@ -2,19 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-if TYPE_CHECKING:
-    from extproc.server.gateway import Gateway
+from extproc.routing.framework import Series
 
 LABELS = ["model", "pod"]
+FAMILIES = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily}
+
+
+class Scraped(Protocol):
+    """What /metrics reads of the gateway (extproc.server.gateway.Gateway)."""
+
+    clock: Callable[[], float]
+    accounting: Any
+    pool: Any
+    router: Any
+
+
+def family(series: Series) -> Metric:
+    metric = FAMILIES[series.kind](series.name, series.help, labels=list(series.labels))
+    for labels, value in series.samples:
+        metric.add_metric(list(labels), value)
+    return metric
 
 
 class PodMetricsCollector:
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Scraped) -> None:
         self._gw = gateway
 
     def describe(self) -> list[Metric]:
@@ -67,10 +83,8 @@ class PodMetricsCollector:
                                         "the least-loaded pods", labels=["model"])
         for model, n in gw.router.imbalance_total.items():
             imbalance.add_metric([model], n)
-        prefix = CounterMetricFamily("extproc_prefix_cache_lookups", "prefix-cache scorings: was a prefix of "
-                                     "the prompt found on some pod", labels=["model", "result"])
-        cache = gw.router.state.store.get("prefix-cache")
-        for model, (matched, unmatched) in getattr(cache, "lookups", {}).items():
-            prefix.add_metric([model, "matched"], matched)
-            prefix.add_metric([model, "unmatched"], unmatched)
-        yield from (running, local, queued, kv_free, capacity, observed, tpot, healthy, tokens, imbalance, prefix)
+        yield from (running, local, queued, kv_free, capacity, observed, tpot, healthy, tokens, imbalance)
+        # what strategies learned (prefix-cache lookups, SLO utilization ...), each strategy's own series
+        pool = gw.pool
+        for series in gw.router.state.collect(lambda model: acc.views(model, pool.ready_pods(model), now), now):
+            yield family(series)

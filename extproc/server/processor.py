@@ -29,9 +29,10 @@ from extproc.config import ENVOY_MAX_HEADERS
 from extproc.openai import OpenAIError, Request
 from extproc.routing import StrategySpec, StrategySpecError, strategy_names
 from extproc.routing.session_affinity import MAX_SESSION_KEY_BYTES, SESSION_HEADER
-from extproc.routing.slo import SloReject, SloWait
+from extproc.routing.outcome import Queued, Rejected, Routed
 from extproc.server import attributes, responses
-from extproc.server.gateway import Decision, Gateway
+from extproc.server.gateway import Gateway
+from extproc.slo.server import SloRoom
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +96,12 @@ def parse_body(path: str, body: bytes, header_model: str | None) -> Request | Op
 
 
 class Stream:
-    __slots__ = ("_gw", "_path", "_strategy", "_request_id", "_header_model", "_has_length",
+    __slots__ = ("_gw", "_room", "_path", "_strategy", "_request_id", "_header_model", "_has_length",
                  "_decision", "_done", "_expect_trailers", "_spec", "_session", "_queued", "_one_message")
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, room: SloRoom | None = None) -> None:
         self._gw = gateway
+        self._room = room  # where a request its strategy queues waits (None: nowhere, a 500)
         self._path = ""
         self._strategy = ""
         self._spec: StrategySpec | None = None
@@ -107,14 +109,14 @@ class Stream:
         self._header_model: str | None = None
         self._session: str | None = None
         self._has_length = False
-        self._decision: Decision | None = None
+        self._decision: Routed | None = None
         self._done = False  # answered by the gateway, or routed
         self._expect_trailers = False  # an HTTP/2 body followed by trailers: reply to those too
-        self._queued: tuple | None = None  # (request, profile, entry, body, end_of_stream): SLO queue
+        self._queued: tuple | None = None  # (request, profile, Queued, body, end_of_stream): SLO queue
         self._one_message = False  # the body came first, with the headers as attributes
 
     @property
-    def decision(self) -> Decision | None:
+    def decision(self) -> Routed | None:
         return self._decision
 
     @property
@@ -252,14 +254,17 @@ class Stream:
         if self._session is not None:
             request = replace(request, session_key=self._session)
         profile = gw.profile(self._spec, request.model)
-        try:
-            decision = gw.route(request, profile, self._request_id)
-        except SloWait as wait:  # slo-least-load-pulling: Process awaits wait_queued() (no reply yet)
-            self._queued = (request, profile, wait.entry, body, http_body.end_of_stream)
+        outcome = gw.route(request, profile, self._request_id)
+        kind = outcome.__class__
+        if kind is Queued or kind is Rejected:
+            if self._room is None:
+                raise OpenAIError(500, "no waiting room for a held-back request", type="server_error")
+            if kind is Rejected:
+                raise self._room.reject(request.model, outcome)  # type: ignore[arg-type]
+            # slo-least-load-pulling, slo: Process awaits wait_queued() (no reply yet)
+            self._queued = (request, profile, outcome, body, http_body.end_of_stream)
             return None
-        except SloReject as rej:
-            raise gw.slo.reject(request.model, rej.reason, rej.retry_after) from None
-        return self._routed(decision, request, body, http_body.end_of_stream)
+        return self._routed(outcome, request, body, http_body.end_of_stream)  # type: ignore[arg-type]
 
     @property
     def queued(self) -> bool:
@@ -267,18 +272,18 @@ class Stream:
 
     async def wait_queued(self) -> ProcessingResponse:
         """Wait in the SLO queue (asynchronously: other streams go on); routed, or a 429."""
-        request, profile, entry, body, end_of_stream = self._queued
+        request, profile, queued, body, end_of_stream = self._queued
         self._queued = None
         try:
-            decision = await self._gw.slo.wait(request, profile, self._request_id, entry)
-            return self._routed(decision, request, body, end_of_stream)
+            routed = await self._room.wait(request, profile, self._request_id, queued)  # type: ignore[union-attr]
+            return self._routed(routed, request, body, end_of_stream)
         except OpenAIError as err:
             return self._reject(err)
         except Exception:
             log.exception("request %s: SLO queue error", self._request_id)
             return self._reject(OpenAIError(500, "internal gateway error", type="server_error"))
 
-    def _routed(self, decision: Decision | None, request: Request, body: bytes,
+    def _routed(self, decision: Routed | None, request: Request, body: bytes,
                 end_of_stream: bool) -> ProcessingResponse:
         gw = self._gw
         if decision is None:
@@ -317,14 +322,16 @@ class Stream:
 class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
     """The gRPC face of the gateway: one ext_proc stream per HTTP request."""
 
-    def __init__(self, gateway: Gateway, parser_pool: Executor | None = None) -> None:
+    def __init__(self, gateway: Gateway, parser_pool: Executor | None = None,
+                 room: SloRoom | None = None) -> None:
         self._gw = gateway
         self._pool = parser_pool
+        self.room = room if room is not None else SloRoom(gateway)  # the SLO waiting room
         self.offloaded = Counter("extproc_bodies_parsed_off_loop", "Request bodies large enough to be "
                                  "parsed in a worker process, off the event loop", registry=gateway.registry)
 
     async def Process(self, request_iterator, context):  # noqa: N802 (gRPC method name)
-        stream = Stream(self._gw)
+        stream = Stream(self._gw, self.room)
         self._gw.open_streams += 1
         cancelled = False
         try:

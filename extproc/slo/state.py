@@ -5,8 +5,7 @@ whatever number of strategies use it)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import islice
 
 from extproc.openai import Request
@@ -16,9 +15,12 @@ from extproc.slo.assignment import Mix, Shape, assign, shape_of
 from extproc.slo.model import DeploymentModel, Signature, build_table
 from extproc.slo.predictor import OutputPredictor
 from extproc.slo.queue import Queues
-from extproc.state.record import RequestRecord
+from extproc.routing.framework import Series
+from extproc.slo.settings import SloSettings
+from extproc.state.record import PodView, RequestRecord
 
 ASSIGNMENT_REFRESH_S = 5.0  # `slo`'s split re-solved in place (no server loop) at most this often
+STORE_KEY = "slo"  # where the SloState lives in RoutingState.store
 LEDGER_LIMIT = 4096  # consumptions remembered per pod (the newest `running` of them are counted)
 
 Ledger = dict[int, "float | None"]  # id(routed Request) -> its consumption, oldest first
@@ -33,18 +35,12 @@ def deployment_of(pod: Pod) -> str:
     return labels.get(FLEET_LABEL) or labels.get(APP_NAME_LABEL) or ""
 
 
-@dataclass(slots=True, frozen=True)
-class SloSettings:
-    max_queue: int = 256             # waiting requests per model; beyond it: 429 queue_full
-    max_wait_seconds: float = 60.0   # the longest any request waits (Envoy's message timeout exceeds it)
-    window_seconds: float = 240.0    # the output predictor's window (AIBrix: 240 s)
-    slot_seconds: float = 10.0       # ... rotated every 10 s
-    default_output_tokens: int = 256  # predicted output with no history and no max_tokens
-    profile_refresh_seconds: float = 10.0
-    profiles: tuple[str, ...] = ()   # profile files (AIBrix JSON); Redis `aibrix:profile_*` too
-
-
 _MISSING = object()
+
+
+def learned(store: Mapping[object, object]) -> SloState | None:
+    """The gateway's SloState, from its RoutingState's store (None until an slo* strategy was built)."""
+    return store.get(STORE_KEY)  # type: ignore[return-value]
 
 
 class SloState:
@@ -58,7 +54,6 @@ class SloState:
         self.mixes: dict[str, Mix] = {}
         self._assignments: dict[str, tuple[float, tuple, dict[Shape, frozenset[str]]]] = {}
         self.split_elsewhere = False  # True while the server's background task keeps the splits fresh
-        self.dispatching = False  # set by the server while it re-routes queued requests
 
     def configure(self, settings: SloSettings) -> None:
         self.settings = settings
@@ -161,3 +156,11 @@ class SloState:
             dep = deployment_of(v.pod)
             sums.setdefault((v.pod.model, dep), []).append(self.utilization(v.pod, v.running, 0.0))
         return {k: sum(u) / len(u) for k, u in sums.items()}
+
+    def collect(self, views: Callable[[str], Sequence[PodView]], now: float) -> Iterator[Series]:
+        """extproc_slo_utilization{model, deployment}: mean SLO-model utilization of the deployment's pods."""
+        samples = [((m, dep), u) for model in self.tables
+                   for (m, dep), u in sorted(self.deployment_utilization(views(model)).items())]
+        yield Series("extproc_slo_utilization", "Mean utilization of a deployment's pods in SLO routing's "
+                     "load model (sum of in-flight consumptions; 1.0 = at the SLO rate)", "gauge",
+                     ("model", "deployment"), samples)

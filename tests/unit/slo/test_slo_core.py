@@ -112,7 +112,7 @@ def test_unusable_profile_is_logged_once_across_refreshes(caplog):
 
 def test_envoy_waits_longer_than_the_longest_allowed_queue_wait():
     from extproc.envoy_bootstrap import BootstrapOptions, bootstrap
-    from extproc.routing.slo_settings import MAX_WAIT_CEILING_SECONDS
+    from extproc.slo.settings import MAX_WAIT_CEILING_SECONDS
 
     def find(node):
         if isinstance(node, dict):

@@ -16,7 +16,8 @@ from extproc.gpu_profiles import ProfileStore
 from extproc.pool import Pod
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor
-from extproc.slo.state import deployment_of
+from extproc.slo.refresh import SloRefresh
+from extproc.slo.state import deployment_of, learned
 
 
 def raw_profile(gpu: str, created: float, tput: float) -> dict:
@@ -56,8 +57,8 @@ def test_newer_created_wins_between_file_and_redis(tmp_path, file_created, winne
     redis = FakeRedis({"aibrix:profile_m_dep": json.dumps(raw_profile("dep", 2.0, tput=4.0)),
                        "aibrix:profile_m_other": json.dumps(raw_profile("other", 2.0, tput=8.0)),
                        "aibrix:profile_x_dep": json.dumps(raw_profile("dep", 9.0, tput=99.0))})
-    asyncio.run(gw.slo.refresh_profiles(ProfileStore(), redis))
-    table = gw.slo.state.table("m")
+    asyncio.run(SloRefresh(gw).refresh_profiles(ProfileStore(), redis))
+    table = learned(gw.router.state.store).table("m")
     assert set(table) == {"dep", "other"}           # "other" found through the pod's label
     assert table["dep"].profile.tputs[0][0] == winner_tput
     assert table["other"].profile.tputs[0][0] == 8.0
@@ -73,7 +74,7 @@ def test_deployment_rule():
 
 def test_utilization_metric(tmp_path):
     gw = gateway(tmp_path, 5.0)
-    asyncio.run(gw.slo.refresh_profiles(ProfileStore(), None))
+    asyncio.run(SloRefresh(gw).refresh_profiles(ProfileStore(), None))
     from extproc.openai import Request
     gw.route(Request(model="m", path="/v1/chat/completions", prompt_tokens=100, max_tokens=8),
              gw.profile(None, "m"), "r1")
@@ -92,7 +93,7 @@ def _msgs():
 def test_client_gone_while_queued_leaves_the_queue(tmp_path):
     async def main():
         gw = gateway(tmp_path, 5.0)
-        await gw.slo.refresh_profiles(ProfileStore(), None)
+        await SloRefresh(gw).refresh_profiles(ProfileStore(), None)
         from extproc.openai import Request
         r = Request(model="m", path="/v1/chat/completions", prompt_tokens=100, max_tokens=8)
         gw.route(r, gw.profile(None, "m"), "r1")        # pod a full (one request fills it)
@@ -108,14 +109,14 @@ def test_client_gone_while_queued_leaves_the_queue(tmp_path):
 
         task = asyncio.create_task(consume())
         deadline = asyncio.get_running_loop().time() + 5
-        while gw.slo.state.queues.length("m") != 1:
+        while learned(gw.router.state.store).queues.length("m") != 1:
             assert asyncio.get_running_loop().time() < deadline
             await asyncio.sleep(0.005)
         assert len(replies) == 1 and gw.open_streams == 1   # headers answered, the body waits
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert gw.slo.state.queues.length("m") == 0 and gw.open_streams == 0
+        assert learned(gw.router.state.store).queues.length("m") == 0 and gw.open_streams == 0
         assert len(gw.open) == 1
         assert gw.registry.get_sample_value("extproc_requests_total", {
             "model": "", "pod": "", "strategy": "slo-least-load-pulling", "code": "aborted"}) == 1

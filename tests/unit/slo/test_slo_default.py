@@ -10,7 +10,7 @@ from extproc.openai import Request
 from extproc.pool import Pod
 from extproc.gpu_profiles import parse_profile
 from extproc.routing import PodView, RoutingSettings, RoutingState, build
-from extproc.routing.slo import SloWait
+from extproc.routing.outcome import Queued
 from extproc.slo.assignment import Mix, assign
 from extproc.slo.model import Signature, build_table
 
@@ -91,24 +91,21 @@ def test_a_whole_pod_shape_shares_a_pod_rather_than_wait_for_one_to_empty(slo):
     s, table = slo
     busy = views(small0=2, small1=2, big0=1, big1=1)
     assert s["slo"].pick(req(CODE), busy, 2.0).pod.deployment == "big"
-    with pytest.raises(SloWait):  # AIBrix's rule waits for an empty pod
-        s["slo-least-load-pulling"].pick(req(CODE), busy, 2.0)
-    with pytest.raises(SloWait):  # beyond a pod's worth on every pod of its lane, ours waits too
-        s["slo"].pick(req(CODE), views(small0=2, small1=2, big0=2, big1=2), 2.0)
+    assert type(s["slo-least-load-pulling"].pick(req(CODE), busy, 2.0)) is Queued  # AIBrix's rule waits for an empty pod
+    assert type(s["slo"].pick(req(CODE), views(small0=2, small1=2, big0=2, big1=2), 2.0)) is Queued  # beyond a pod's worth on every pod of its lane, ours waits too
 
 
 def test_a_waiting_lane_does_not_hold_up_another(slo):
     s, table = slo
     full = views(small0=2, small1=2, big0=2, big1=2)
-    with pytest.raises(SloWait) as wait:
-        s["slo"].pick(req(CODE), full, 2.0)
-    table.queues.push(wait.value.entry)
-    assert wait.value.entry.key == frozenset({"big"}) and not wait.value.entry.blocks_all
+    wait = s["slo"].pick(req(CODE), full, 2.0)
+    assert type(wait) is Queued
+    table.queues.push(wait.entry)
+    assert wait.entry.key == frozenset({"big"}) and not wait.entry.blocks_all
     # a chat request arriving while code waits is routed when its own lane has room
     assert s["slo"].pick(req(CHAT), views(small0=1, small1=2, big0=2, big1=2), 2.0).pod.name == "small0"
     # under AIBrix's rule it would queue behind the code request
-    with pytest.raises(SloWait):
-        s["slo-least-load-pulling"].pick(req(CHAT), views(small0=1, small1=2, big0=2, big1=2), 2.0)
+    assert type(s["slo-least-load-pulling"].pick(req(CHAT), views(small0=1, small1=2, big0=2, big1=2), 2.0)) is Queued
 
 
 def test_the_server_keeps_the_split_fresh_off_the_request_path(tmp_path):
@@ -116,17 +113,19 @@ def test_the_server_keeps_the_split_fresh_off_the_request_path(tmp_path):
 
     from extproc.config import parse
     from extproc.server.gateway import Gateway
+    from extproc.slo.refresh import SloRefresh
 
     cfg = {"models": {"m": {"pods": [{"name": n, "address": p.address, "deployment": p.deployment}
                                      for n, p in PODS.items()]}},
            "routing": {"default_strategy": "slo"}}
     gw = Gateway(parse(cfg, {}))
-    state = gw.slo.state
+    refresh = SloRefresh(gw)
+    state = refresh.state
     state.set_profiles("m", {"small": SMALL, "big": BIG})
     for _ in range(20):
         state.observe_arrival("m", Signature(*CHAT), gw.clock())
         state.observe_arrival("m", Signature(*CODE), gw.clock())
-    asyncio.run(gw.slo.refresh_splits())
+    asyncio.run(refresh.refresh_splits())
     assert state.split_elsewhere
     split = state._assignments["m"]
     assert split[2][(7, 3)] == frozenset({"small"}) and split[2][(12, 3)] == frozenset({"big"})
@@ -148,13 +147,11 @@ def test_full_by_the_profiles_but_not_by_measurement_routes_instead_of_waiting(s
     s["slo"].policy.state.set_profiles("m", {"small": tpot_profile("small", (10.0, 0.2), (0.0, 1.0)),
                                               "big": tpot_profile("big", (40.0, 0.1), (0.5, 1.0))})
     full = views(small0=2, small1=2, big0=4, big1=4)  # chat holds 0.5 of a small pod: all full
-    with pytest.raises(SloWait):
-        s["slo"].pick(req(CHAT), full, 2.0)
+    assert type(s["slo"].pick(req(CHAT), full, 2.0)) is Queued
     quick = Speed(base=0.01, shape=0.2, saturated=1000.0, batch=64)  # 2 in flight + 1: 16 ms per token
     slow = Speed(base=0.025, shape=0.3, saturated=500.0, batch=64)   # 2 + 1: 48 ms, too close to 50
     measured = [PodView(v.pod, running=v.running, speed=quick if v.pod.name == "small0" else slow)
                 for v in full]
     assert s["slo"].pick(req(CHAT), measured, 2.0).pod.name == "small0"
     queueing = [PodView(v.pod, running=v.running, speed=v.speed, queued=1.0) for v in measured]
-    with pytest.raises(SloWait):  # the engine already queues: no room whatever the line says
-        s["slo"].pick(req(CHAT), queueing, 2.0)
+    assert type(s["slo"].pick(req(CHAT), queueing, 2.0)) is Queued  # the engine already queues: no room whatever the line says

@@ -1,4 +1,4 @@
-"""`routing.slo`: the SLO family's settings (pure; called by routing.settings.parse_settings).
+"""`routing.slo`: the SLO family's settings, typed and checked (pure).
 
     routing:
       slo:
@@ -14,12 +14,23 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
-
-from extproc.slo.state import SloSettings
 
 # The ext_proc message timeout the Envoy bootstrap sets is derived from this ceiling (envoy_bootstrap).
 MAX_WAIT_CEILING_SECONDS = 240.0
+
+
+@dataclass(slots=True, frozen=True)
+class SloSettings:
+    max_queue: int = 256             # waiting requests per model; beyond it: 429 queue_full
+    max_wait_seconds: float = 60.0   # the longest any request waits (Envoy's message timeout exceeds it)
+    window_seconds: float = 240.0    # the output predictor's window (AIBrix: 240 s)
+    slot_seconds: float = 10.0       # ... rotated every 10 s
+    default_output_tokens: int = 256  # predicted output with no history and no max_tokens
+    profile_refresh_seconds: float = 10.0
+    profiles: tuple[str, ...] = ()   # profile files (AIBrix JSON); Redis `aibrix:profile_*` too
+
 
 SLO_KEYS = {  # key -> (SloSettings field, kind, minimum, maximum)
     "max_queue": ("max_queue", int, 0, 1_000_000),

@@ -5,8 +5,8 @@
     slo-least-load          the lowest current utilization among pods of suitable types (tput > 0 for the
                             request's cell), ignoring the SLO prediction
     slo-least-load-pulling  AIBrix's rule: the lowest utilization + consumption ≤ 1; none fits: the request
-                            waits in the gateway queue (SloWait), or is rejected when its SLO cannot be met
-                            (SloReject)
+                            waits in the gateway queue (the pick returns Queued), or is rejected when its SLO
+                            cannot be met (Rejected)
     slo                     ours: as pulling, among the GPU types comparative advantage gives the shape
                             (slo.assignment); a full lane spills packed onto another type; a whole-pod
                             shape shares a pod; a pod measurement says has room takes a request before it
@@ -24,36 +24,20 @@ from dataclasses import dataclass
 
 from extproc.openai import Request
 from extproc.routing.framework import PodView, Profile, RoutingSettings, build, register
+from extproc.routing.outcome import Queued, Rejected
 from extproc.slo.model import PER_TOKEN
 from extproc.slo.queue import REJECT_BREACHED, Entry
-from extproc.slo.state import SloSettings, SloState, deployment_of
+from extproc.slo.state import STORE_KEY, SloState, deployment_of
 
 EPS = 1e-9
 VARIANTS = ("slo-pack-load", "slo-least-load", "slo-least-load-pulling")
-
-
-class SloWait(Exception):
-    """The request should wait in the gateway queue (slo-least-load-pulling, nothing fits)."""
-
-    def __init__(self, entry: Entry) -> None:
-        super().__init__(entry.model)
-        self.entry = entry
-
-
-class SloReject(Exception):
-    """The request's SLO cannot be met (breached before it could be served): a 429."""
-
-    def __init__(self, reason: str, retry_after: float) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.retry_after = retry_after
 
 
 def slo_state(settings: RoutingSettings) -> SloState:
     slo_settings = settings.extra.get("slo") if settings.extra else None
     if settings.state is None:
         return SloState(slo_settings)
-    state = settings.state.slot("slo", lambda: SloState(slo_settings))
+    state = settings.state.slot(STORE_KEY, lambda: SloState(slo_settings))
     if slo_settings is not None and state.settings != slo_settings:
         state.configure(slo_settings)
     return state
@@ -97,10 +81,10 @@ class SloPolicy:
         tied = [r for r in rows if key(r) <= best + EPS]
         return (tied[0] if len(tied) == 1 else self.rng.choice(tied)).view
 
-    def _assigned(self, request: Request, sig, rows: list[_Row], now: float) -> list[_Row]:
+    def _assigned(self, request: Request, sig, rows: list[_Row], now: float, queued: bool) -> list[_Row]:
         """`slo`: the rows of the deployments the split by comparative advantage gives this shape."""
         state = self.state
-        if not state.dispatching:
+        if not queued:  # a queued request was counted in the mix when it arrived
             state.observe_arrival(request.model, sig, now)
         pods: dict[str, int] = {}
         for r in rows:
@@ -109,7 +93,9 @@ class SloPolicy:
         chosen = state.assigned(request.model, sig, pods, now)
         return [r for r in rows if deployment_of(r.view.pod) in chosen] or rows
 
-    def pick(self, request: Request, pods: Sequence[PodView], now: float) -> PodView | None:
+    def pick(self, request: Request, pods: Sequence[PodView], now: float,
+             queued: bool = False) -> PodView | Queued | Rejected | None:
+        """`queued`: the request is leaving the queue (the room dispatches it), not arriving."""
         sig, rows = self._rows(request, pods, now)
         if not rows:
             return self.fallback.pick(request, pods, now)
@@ -117,7 +103,7 @@ class SloPolicy:
         spill: list[_Row] = []
         if self.variant == "slo":
             everywhere = rows
-            rows = self._assigned(request, sig, rows, now)
+            rows = self._assigned(request, sig, rows, now, queued)
             lane = frozenset(deployment_of(r.view.pod) for r in rows)
             spill = [r for r in everywhere if deployment_of(r.view.pod) not in lane
                      and 0.0 < r.utilization and r.utilization + r.consumption <= 1.0 + EPS]
@@ -131,12 +117,12 @@ class SloPolicy:
         # slo-least-load-pulling and slo: the least loaded that fits, else wait
         state = self.state
         queue_open = state.settings.max_queue > 0
-        if queue_open and not state.dispatching:
+        if queue_open and not queued:
             queue = state.queues.of(request.model)
             if queue.waiting(lane) if lane is not None else queue.length > 0:
-                raise SloWait(self._entry(request, sig, lane, now))  # no overtaking
+                return self._hold(request, sig, lane, now)  # no overtaking
         if fits:
-            if state.dispatching and lane is None:
+            if queued and lane is None:
                 # a queued request: the most relaxed deployment, then the least load (AIBrix)
                 most = max(r.slack for r in fits)
                 fits = [r for r in fits if r.slack >= most - EPS]
@@ -156,11 +142,12 @@ class SloPolicy:
                 return self._best(room, lambda r: r.utilization + r.consumption)
         if not queue_open:
             return self._best(rows, lambda r: r.utilization + r.consumption)
-        raise SloWait(self._entry(request, sig, lane, now))
+        return self._hold(request, sig, lane, now)
 
-    def _entry(self, request: Request, sig, lane: frozenset | None, now: float) -> Entry:
-        """The queue entry: slack on the most relaxed deployment that can serve this shape at all (under
-        `slo`, of its lane: the deployments it may use)."""
+    def _hold(self, request: Request, sig, lane: frozenset | None, now: float) -> Queued | Rejected:
+        """The request waits, with its queue entry: slack on the most relaxed deployment that can serve
+        this shape at all (under `slo`, of its lane: the deployments it may use). Rejected when waiting
+        cannot help: its SLO is breached already."""
         table = self.state.table(request.model)
         usable = [dm for name, dm in table.items()
                   if dm.consumption(sig) is not None and (lane is None or name in lane)]
@@ -172,12 +159,12 @@ class SloPolicy:
         retry = max(1.0, min(dm.expected(sig) if dm.metric not in PER_TOKEN else
                              dm.expected(sig) * sig.output_tokens for dm in usable))
         if wait <= 0:
-            raise SloReject(REJECT_BREACHED, retry)
+            return Rejected(REJECT_BREACHED, retry)
         entry = Entry(request.model, best.cell(sig) if lane is None else lane, now,
                       slack if not math.isinf(slack) else max_wait, scale, now + wait,
                       blocks_all=lane is None)
         entry.retry_after = retry
-        return entry
+        return Queued(entry)
 
 
 MEASURED_MARGIN = 0.8  # the learned TPOT line is a mean; the SLO is a P99
@@ -195,11 +182,12 @@ def _measured_room(r: _Row) -> bool:
 class SloProfile(Profile):
     policy: SloPolicy | None = None
 
-    def pick(self, request: Request, pods: Sequence[PodView], now: float) -> PodView | None:
+    def pick(self, request: Request, pods: Sequence[PodView], now: float,
+             queued: bool = False) -> PodView | Queued | Rejected | None:
         pods = self.candidates(request, pods, now)
         if not pods:
             return None
-        return self.policy.pick(request, pods, now)
+        return self.policy.pick(request, pods, now, queued)
 
 
 def _factory(variant: str, name: str):
@@ -216,4 +204,4 @@ for _variant in VARIANTS:
     register(_variant)(_factory(_variant, _variant))
 register("slo")(_factory("slo", "slo"))
 
-__all__ = ["SloProfile", "SloReject", "SloSettings", "SloWait", "VARIANTS"]
+__all__ = ["SloProfile", "VARIANTS"]

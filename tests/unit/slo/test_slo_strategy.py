@@ -15,10 +15,10 @@ from extproc.openai import Request
 from extproc.pool import Pod
 from extproc.gpu_profiles import parse_profile
 from extproc.routing import PodView, RoutingSettings, RoutingState, build
-from extproc.routing.slo import SloReject, SloWait
+from extproc.routing.outcome import Queued, Rejected
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Stream
-from extproc.slo.server import Rejected
+from extproc.slo.server import RetryLater, SloRoom
 
 
 def profile(name: str, tput: float, e2e: float, target: float = 10.0, tput_long: float | None = None):
@@ -76,9 +76,9 @@ def test_unsuitable_type_is_never_chosen(routing):
 def test_nothing_fits(routing):
     s, _ = routing
     pool = views(fast0=5, fast1=5, slow0=2)      # 1.0 + 0.2 and 1.0 + 0.5: over capacity everywhere
-    with pytest.raises(SloWait) as wait:
-        s["slo-least-load-pulling"].pick(req(), pool, 0)
-    assert wait.value.entry.deadline == pytest.approx(min(60.0, 10 - 0.5))  # the most relaxed: fast
+    wait = s["slo-least-load-pulling"].pick(req(), pool, 0)
+    assert type(wait) is Queued
+    assert wait.entry.deadline == pytest.approx(min(60.0, 10 - 0.5))  # the most relaxed: fast
     assert s["slo-pack-load"].pick(req(), pool, 0).pod.deployment == "fast"  # least over after placing
     assert s["slo-least-load"].pick(req(), pool, 0).pod.name in ("fast0", "fast1", "slow0")
 
@@ -86,9 +86,9 @@ def test_nothing_fits(routing):
 def test_breached_on_arrival_is_rejected(routing):
     s, slo = routing
     slo.set_profiles("m", {"fast": profile("fast", 10, 0.5, target=0.4)})   # expected 0.5 > target
-    with pytest.raises(SloReject) as rej:
-        s["slo-least-load-pulling"].pick(req(), views(fast0=5, fast1=5), 0)
-    assert rej.value.reason == "slo_breached"
+    rej = s["slo-least-load-pulling"].pick(req(), views(fast0=5, fast1=5), 0)
+    assert type(rej) is Rejected
+    assert rej.reason == "slo_breached"
 
 
 def test_without_profiles_load_balance_routes(routing):
@@ -115,8 +115,7 @@ def test_a_shape_a_pod_serves_only_alone_takes_an_idle_pod(routing):
     slo.set_profiles("m", {"fast": profile("fast", tput=0.25, e2e=2.0)})
     assert slo.consumption(req(), pod("fast0", "fast"), 0) == 1.0
     assert s["slo-least-load-pulling"].pick(req(), views(fast0=1), 0).pod.name == "fast1"  # idle, not a wait
-    with pytest.raises(SloWait):
-        s["slo-least-load-pulling"].pick(req(), views(fast0=1, fast1=1), 0)
+    assert type(s["slo-least-load-pulling"].pick(req(), views(fast0=1, fast1=1), 0)) is Queued
 
 
 def test_the_request_that_finishes_takes_its_own_consumption_away(routing):
@@ -141,13 +140,14 @@ def test_config_validates_slo_keys():
 
 # -- the live queue ------------------------------------------------------------------------------
 
-def gateway(max_queue: int = 4, max_wait: float = 5.0) -> Gateway:
+def gateway(max_queue: int = 4, max_wait: float = 5.0) -> tuple[Gateway, SloRoom]:
     cfg = {"models": {"m": {"pods": [{"name": "fast0", "address": "10.0.0.1:8000", "deployment": "fast"}]}},
            "routing": {"default_strategy": "slo",
                        "slo": {"max_queue": max_queue, "max_wait_seconds": max_wait}}}
     gw = Gateway(parse(cfg, {}))
-    gw.slo.state.set_profiles("m", {"fast": profile("fast", tput=2, e2e=1.0)})   # consumption 0.5
-    return gw
+    room = SloRoom(gw)
+    room.state.set_profiles("m", {"fast": profile("fast", tput=2, e2e=1.0)})   # consumption 0.5
+    return gw, room
 
 
 async def poll(cond, timeout: float = 5.0) -> None:
@@ -160,21 +160,20 @@ async def poll(cond, timeout: float = 5.0) -> None:
 
 def test_queued_request_is_dispatched_when_a_completion_frees_capacity():
     async def main():
-        gw = gateway()
+        gw, room = gateway()
         profile_ = gw.profile(None, "m")
         d1 = gw.route(req(), profile_, "r1")
         gw.route(req(), profile_, "r2")                        # utilization 1.0 now
-        with pytest.raises(SloWait) as wait:
-            gw.route(req(), profile_, "r3")
-        task = asyncio.create_task(gw.slo.wait(req(), profile_, "r3", wait.value.entry))
-        await poll(lambda: gw.slo.state.queues.length("m") == 1)
+        wait = gw.route(req(), profile_, "r3")
+        assert type(wait) is Queued
+        task = asyncio.create_task(room.wait(req(), profile_, "r3", wait))
+        await poll(lambda: room.state.queues.length("m") == 1)
         assert not task.done()
         # a new arrival queues behind it, it does not overtake
-        with pytest.raises(SloWait):
-            gw.route(req(), profile_, "r4")
+        assert type(gw.route(req(), profile_, "r4")) is Queued
         gw.complete(d1.key, status=200, prompt_tokens=128, output_tokens=8)
         decision = await asyncio.wait_for(task, 5)
-        assert decision.pod.name == "fast0" and gw.slo.state.queues.length("m") == 0
+        assert decision.pod.name == "fast0" and room.state.queues.length("m") == 0
         assert len(gw.open) == 2
         assert gw.registry.get_sample_value("extproc_slo_queue_wait_seconds_count",
                                             {"model": "m", "outcome": "dispatched"}) == 1
@@ -183,20 +182,19 @@ def test_queued_request_is_dispatched_when_a_completion_frees_capacity():
 
 def test_most_urgent_is_dispatched_first():
     async def main():
-        gw = gateway()
+        gw, room = gateway()
         p = gw.profile(None, "m")
         d1 = gw.route(req(), p, "r1")
         gw.route(req(), p, "r2")
         entries = []
         for rid, r in (("relaxed", req(max_tokens=8)), ("urgent", req(max_tokens=8))):
-            with pytest.raises(SloWait) as w:
-                gw.slo.state.dispatching = False
-                p.pick(r, gw.accounting.views("m", gw.pool.ready_pods("m"), gw.clock()), gw.clock())
-            entries.append((rid, r, w.value.entry))
-        entries[1][2].slack = -100.0    # the second arrival is far more urgent (own sub-queue)
-        entries[1][2].key = "other"
-        tasks = {rid: asyncio.create_task(gw.slo.wait(r, p, rid, e)) for rid, r, e in entries}
-        await poll(lambda: gw.slo.state.queues.length("m") == 2)
+            w = p.pick(r, gw.accounting.views("m", gw.pool.ready_pods("m"), gw.clock()), gw.clock())
+            assert type(w) is Queued
+            entries.append((rid, r, w))
+        entries[1][2].entry.slack = -100.0    # the second arrival is far more urgent (own sub-queue)
+        entries[1][2].entry.key = "other"
+        tasks = {rid: asyncio.create_task(room.wait(r, p, rid, e)) for rid, r, e in entries}
+        await poll(lambda: room.state.queues.length("m") == 2)
         gw.complete(d1.key, status=200, prompt_tokens=128, output_tokens=8)
         await poll(lambda: any(t.done() for t in tasks.values()))
         assert tasks["urgent"].done() and not tasks["relaxed"].done()
@@ -207,23 +205,23 @@ def test_most_urgent_is_dispatched_first():
 
 def test_breached_while_waiting_and_full_queue_get_429():
     async def main():
-        gw = gateway(max_queue=1, max_wait=0.2)
+        gw, room = gateway(max_queue=1, max_wait=0.2)
         p = gw.profile(None, "m")
         gw.route(req(), p, "r1")
         gw.route(req(), p, "r2")
-        with pytest.raises(SloWait) as w1:
-            gw.route(req(), p, "r3")
-        first = asyncio.create_task(gw.slo.wait(req(), p, "r3", w1.value.entry))
-        await poll(lambda: gw.slo.state.queues.length("m") == 1)
-        with pytest.raises(SloWait) as w2:
-            gw.route(req(), p, "r4")
-        with pytest.raises(Rejected) as full:
-            await gw.slo.wait(req(), p, "r4", w2.value.entry)
+        w1 = gw.route(req(), p, "r3")
+        assert type(w1) is Queued
+        first = asyncio.create_task(room.wait(req(), p, "r3", w1))
+        await poll(lambda: room.state.queues.length("m") == 1)
+        w2 = gw.route(req(), p, "r4")
+        assert type(w2) is Queued
+        with pytest.raises(RetryLater) as full:
+            await room.wait(req(), p, "r4", w2)
         assert full.value.status == 429 and full.value.code == "queue_full" and full.value.retry_after >= 1
-        with pytest.raises(Rejected) as breached:
+        with pytest.raises(RetryLater) as breached:
             await asyncio.wait_for(first, 5)
         assert breached.value.code == "slo_breached"
-        assert gw.slo.state.queues.length("m") == 0
+        assert room.state.queues.length("m") == 0
         for reason in ("queue_full", "slo_breached"):
             assert gw.registry.get_sample_value("extproc_slo_rejections_total",
                                                 {"model": "m", "reason": reason}) == 1
@@ -232,18 +230,18 @@ def test_breached_while_waiting_and_full_queue_get_429():
 
 def test_cancelled_wait_leaves_the_queue_at_once():
     async def main():
-        gw = gateway()
+        gw, room = gateway()
         p = gw.profile(None, "m")
         gw.route(req(), p, "r1")
         gw.route(req(), p, "r2")
-        with pytest.raises(SloWait) as w:
-            gw.route(req(), p, "r3")
-        task = asyncio.create_task(gw.slo.wait(req(), p, "r3", w.value.entry))
-        await poll(lambda: gw.slo.state.queues.length("m") == 1)
+        w = gw.route(req(), p, "r3")
+        assert type(w) is Queued
+        task = asyncio.create_task(room.wait(req(), p, "r3", w))
+        await poll(lambda: room.state.queues.length("m") == 1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert gw.slo.state.queues.length("m") == 0
+        assert room.state.queues.length("m") == 0
         assert gw.registry.get_sample_value("extproc_slo_queue_length", {"model": "m"}) == 0
         assert len(gw.open) == 2   # nothing routed for the cancelled one
     asyncio.run(main())
@@ -262,11 +260,11 @@ def _body() -> ProcessingRequest:
 
 def test_stream_waits_then_gets_429_with_retry_after():
     async def main():
-        gw = gateway(max_wait=0.1)
+        gw, room = gateway(max_wait=0.1)
         p = gw.profile(None, "m")
         gw.route(req(), p, "r1")
         gw.route(req(), p, "r2")
-        stream = Stream(gw)
+        stream = Stream(gw, room)
         stream.handle(_headers())
         assert stream.handle(_body()) is None and stream.queued
         reply = await asyncio.wait_for(stream.wait_queued(), 5)
