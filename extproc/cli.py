@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     from extproc.perf.cli import add_parser as add_bench
 
     add_bench(sub)  # `extproc bench overhead|memory`
-    __import__("extproc.routing.score_cli").routing.score_cli.add_parser(sub)  # `extproc score`
+    __import__("extproc.score_cli").score_cli.add_parser(sub)  # `extproc score`
     demo = sub.add_parser("demo", add_help=False,
                           help="the heterogeneous before/after demo (--help for its options)")
     demo.set_defaults(func=_demo)

@@ -4,7 +4,8 @@ A strategy is a Profile: Filters narrow the candidates, Scorers rate each pod, a
 alone, a strategy's picker reads its raw scores; blended (blend.py), each scorer's scores are normalised
 to [0, 1] per request and weighted. Lifecycle hooks let plugins learn: `post_choice` runs after a pod is
 chosen, `post_response` when the request's record arrives. Adding a strategy is one module that calls
-`register`. Everything here is pure: time comes in as `now`, nothing does I/O.
+`register` (with `params=` when it owns a section of `routing:`); its factory gets a typed BuildContext.
+Everything here is pure: time comes in as `now`, nothing does I/O.
 """
 
 from __future__ import annotations
@@ -12,15 +13,16 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from extproc.openai import Request
-from extproc.pool.pod import PodKey
 from extproc.routing.outcome import Queued, Rejected
+from extproc.routing.params import Params, declare
 from extproc.routing.settings import RoutingSettings
+from extproc.routing.state import RoutingState
 from extproc.state.record import PodView, RequestRecord
 
 log = logging.getLogger(__name__)
@@ -70,33 +72,6 @@ class PostResponse(Protocol):
     """Told how a request ended: tokens, latency, status (GIE's PostResponse)."""
 
     def post_response(self, record: RequestRecord, now: float) -> None: ...
-
-
-@runtime_checkable
-class Forgets(Protocol):
-    """Learned state kept per pod: told which pods remain when the pool changes (a departed pod's goes)."""
-
-    def forget(self, live: set[PodKey]) -> None: ...
-
-
-@dataclass(slots=True, frozen=True)
-class Series:
-    """One metric a strategy's learned state shows on /metrics: `kind` is "counter" or "gauge";
-    `samples` are (label values, value). Plain data: the server turns it into Prometheus families."""
-
-    name: str
-    help: str
-    kind: str
-    labels: tuple[str, ...]
-    samples: list[tuple[tuple[str, ...], float]]
-
-
-@runtime_checkable
-class Collects(Protocol):
-    """Learned state with metrics, computed when /metrics is scraped. `views(model)`: the model's ready
-    pods as routing sees them now."""
-
-    def collect(self, views: Callable[[str], Sequence[PodView]], now: float) -> Iterable[Series]: ...
 
 
 class MaxScorePicker:
@@ -199,8 +174,19 @@ class Hooks:
                 log.exception("post_response hook %r failed", hook)
 
 
-Factory = Callable[[RoutingSettings], Profile]
-_REGISTRY: dict[str, Factory] = {}
+@dataclass(slots=True, frozen=True)
+class BuildContext:
+    """What a strategy's factory builds from."""
+
+    model: str                 # the model it routes for ("" when built for none in particular)
+    settings: RoutingSettings  # routing as this model sees it (its load_balance, auto_blend)
+    params: Any                # its own `routing.<key>` section, parsed (register(..., params=)); else None
+    store: RoutingState        # learned state that outlives reloads: `store.slot(key, factory)`
+    rng: random.Random         # tie-breaks: one seeded source, shared by every strategy
+
+
+Factory = Callable[[BuildContext], Profile]
+_REGISTRY: dict[str, tuple[Factory, Params | None]] = {}
 
 
 class StrategySpecError(ValueError):
@@ -219,9 +205,13 @@ class UnknownStrategy(StrategySpecError, KeyError):
         return f"unknown routing strategy {self.name!r}; valid: {', '.join(strategy_names())}"
 
 
-def register(name: str) -> Callable[[Factory], Factory]:
+def register(name: str, params: Params | None = None) -> Callable[[Factory], Factory]:
+    """Register a strategy's factory under `name`; `params`: the section of `routing:` it owns."""
+    if params is not None:
+        declare(params)
+
     def add(factory: Factory) -> Factory:
-        _REGISTRY[name] = factory
+        _REGISTRY[name] = (factory, params)
         return factory
     return add
 
@@ -230,9 +220,19 @@ def strategy_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def build(name: str, settings: RoutingSettings | None = None) -> Profile:
+def build(name: str, settings: RoutingSettings | None = None, store: RoutingState | None = None,
+          model: str = "") -> Profile:
+    """The strategy `name` for `model`. Without a `store`, it learns into a fresh one of its own."""
     try:
-        factory = _REGISTRY[name]
+        factory, params = _REGISTRY[name]
     except KeyError:
         raise UnknownStrategy(name) from None
-    return factory(settings or RoutingSettings())
+    settings = settings or RoutingSettings()
+    if store is None:
+        store = RoutingState.seeded(settings.seed)
+    own = None
+    if params is not None:
+        own = settings.params.get(params.key)
+        if own is None:  # settings made in code, not parsed: the section's defaults
+            own = params.parse(None)
+    return factory(BuildContext(model, settings, own, store, store.rng))

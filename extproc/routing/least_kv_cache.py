@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from extproc.openai import Request
-from extproc.routing.framework import MaxScorePicker, PodView, Profile, RoutingSettings, register
+from extproc.routing.framework import BuildContext, MaxScorePicker, PodView, Profile, register
 
 
 class KvFreeScorer:
@@ -20,5 +20,5 @@ class KvFreeScorer:
 
 
 @register("least-kv-cache")
-def build(settings: RoutingSettings) -> Profile:
-    return Profile("least-kv-cache", MaxScorePicker(settings.rng()), scorers=[(KvFreeScorer(), 1.0)])
+def build(ctx: BuildContext) -> Profile:
+    return Profile("least-kv-cache", MaxScorePicker(ctx.rng), scorers=[(KvFreeScorer(), 1.0)])

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from extproc.openai import Request
 from extproc.pool.pod import PodKey
-from extproc.routing.framework import PodView, Profile, RoutingSettings, register
+from extproc.routing.framework import BuildContext, PodView, Profile, register
 from extproc.routing.load_balance import LowestScorePicker
 from extproc.state.record import RequestRecord
 
@@ -71,7 +71,7 @@ class LeastLatencyScorer:
 
 
 @register("least-latency")
-def build(settings: RoutingSettings) -> Profile:
-    model = settings.state.slot("least-latency", LatencyModel) if settings.state else LatencyModel()
-    return Profile("least-latency", LowestScorePicker(settings.rng()),
+def build(ctx: BuildContext) -> Profile:
+    model = ctx.store.slot("least-latency", LatencyModel)
+    return Profile("least-latency", LowestScorePicker(ctx.rng),
                    scorers=[(LeastLatencyScorer(model), 1.0)], hooks_of=[model])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from extproc.openai import Request
-from extproc.routing.framework import MaxScorePicker, PodView, Profile, RoutingSettings, register
+from extproc.routing.framework import BuildContext, MaxScorePicker, PodView, Profile, register
 
 
 class LeastRequestScorer:
@@ -17,6 +17,6 @@ class LeastRequestScorer:
 
 
 @register("least-request")
-def build(settings: RoutingSettings) -> Profile:
-    return Profile("least-request", MaxScorePicker(settings.rng()),
+def build(ctx: BuildContext) -> Profile:
+    return Profile("least-request", MaxScorePicker(ctx.rng),
                    scorers=[(LeastRequestScorer(), 1.0)])

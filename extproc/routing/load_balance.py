@@ -33,7 +33,7 @@ from functools import partial
 from operator import attrgetter, is_
 
 from extproc.openai import Request
-from extproc.routing.framework import PodView, Profile, RoutingSettings, capacities, register
+from extproc.routing.framework import BuildContext, PodView, Profile, capacities, register
 from extproc.routing.settings import LoadBalanceSettings
 from extproc.routing.snapshot import derived
 from extproc.state.speed import Speed
@@ -176,6 +176,6 @@ class LowestScorePicker:
 
 
 @register("load-balance")
-def build(settings: RoutingSettings) -> Profile:
-    return Profile("load-balance", LowestScorePicker(settings.rng()),
-                   scorers=[(LoadBalanceScorer(settings.load_balance), 1.0)])
+def build(ctx: BuildContext) -> Profile:
+    return Profile("load-balance", LowestScorePicker(ctx.rng),
+                   scorers=[(LoadBalanceScorer(ctx.settings.load_balance), 1.0)])

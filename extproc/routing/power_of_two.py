@@ -13,7 +13,7 @@ import random
 from collections.abc import Sequence
 
 from extproc.openai import Request
-from extproc.routing.framework import PodView, Profile, RoutingSettings, register
+from extproc.routing.framework import BuildContext, PodView, Profile, register
 from extproc.routing.load_balance import LoadBalanceScorer, LowestScorePicker
 
 
@@ -42,8 +42,8 @@ class TwoChoices:
 
 
 @register("power-of-two")
-def build(settings: RoutingSettings) -> Profile:
+def build(ctx: BuildContext) -> Profile:
     # Ties between the two (equal scores) go to the least KV usage, then at random: LowestScorePicker.
-    return Profile("power-of-two", LowestScorePicker(settings.rng()),
-                   scorers=[(LoadBalanceScorer(settings.load_balance), 1.0)],
-                   filters=[TwoChoices(settings.rng(), settings.load_balance.kv_critical_free)])
+    return Profile("power-of-two", LowestScorePicker(ctx.rng),
+                   scorers=[(LoadBalanceScorer(ctx.settings.load_balance), 1.0)],
+                   filters=[TwoChoices(ctx.rng, ctx.settings.load_balance.kv_critical_free)])

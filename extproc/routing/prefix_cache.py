@@ -16,19 +16,56 @@ as `prefix-cache:5,load-balance:4`, which is how it is meant to run.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from extproc.openai import CHARS_PER_TOKEN, Request
 from extproc.pool.pod import PodKey
-from extproc.routing.framework import MaxScorePicker, PodView, Profile, RoutingSettings, Series, register
+from extproc.routing.framework import BuildContext, MaxScorePicker, PodView, Profile, register
+from extproc.routing.params import Params
+from extproc.routing.state import Series
 from extproc.routing.gate import loads
-from extproc.routing.settings import LoadBalanceSettings, PrefixCacheSettings
+from extproc.routing.settings import LoadBalanceSettings, SettingError
 
 # What the table costs in memory, measured with tracemalloc on CPython 3.11 and rounded up so that the
 # byte cap holds: a block held by one pod (int key, OrderedDict link, a small dict) ~361 bytes; each
 # further pod holding it grows that dict by ~18-27 bytes and adds a timestamp (24).
 ENTRY_BYTES = 400
 HOLDER_BYTES = 64
+
+
+@dataclass(slots=True, frozen=True)
+class PrefixCacheSettings:
+    """`routing.prefix_cache`: how prompts are cut into blocks and how much the table may hold."""
+
+    block_tokens: int = 64                   # tokens per hashed block (at ~4 characters per token)
+    max_blocks: int = 512                    # blocks hashed per prompt: the first 32k tokens
+    table_bytes: int = 64 * 1024 * 1024      # memory cap of one model's table (LRU beyond it)
+
+
+_KEYS = {"block_tokens": (1, 1 << 20), "max_blocks": (1, 1 << 20), "table_bytes": (1 << 16, 1 << 40)}
+
+
+def parse_settings(raw: Any) -> PrefixCacheSettings:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise SettingError(f"routing.prefix_cache must be a mapping, not {raw!r}")
+    values = {}
+    for key, value in raw.items():
+        if key not in _KEYS:
+            raise SettingError(f"routing.prefix_cache.{key} is not a setting "
+                               f"(known: {', '.join(sorted(_KEYS))})")
+        low, high = _KEYS[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise SettingError(f"routing.prefix_cache.{key} must be an integer from {low} to {high}, "
+                               f"not {value!r}")
+        values[key] = value
+    return PrefixCacheSettings(**values)
+
+
+PARAMS = Params("prefix_cache", parse_settings)
 
 
 def block_hashes(text: str, block_tokens: int, max_blocks: int) -> list[int]:
@@ -197,12 +234,9 @@ class PrefixCacheScorer:
         return scores
 
 
-@register("prefix-cache")
-def build(settings: RoutingSettings) -> Profile:
-    if settings.state is not None:
-        cache = settings.state.slot("prefix-cache", lambda: PrefixCache(settings.prefix_cache))
-        cache.configure(settings.prefix_cache)  # a reload may change the block size or the cap
-    else:
-        cache = PrefixCache(settings.prefix_cache)
-    return Profile("prefix-cache", MaxScorePicker(settings.rng()),
-                   scorers=[(PrefixCacheScorer(cache, settings.load_balance), 1.0)], hooks_of=[cache])
+@register("prefix-cache", params=PARAMS)
+def build(ctx: BuildContext) -> Profile:
+    cache = ctx.store.slot("prefix-cache", lambda: PrefixCache(ctx.params))
+    cache.configure(ctx.params)  # a reload may change the block size or the cap
+    return Profile("prefix-cache", MaxScorePicker(ctx.rng),
+                   scorers=[(PrefixCacheScorer(cache, ctx.settings.load_balance), 1.0)], hooks_of=[cache])

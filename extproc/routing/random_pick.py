@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from extproc.routing.framework import Profile, RandomPicker, RoutingSettings, register
+from extproc.routing.framework import BuildContext, Profile, RandomPicker, register
 
 
 @register("random")
-def build(settings: RoutingSettings) -> Profile:
-    return Profile("random", RandomPicker(settings.rng()))
+def build(ctx: BuildContext) -> Profile:
+    return Profile("random", RandomPicker(ctx.rng))

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from collections.abc import MutableMapping, Sequence
 
-from extproc.routing.framework import PodView, Profile, RoutingSettings, register
-from extproc.routing.state import RoutingState
+from extproc.routing.framework import BuildContext, PodView, Profile, register
 
 
 class RoundRobinPicker:
@@ -26,6 +25,5 @@ class RoundRobinPicker:
 
 
 @register("round-robin")
-def build(settings: RoutingSettings) -> Profile:
-    state = settings.state if settings.state is not None else RoutingState()
-    return Profile("round-robin", RoundRobinPicker(state.round_robin), exclusive=True)
+def build(ctx: BuildContext) -> Profile:
+    return Profile("round-robin", RoundRobinPicker(ctx.store.round_robin), exclusive=True)

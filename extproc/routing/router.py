@@ -85,8 +85,7 @@ class Router:
         key = (name, model)
         profile = self._members.get(key)
         if profile is None:
-            settings = replace(self.settings.for_model(model), state=self.state)
-            profile = self._members[key] = build(name, settings)
+            profile = self._members[key] = build(name, self.settings.for_model(model), self.state, model)
         return profile
 
     def _activate(self, names: tuple[str, ...], model: str) -> None:

@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Sequence
 
 from extproc.openai import Request
-from extproc.routing.framework import PodView, Profile, RoutingSettings, register
+from extproc.routing.framework import BuildContext, PodView, Profile, register
 from extproc.routing.load_balance import LoadBalanceScorer, LowestScorePicker
 
 SESSION_HEADER = "x-aibrix-session-key"
@@ -47,6 +47,6 @@ class SessionFilter:
 
 
 @register("session-affinity")
-def build(settings: RoutingSettings) -> Profile:
-    return Profile("session-affinity", LowestScorePicker(settings.rng()),
-                   scorers=[(LoadBalanceScorer(settings.load_balance), 1.0)], filters=[SessionFilter()])
+def build(ctx: BuildContext) -> Profile:
+    return Profile("session-affinity", LowestScorePicker(ctx.rng),
+                   scorers=[(LoadBalanceScorer(ctx.settings.load_balance), 1.0)], filters=[SessionFilter()])

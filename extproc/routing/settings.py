@@ -1,7 +1,9 @@
 """Routing settings: defaults, the seed's AIBRIX_* environment variables, per-model overrides, validation.
 
 Pure and dependency-free (config.py calls in here; nothing here imports config), so a bad value is found
-when a config is loaded, never on a request. Every error names the key or variable at fault.
+when a config is loaded, never on a request. Every error names the key or variable at fault. A strategy's
+own section (routing.prefix_cache, routing.slo) is declared by the strategy (params.py) and parsed here
+with the rest.
 
 Precedence, highest first: our own EXTPROC_* variable, its AIBRIX_* alias, the YAML file, the default.
 A value of 0 is valid everywhere (AIBrix's env parsing treats <= 0 as unset; we do not copy that).
@@ -12,12 +14,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import random
-
-    from extproc.routing.state import RoutingState
+from extproc.routing.params import sections
 
 MAX_WEIGHT = 1_000_000          # the Gateway API's backendRef weight range, as AIBrix uses it
 DEFAULT_STRATEGY = "load-balance"
@@ -54,18 +53,6 @@ class AutoBlendSettings:
 
 
 @dataclass(slots=True, frozen=True)
-class PrefixCacheSettings:
-    """`prefix-cache`: how prompts are cut into blocks and how much the table may hold."""
-
-    block_tokens: int = 64                   # tokens per hashed block (at ~4 characters per token)
-    max_blocks: int = 512                    # blocks hashed per prompt: the first 32k tokens
-    table_bytes: int = 64 * 1024 * 1024      # memory cap of one model's table (LRU beyond it)
-
-
-_PC_KEYS = {"block_tokens": (1, 1 << 20), "max_blocks": (1, 1 << 20), "table_bytes": (1 << 16, 1 << 40)}
-
-
-@dataclass(slots=True, frozen=True)
 class ModelRouting:
     load_balance: LoadBalanceSettings = LoadBalanceSettings()
     auto_blend: AutoBlendSettings = AutoBlendSettings()
@@ -73,33 +60,22 @@ class ModelRouting:
 
 @dataclass(slots=True)
 class RoutingSettings:
-    """What strategies are built from. `Router` fills in `model` (with that model's load_balance and
-    auto_blend) and `state` (learned state that outlives config reloads) before calling a factory."""
+    """The `routing:` section, typed. Strategies get it, as their model sees it, in a BuildContext."""
 
     seed: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
     default_strategy: str = DEFAULT_STRATEGY
     load_balance: LoadBalanceSettings = LoadBalanceSettings()
     auto_blend: AutoBlendSettings = AutoBlendSettings()
     models: Mapping[str, ModelRouting] = field(default_factory=dict)
     cache_size: int = DEFAULT_CACHE_SIZE
-    prefix_cache: PrefixCacheSettings = PrefixCacheSettings()
-    model: str = ""
-    state: RoutingState | None = None
+    params: Mapping[str, object] = field(default_factory=dict)  # strategy-owned sections, parsed: key -> settings
 
     def for_model(self, model: str) -> RoutingSettings:
         """These settings as one model sees them (its routingConfig over the global values)."""
         own = self.models.get(model)
         if own is None:
-            return replace(self, model=model)
-        return replace(self, model=model, load_balance=own.load_balance, auto_blend=own.auto_blend)
-
-    def rng(self) -> random.Random:
-        """The random source for tie-breaks: the shared one in `state`, else a fresh seeded one."""
-        if self.state is not None:
-            return self.state.rng
-        import random
-        return random.Random(self.seed)
+            return self
+        return replace(self, load_balance=own.load_balance, auto_blend=own.auto_blend)
 
 
 # (section, key) -> environment variables, our own first: the first one set wins.
@@ -117,8 +93,7 @@ _AB_KEYS = {  # routing.auto_blend.* -> (per-model key, env suffix, kind)
     "prefix_cache_load_balance_weight": ("prefixCacheLoadBalanceWeight",
                                          "ROUTING_AUTO_BLEND_PREFIX_CACHE_LOAD_BALANCE_WEIGHT", int),
 }
-_TOP_KEYS = frozenset({"default_strategy", "seed", "load_balance", "auto_blend", "cache_size",
-                       "prefix_cache", "slo"})
+_CORE_KEYS = frozenset({"default_strategy", "seed", "load_balance", "auto_blend", "cache_size"})
 
 
 def env_variables() -> list[str]:
@@ -148,9 +123,11 @@ def parse_settings(routing: Mapping[str, Any],
                    model_routing: Mapping[str, Mapping[str, Any]] | None = None) -> RoutingSettings:
     """Validate the (env-merged) routing section and each model's `routingConfig`; raise SettingError."""
     routing = _mapping(routing, "routing")
+    owned = sections()
     for key in routing:
-        if key not in _TOP_KEYS:
-            raise SettingError(f"routing.{key} is not a routing setting (known: {', '.join(sorted(_TOP_KEYS))})")
+        if key not in _CORE_KEYS and key not in owned:
+            known = ", ".join(sorted(_CORE_KEYS | owned.keys()))
+            raise SettingError(f"routing.{key} is not a routing setting (known: {known})")
     seed = routing.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise SettingError(f"routing.seed must be an integer, not {seed!r}")
@@ -173,26 +150,9 @@ def parse_settings(routing: Mapping[str, Any],
     default = routing.get("default_strategy", DEFAULT_STRATEGY)
     if not isinstance(default, str) or not default.strip():
         raise SettingError(f"routing.default_strategy must be a strategy name, not {default!r}")
-    from extproc.slo.settings import parse_slo  # late: the slo package imports this module
-
+    params = {key: section.parse(routing.get(key)) for key, section in owned.items()}
     return RoutingSettings(seed=seed, default_strategy=default.strip().lower(), load_balance=lb,
-                           auto_blend=ab, models=models, cache_size=cache_size,
-                           prefix_cache=_prefix_cache(routing.get("prefix_cache")),
-                           extra={"slo": parse_slo(routing.get("slo"), SettingError)})
-
-
-def _prefix_cache(raw: Any) -> PrefixCacheSettings:
-    values = {}
-    for key, value in _mapping(raw, "routing.prefix_cache").items():
-        if key not in _PC_KEYS:
-            raise SettingError(f"routing.prefix_cache.{key} is not a setting "
-                               f"(known: {', '.join(sorted(_PC_KEYS))})")
-        low, high = _PC_KEYS[key]
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise SettingError(f"routing.prefix_cache.{key} must be an integer from {low} to {high}, "
-                               f"not {value!r}")
-        values[key] = value
-    return PrefixCacheSettings(**values)
+                           auto_blend=ab, models=models, cache_size=cache_size, params=params)
 
 
 def _load_balance(base: LoadBalanceSettings, raw: Any, where: str, *, snake: bool) -> LoadBalanceSettings:

@@ -9,15 +9,41 @@ reaches every strategy's learned state through `forget` and `collect`, never by 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 from extproc.pool.pod import PodKey
-from extproc.routing.framework import Collects, Forgets, Series
 from extproc.state.record import PodView
 
 T = TypeVar("T")
+
+
+@runtime_checkable
+class Forgets(Protocol):
+    """Learned state kept per pod: told which pods remain when the pool changes (a departed pod's goes)."""
+
+    def forget(self, live: set[PodKey]) -> None: ...
+
+
+@dataclass(slots=True, frozen=True)
+class Series:
+    """One metric a strategy's learned state shows on /metrics: `kind` is "counter" or "gauge";
+    `samples` are (label values, value). Plain data: the server turns it into Prometheus families."""
+
+    name: str
+    help: str
+    kind: str
+    labels: tuple[str, ...]
+    samples: list[tuple[tuple[str, ...], float]]
+
+
+@runtime_checkable
+class Collects(Protocol):
+    """Learned state with metrics, computed when /metrics is scraped. `views(model)`: the model's ready
+    pods as routing sees them now."""
+
+    def collect(self, views: Callable[[str], Sequence[PodView]], now: float) -> Iterable[Series]: ...
 
 
 @dataclass(slots=True)

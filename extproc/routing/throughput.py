@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from extproc.openai import Request
 from extproc.pool.pod import PodKey
-from extproc.routing.framework import PodView, Profile, RoutingSettings, register
+from extproc.routing.framework import BuildContext, PodView, Profile, register
 from extproc.routing.load_balance import LowestScorePicker
 from extproc.state.record import RequestRecord
 
@@ -59,7 +59,7 @@ class ThroughputScorer:
 
 
 @register("throughput")
-def build(settings: RoutingSettings) -> Profile:
-    recent = settings.state.slot("throughput", RecentTokens) if settings.state else RecentTokens()
-    return Profile("throughput", LowestScorePicker(settings.rng()),
+def build(ctx: BuildContext) -> Profile:
+    recent = ctx.store.slot("throughput", RecentTokens)
+    return Profile("throughput", LowestScorePicker(ctx.rng),
                    scorers=[(ThroughputScorer(recent), 1.0)], hooks_of=[recent])

@@ -1,4 +1,4 @@
-"""`routing.slo`: the SLO family's settings, typed and checked (pure).
+"""`routing.slo`: the SLO family's settings, typed and checked (pure); the slo* strategies own this section.
 
     routing:
       slo:
@@ -16,6 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from extproc.routing.params import Params
+from extproc.routing.settings import SettingError
 
 # The ext_proc message timeout the Envoy bootstrap sets is derived from this ceiling (envoy_bootstrap).
 MAX_WAIT_CEILING_SECONDS = 240.0
@@ -42,28 +45,31 @@ SLO_KEYS = {  # key -> (SloSettings field, kind, minimum, maximum)
 }
 
 
-def parse_slo(raw: Any, error: type[Exception]) -> SloSettings:
+def parse_slo(raw: Any) -> SloSettings:
     if raw is None:
         return SloSettings()
     if not isinstance(raw, Mapping):
-        raise error(f"routing.slo must be a mapping, not {raw!r}")
+        raise SettingError(f"routing.slo must be a mapping, not {raw!r}")
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key == "profiles":
             if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
-                raise error(f"routing.slo.profiles must be a list of file paths, not {value!r}")
+                raise SettingError(f"routing.slo.profiles must be a list of file paths, not {value!r}")
             values["profiles"] = tuple(value)
             continue
         if key not in SLO_KEYS:
             known = ", ".join(sorted([*SLO_KEYS, "profiles"]))
-            raise error(f"routing.slo.{key} is not a setting (known: {known})")
+            raise SettingError(f"routing.slo.{key} is not a setting (known: {known})")
         field, kind, low, high = SLO_KEYS[key]
         numeric = isinstance(value, int) if kind is int else isinstance(value, int | float)
         if isinstance(value, bool) or not numeric or not low <= value <= high:
             wanted = "an integer" if kind is int else "a number"
-            raise error(f"routing.slo.{key} must be {wanted} from {low:g} to {high:g}, not {value!r}")
+            raise SettingError(f"routing.slo.{key} must be {wanted} from {low:g} to {high:g}, not {value!r}")
         values[field] = kind(value)
     settings = SloSettings(**values)
     if settings.window_seconds < settings.slot_seconds:
-        raise error("routing.slo.predictor_window_seconds must be at least predictor_slot_seconds")
+        raise SettingError("routing.slo.predictor_window_seconds must be at least predictor_slot_seconds")
     return settings
+
+
+PARAMS = Params("slo", parse_slo)  # shared by every slo* strategy

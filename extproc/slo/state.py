@@ -15,7 +15,7 @@ from extproc.slo.assignment import Mix, Shape, assign, shape_of
 from extproc.slo.model import DeploymentModel, Signature, build_table
 from extproc.slo.predictor import OutputPredictor
 from extproc.slo.queue import Queues
-from extproc.routing.framework import Series
+from extproc.routing.state import Series
 from extproc.slo.settings import SloSettings
 from extproc.state.record import PodView, RequestRecord
 

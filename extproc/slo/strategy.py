@@ -23,23 +23,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from extproc.openai import Request
-from extproc.routing.framework import PodView, Profile, RoutingSettings, build, register
+from extproc.routing.framework import BuildContext, PodView, Profile, build, register
 from extproc.routing.outcome import Queued, Rejected
 from extproc.slo.model import PER_TOKEN
 from extproc.slo.queue import REJECT_BREACHED, Entry
+from extproc.slo.settings import PARAMS
 from extproc.slo.state import STORE_KEY, SloState, deployment_of
 
 EPS = 1e-9
 VARIANTS = ("slo-pack-load", "slo-least-load", "slo-least-load-pulling")
 
 
-def slo_state(settings: RoutingSettings) -> SloState:
-    slo_settings = settings.extra.get("slo") if settings.extra else None
-    if settings.state is None:
-        return SloState(slo_settings)
-    state = settings.state.slot(STORE_KEY, lambda: SloState(slo_settings))
-    if slo_settings is not None and state.settings != slo_settings:
-        state.configure(slo_settings)
+def slo_state(ctx: BuildContext) -> SloState:
+    """The gateway's one SloState (every slo* strategy of every model shares it), on this config."""
+    state = ctx.store.slot(STORE_KEY, lambda: SloState(ctx.params))
+    if state.settings != ctx.params:
+        state.configure(ctx.params)
     return state
 
 
@@ -190,18 +189,17 @@ class SloProfile(Profile):
         return self.policy.pick(request, pods, now, queued)
 
 
-def _factory(variant: str, name: str):
-    def make(settings: RoutingSettings) -> Profile:
-        state = slo_state(settings)
-        fallback = build("load-balance", settings)
-        policy = SloPolicy(variant, state, fallback, settings.rng())
-        return SloProfile(name, fallback.picker, exclusive=True, hooks_of=[state, *fallback.plugins()],
+def _factory(variant: str):
+    def make(ctx: BuildContext) -> Profile:
+        state = slo_state(ctx)
+        fallback = build("load-balance", ctx.settings, ctx.store, ctx.model)
+        policy = SloPolicy(variant, state, fallback, ctx.rng)
+        return SloProfile(variant, fallback.picker, exclusive=True, hooks_of=[state, *fallback.plugins()],
                           policy=policy)
     return make
 
 
-for _variant in VARIANTS:
-    register(_variant)(_factory(_variant, _variant))
-register("slo")(_factory("slo", "slo"))
+for _variant in (*VARIANTS, "slo"):
+    register(_variant, params=PARAMS)(_factory(_variant))
 
 __all__ = ["SloProfile", "VARIANTS"]

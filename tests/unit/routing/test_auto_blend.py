@@ -76,7 +76,7 @@ def test_auto_blended_load_balance_changes_the_choice():
 
 def test_a_registered_prefix_cache_gets_its_ratio():
     pods = [view("warm", 3), view("cold", 0)]
-    factory = lambda s: Profile("prefix-cache", MaxScorePicker(s.rng()),  # noqa: E731
+    factory = lambda s: Profile("prefix-cache", MaxScorePicker(s.rng),  # noqa: E731
                                 scorers=[(FixedScorer({"warm": 1.0, "cold": 0.0}), 1.0)])
     with registered("prefix-cache", factory):
         r = Router(RoutingSettings(seed=1))

@@ -101,7 +101,7 @@ def test_no_clip_when_mad_is_0():
 # -- blends ---------------------------------------------------------------------------------------------
 
 def fixed(name, table, lower=False, exclusive=False):
-    return lambda settings: Profile(name, MaxScorePicker(settings.rng()), scorers=[(FixedScorer(table, lower), 1.0)],
+    return lambda ctx: Profile(name, MaxScorePicker(ctx.rng), scorers=[(FixedScorer(table, lower), 1.0)],
                                     exclusive=exclusive)
 
 

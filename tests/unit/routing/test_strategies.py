@@ -15,7 +15,8 @@ from extproc.routing import PodView, Router, RoutingSettings, build
 from extproc.routing.least_latency import LatencyModel
 from extproc.routing.prefix_cache import ENTRY_BYTES, HOLDER_BYTES, PrefixTable, block_hashes
 from extproc.routing.session_affinity import rendezvous
-from extproc.routing.settings import PrefixCacheSettings, SettingError, parse_settings
+from extproc.routing.prefix_cache import PrefixCacheSettings
+from extproc.routing.settings import SettingError, parse_settings
 from extproc.routing.state import RoutingState
 from extproc.routing.throughput import RecentTokens
 from extproc.state.record import RequestRecord
@@ -31,7 +32,7 @@ def chat(*messages: str, **extra):
 
 
 def profile(name: str, state: RoutingState | None = None, **settings):
-    return build(name, replace(RoutingSettings(**settings), model="m", state=state or RoutingState.seeded(0)))
+    return build(name, RoutingSettings(**settings), state or RoutingState.seeded(0), "m")
 
 
 # -- prefix-cache ------------------------------------------------------------------------------------
@@ -116,7 +117,7 @@ def test_prefix_affinity_under_light_load_and_yields_when_the_affine_pod_is_over
 
 def test_prefix_cache_settings_are_validated():
     settings = parse_settings({"prefix_cache": {"block_tokens": 16}})
-    assert settings.prefix_cache == PrefixCacheSettings(block_tokens=16)
+    assert settings.params["prefix_cache"] == PrefixCacheSettings(block_tokens=16)
     for bad in ({"block_tokens": 0}, {"table_bytes": "lots"}, {"blocks": 4}):
         with pytest.raises(SettingError, match="routing.prefix_cache"):
             parse_settings({"prefix_cache": bad})

@@ -44,8 +44,8 @@ def views(**running: int) -> list[PodView]:
 @pytest.fixture
 def slo():
     state = RoutingState.seeded(3)
-    settings = RoutingSettings(state=state, model="m")
-    strategies = {n: build(n, settings) for n in ("slo", "slo-least-load-pulling")}
+    settings = RoutingSettings()
+    strategies = {n: build(n, settings, state, "m") for n in ("slo", "slo-least-load-pulling")}
     table = state.store["slo"]
     table.set_profiles("m", {"small": SMALL, "big": BIG})
     for t in range(20):  # the recent mix: chat at twice code's rate

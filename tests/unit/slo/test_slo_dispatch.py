@@ -18,7 +18,7 @@ PROFILE = parse_profile({"gpu": "d", "cost": 1, "tputs": [[2.0]], "indexes": [[8
 
 def setup():
     state = RoutingState.seeded(0)
-    slo = build("slo", RoutingSettings(state=state, model="m"))
+    slo = build("slo", RoutingSettings(), state, "m")
     s = state.store["slo"]
     s.set_profiles("m", {"d": PROFILE})
     view = PodView(Pod("m", "p", "10.0.0.1:8000", deployment="d"), running=2)

@@ -44,8 +44,8 @@ def req(max_tokens: int = 8, prompt: int = 128) -> Request:
 @pytest.fixture
 def routing():
     state = RoutingState.seeded(1)
-    settings = RoutingSettings(state=state, model="m")
-    strategies = {n: build(n, settings)
+    settings = RoutingSettings()
+    strategies = {n: build(n, settings, state, "m")
                   for n in ("slo", "slo-pack-load", "slo-least-load", "slo-least-load-pulling")}
     slo = state.store["slo"]
     slo.set_profiles("m", {"fast": FAST, "slow": SLOW})

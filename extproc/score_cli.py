@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
 def score(raw: Any, strategy: str | None, env: Mapping[str, str]) -> Scored:
     """Score a pod snapshot; raises ValueError (StrategySpecError, SettingError) on bad input."""
+    import extproc.strategies  # noqa: F401  (any strategy the gateway offers, the slo family too)
     from extproc.openai import Request
     from extproc.routing import Router
     from extproc.routing.settings import merge_env, parse_settings
@@ -162,7 +163,7 @@ def _fraction(entry: dict, key: str, i: int) -> float | None:
     return value
 
 
-def main(argv: Sequence[str] | None = None) -> int:  # `python -m extproc.routing.score_cli`
+def main(argv: Sequence[str] | None = None) -> int:  # `python -m extproc.score_cli`
     parser = argparse.ArgumentParser(prog="extproc")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["score", *(argv if argv is not None else sys.argv[1:])])

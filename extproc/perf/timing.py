@@ -1,4 +1,4 @@
-"""Per-decision cost of routing strategies, in process: `python -m extproc.routing.timing [STRATEGY ...]`.
+"""Per-decision cost of routing strategies, in process: `python -m extproc.perf.timing [STRATEGY ...]`.
 
 Times `Profile.pick` on a fixed, uneven snapshot (mixed capacities, KV levels, running counts), the way
 the gateway calls it per request; best of five rounds of this process's CPU time. A script, not a test:
@@ -11,6 +11,7 @@ import random
 import sys
 import time
 
+import extproc.strategies  # noqa: F401  (every strategy registered)
 from extproc.openai import Request
 from extproc.pool.pod import Pod
 from extproc.routing import PodView, Router

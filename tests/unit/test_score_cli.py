@@ -3,7 +3,7 @@ import json
 import pytest
 
 from extproc.cli import build_parser
-from extproc.routing.score_cli import score
+from extproc.score_cli import score
 
 WORKED = [{"name": "A100", "running": 20, "queued": 0, "tokens_per_s": 4000, "kv_free": 0.30},
           {"name": "L20", "running": 25, "queued": 0, "tokens_per_s": 3000, "kv_free": 0.60},
