@@ -21,7 +21,6 @@ from typing import Any
 import yaml
 
 from extproc.config import DEFAULT_DESTINATION_HEADER, ENVOY_BUFFER_BYTES
-from extproc.slo.settings import MAX_WAIT_CEILING_SECONDS
 from extproc.server import attributes
 from extproc.server.responses import (
     ANSWERED_KEY,
@@ -31,6 +30,7 @@ from extproc.server.responses import (
     REQUEST_ID,
     STRATEGY,
 )
+from extproc.slo.settings import MAX_WAIT_CEILING_SECONDS
 
 # Long prompts are buffered whole for routing: keep Envoy's buffer well above the gateway's
 # max_body_bytes (config.DEFAULT_MAX_BODY_BYTES) so the gateway, not Envoy, answers oversize bodies.

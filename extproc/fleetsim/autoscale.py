@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 
 from extproc.fleetsim.fleet import Replica
 from extproc.fleetsim.scenario import Autoscale, Group
+from extproc.gpu_profiles import GpuProfile
 from extproc.optimizer.deployments import Deployment
 from extproc.optimizer.monitor import ModelState
 from extproc.optimizer.service import REPLICA_UNITS
 from extproc.optimizer.solver import PlanError, solve
 from extproc.optimizer.traces import window_ends
 from extproc.optimizer.workload import parse_trace, trace_rates
-from extproc.gpu_profiles import GpuProfile
 from extproc.server.traces import TraceHooks
 from extproc.tracing.window import TraceRecorder, trace_key
 

@@ -25,8 +25,8 @@ from extproc.fleetsim.fleet import Replica, build_replicas
 from extproc.fleetsim.gateways import build_gateways, gateway_config
 from extproc.fleetsim.scenario import Autoscale, Scenario
 from extproc.fleetsim.slo_profiles import load_slo_profiles, virtual_profile
-from extproc.openai import CHARS_PER_TOKEN, Request
 from extproc.gpu_profiles import GpuProfile
+from extproc.openai import CHARS_PER_TOKEN, Request
 from extproc.routing.outcome import Queued, Rejected, Routed
 from extproc.sim.engine import CapacityError, SeqState, SimRequest
 from extproc.sim.prefix import block_hashes

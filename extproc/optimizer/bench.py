@@ -13,8 +13,8 @@ import statistics
 import sys
 from collections.abc import Sequence
 
-from extproc.optimizer.solver import Demand, solve
 from extproc.gpu_profiles import GpuProfile
+from extproc.optimizer.solver import Demand, solve
 
 OUTPUTS = (4, 8, 16, 32, 64, 128, 256, 512)
 INPUTS = (128, 256, 512, 1024, 2048)
@@ -33,7 +33,8 @@ def instance(types: int, cells: int, rng: random.Random) -> tuple[list[GpuProfil
                 t = speed * 60.0 / (o / 4) ** 0.8 / (i / 128) ** 0.3 * rng.uniform(0.8, 1.2)
                 row.append(0.0 if rng.random() < 0.1 * (g % 3) else round(t, 3))
             rows.append(tuple(row))
-        profiles.append(GpuProfile(f"gpu{g}", round(cost, 2), OUTPUTS, INPUTS, tuple(rows), None, None, {}, 0.0))
+        profiles.append(GpuProfile(f"gpu{g}", round(cost, 2), OUTPUTS, INPUTS, tuple(rows), None, None, {},
+                                   0.0))
     demands = [Demand(i, o, round(rng.uniform(0.1, 20.0), 2)) for o, i in chosen]
     servable = [d for d in demands if any(p.tput(d.input_tokens, d.output_tokens) > 0 for p in profiles)]
     return profiles, servable

@@ -77,9 +77,9 @@ def _table(plan: Any, profiles: list[Any]) -> str:
 
 
 def optimize_command(args: argparse.Namespace) -> int:
+    from extproc.gpu_profiles import ProfileError, load_profile
     from extproc.optimizer.solver import PlanError, solve
     from extproc.optimizer.workload import WorkloadError, load_workload
-    from extproc.gpu_profiles import ProfileError, load_profile
 
     try:
         profiles = [load_profile(p) for p in args.profile]
@@ -106,8 +106,8 @@ async def _serve(args: argparse.Namespace) -> int:
     import redis.asyncio as aioredis
     from aiohttp import web
 
-    from extproc.optimizer.deployments import FileDeploymentSource, StaticDeploymentSource
     from extproc.gpu_profiles import ProfileStore
+    from extproc.optimizer.deployments import FileDeploymentSource, StaticDeploymentSource
     from extproc.optimizer.service import OptimizerService, ServiceSettings
     from extproc.state.shared import redact_url, redis_url_from_env
 

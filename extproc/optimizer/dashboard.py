@@ -11,8 +11,8 @@ import json
 import math
 from typing import Any
 
-from extproc.optimizer.monitor import ModelState
 from extproc.gpu_profiles import GpuProfile
+from extproc.optimizer.monitor import ModelState
 
 
 def dashboard_data(state: ModelState, profiles: dict[str, GpuProfile | None], now: float) -> dict[str, Any]:

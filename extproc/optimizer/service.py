@@ -23,11 +23,11 @@ from typing import Any
 
 from aiohttp import web
 
+from extproc.gpu_profiles import ProfileStore
 from extproc.openai import OpenAIError
 from extproc.optimizer.dashboard import dashboard_data, render_page
 from extproc.optimizer.deployments import ConfigError, DeploymentSource, parse_deployment
 from extproc.optimizer.monitor import Fleet, ModelState, NotMonitored
-from extproc.gpu_profiles import ProfileStore
 from extproc.optimizer.solver import Plan, PlanError, solve
 from extproc.optimizer.traces import read_windows
 from extproc.optimizer.workload import DEFAULT_WINDOW_SECONDS, trace_rates

@@ -23,10 +23,10 @@ from typing import Any
 from extproc.openai import CHARS_PER_TOKEN, Request
 from extproc.pool.pod import PodKey
 from extproc.routing.framework import BuildContext, MaxScorePicker, PodView, Profile, register
-from extproc.routing.params import Params
-from extproc.routing.state import Series
 from extproc.routing.gate import loads
+from extproc.routing.params import Params
 from extproc.routing.settings import LoadBalanceSettings, SettingError
+from extproc.routing.state import Series
 
 # What the table costs in memory, measured with tracemalloc on CPython 3.11 and rounded up so that the
 # byte cap holds: a block held by one pod (int key, OrderedDict link, a small dict) ~361 bytes; each

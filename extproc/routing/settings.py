@@ -68,7 +68,8 @@ class RoutingSettings:
     auto_blend: AutoBlendSettings = AutoBlendSettings()
     models: Mapping[str, ModelRouting] = field(default_factory=dict)
     cache_size: int = DEFAULT_CACHE_SIZE
-    params: Mapping[str, object] = field(default_factory=dict)  # strategy-owned sections, parsed: key -> settings
+    # strategy-owned sections (params.py), parsed: routing key -> that strategy's typed settings
+    params: Mapping[str, object] = field(default_factory=dict)
 
     def for_model(self, model: str) -> RoutingSettings:
         """These settings as one model sees them (its routingConfig over the global values)."""

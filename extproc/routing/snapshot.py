@@ -12,7 +12,7 @@ on each call.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from extproc.state.record import PodView
 

@@ -86,5 +86,6 @@ class PodMetricsCollector:
         yield from (running, local, queued, kv_free, capacity, observed, tpot, healthy, tokens, imbalance)
         # what strategies learned (prefix-cache lookups, SLO utilization ...), each strategy's own series
         pool = gw.pool
-        for series in gw.router.state.collect(lambda model: acc.views(model, pool.ready_pods(model), now), now):
+        views = lambda model: acc.views(model, pool.ready_pods(model), now)  # noqa: E731
+        for series in gw.router.state.collect(views, now):
             yield family(series)

@@ -28,8 +28,8 @@ from extproc import openai
 from extproc.config import ENVOY_MAX_HEADERS
 from extproc.openai import OpenAIError, Request
 from extproc.routing import StrategySpec, StrategySpecError, strategy_names
-from extproc.routing.session_affinity import MAX_SESSION_KEY_BYTES, SESSION_HEADER
 from extproc.routing.outcome import Queued, Rejected, Routed
+from extproc.routing.session_affinity import MAX_SESSION_KEY_BYTES, SESSION_HEADER
 from extproc.server import attributes, responses
 from extproc.server.gateway import Gateway
 from extproc.slo.server import SloRoom

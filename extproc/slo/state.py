@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import islice
 
+from extproc.gpu_profiles import GpuProfile
 from extproc.openai import Request
 from extproc.pool.pod import APP_NAME_LABEL, FLEET_LABEL, Pod
-from extproc.gpu_profiles import GpuProfile
+from extproc.routing.state import Series
 from extproc.slo.assignment import Mix, Shape, assign, shape_of
 from extproc.slo.model import DeploymentModel, Signature, build_table
 from extproc.slo.predictor import OutputPredictor
 from extproc.slo.queue import Queues
-from extproc.routing.state import Series
 from extproc.slo.settings import SloSettings
 from extproc.state.record import PodView, RequestRecord
 

@@ -19,8 +19,8 @@ import pytest
 import redis.asyncio as aioredis
 import yaml
 
-from extproc.localstack import VENV_BIN, Proc, free_port, http_get, wait_until
 from extproc.gpu_profiles import dump_profile
+from extproc.localstack import VENV_BIN, Proc, free_port, http_get, wait_until
 from extproc.tracing import TraceFlusher, TraceRecorder
 from tests.unit.optimizer.support import LONG, SHORT, profile
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from extproc.localstack import Proc, free_port, wait_until
 from extproc.gpu_profiles import load_profile, parse_profile
+from extproc.localstack import Proc, free_port, wait_until
 from tests.integration.sim_fixtures import SimProcess, start_sim
 from tests.support.shared_data import AIBRIX_DATA
 

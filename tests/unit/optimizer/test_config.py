@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from extproc.cli import main
+from extproc.gpu_profiles import dump_profile
 from extproc.optimizer.deployments import (
     ConfigError,
     Deployment,
@@ -17,7 +18,6 @@ from extproc.optimizer.deployments import (
     load_config,
     parse_config,
 )
-from extproc.gpu_profiles import dump_profile
 from tests.support.shared_data import A40_PROFILE
 from tests.unit.optimizer.support import profile
 

@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from extproc.gpu_profiles import ProfileStore, dump_profile
 from extproc.optimizer.deployments import Deployment, StaticDeploymentSource
-from extproc.gpu_profiles import ProfileStore
 from extproc.optimizer.service import OptimizerService, ServiceSettings, metrics_text
-from extproc.gpu_profiles import dump_profile
 from extproc.tracing import TraceRecorder
 from tests.unit.optimizer.support import LONG, SHORT, profile
 

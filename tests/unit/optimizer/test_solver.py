@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from extproc.optimizer import Demand, PlanError, solve
 from extproc.gpu_profiles import GpuProfile
+from extproc.optimizer import Demand, PlanError, solve
 from tests.unit.optimizer.support import LONG, SHORT, one_cell, profile
 
 

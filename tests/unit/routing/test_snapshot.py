@@ -14,8 +14,8 @@ from extproc.routing.gate import ImbalanceGate
 from extproc.routing.load_balance import LoadBalanceScorer
 from extproc.routing.settings import LoadBalanceSettings
 from extproc.routing.snapshot import derived
-from extproc.state.record import Snapshot
 from extproc.server.gateway import Gateway
+from extproc.state.record import Snapshot
 from extproc.state.speed import Speed
 from tests.unit.routing.support import REQ
 

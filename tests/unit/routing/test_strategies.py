@@ -13,9 +13,14 @@ from extproc.openai import parse_request
 from extproc.pool import Pod
 from extproc.routing import PodView, Router, RoutingSettings, build
 from extproc.routing.least_latency import LatencyModel
-from extproc.routing.prefix_cache import ENTRY_BYTES, HOLDER_BYTES, PrefixTable, block_hashes
+from extproc.routing.prefix_cache import (
+    ENTRY_BYTES,
+    HOLDER_BYTES,
+    PrefixCacheSettings,
+    PrefixTable,
+    block_hashes,
+)
 from extproc.routing.session_affinity import rendezvous
-from extproc.routing.prefix_cache import PrefixCacheSettings
 from extproc.routing.settings import SettingError, parse_settings
 from extproc.routing.state import RoutingState
 from extproc.routing.throughput import RecentTokens

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from extproc.gpu_profiles import parse_profile
 from extproc.openai import Request
 from extproc.pool import Pod
-from extproc.gpu_profiles import parse_profile
 from extproc.routing import PodView, RoutingSettings, RoutingState, build
 from extproc.routing.outcome import Queued, Rejected
 from extproc.slo.queue import Entry, Queues

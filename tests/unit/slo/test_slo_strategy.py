@@ -11,9 +11,9 @@ from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, HttpHeaders, ProcessingRequest
 
 from extproc.config import ConfigError, parse
+from extproc.gpu_profiles import parse_profile
 from extproc.openai import Request
 from extproc.pool import Pod
-from extproc.gpu_profiles import parse_profile
 from extproc.routing import PodView, RoutingSettings, RoutingState, build
 from extproc.routing.outcome import Queued, Rejected
 from extproc.server.gateway import Gateway
