@@ -372,10 +372,9 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
         ai += 1
         next_arrival = arrivals[ai].time if ai < n else math.inf
         clock.now = t = a.time
-        stream = streams[a.stream]
         text = prompt_text(a, i) if a.group >= 0 else ""
         request = Request(model, "/v1/chat/completions", stream=True, prompt_tokens=a.prompt_tokens,
-                          max_tokens=stream.max_tokens, prompt=text)
+                          max_tokens=streams[a.stream].max_tokens, prompt=text)
         outcome = gws[a.gateway].gateway.route(request, profiles[a.gateway], str(i))
         if type(outcome) is Queued:  # wait in this gateway's room
             outcome.entry.payload = i
