@@ -95,6 +95,10 @@ async def test_a_burst_split_over_two_workers_is_spread_as_one_process_would(sta
     assert sum(per_pod(stack, "extproc_pod_local_running_requests").values()) == 0
     assert sum(per_pod(stack, "extproc_output_tokens_total").values()) == sum(tokens)
     assert stack.sample("extproc_requests_total", code="200") == 12
+    # Envoy's one access-log stream reached one worker: the other's records were passed on, none lost
+    sent = stack.sample("extproc_peer_access_logs_total", direction="sent")
+    assert sent > 0 and stack.sample("extproc_peer_access_logs_total", direction="released") == sent
+    assert stack.sample("extproc_released_requests_total") == 0
 
 
 def test_a_worker_that_dies_is_started_again(stack: LocalStack):
