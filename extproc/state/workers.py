@@ -102,6 +102,7 @@ class WorkerState:
         self.counts = LocalCounts()
         self._slot: dict[PodKey, int] = {}
         self._key_at: dict[int, PodKey] = {}
+        self._unslotted: set[PodKey] = set()  # no slot was free: retried at the next `track`
         self._taken: dict[tuple[int, int], int] = {}  # (worker, slot) -> its tokens already handed out
         self._read = [self._rings[w * (1 + ring)] for w in range(workers)]  # ring positions read
         self.origin = ""
@@ -114,10 +115,19 @@ class WorkerState:
 
     # -- slots ----------------------------------------------------------------------------------
 
-    def _slot_of(self, pod: Pod) -> int:
+    def _slot_of(self, pod: Pod) -> int | None:
+        """The pod's slot; None when the segment is full (the pod is then counted by this worker
+        alone until a later `track` finds it a slot: routing goes on, less exactly)."""
         slot = self._slot.get(pod.key)
         if slot is None:
-            slot = self._claim(pod.key)
+            if pod.key in self._unslotted:
+                return None
+            try:
+                slot = self._claim(pod.key)
+            except SegmentFull as exc:
+                self._unslotted.add(pod.key)
+                log.error("pod %s/%s counted by this worker only: %s", pod.model, pod.name, exc)
+                return None
             self._slot[pod.key] = slot
             self._key_at[slot] = pod.key
             self._tracked[self._own + slot] = 1
@@ -167,6 +177,8 @@ class WorkerState:
         counts.add_running(pod, delta)
         after = counts.running[pod.key]
         slot = self._slot_of(pod)
+        if slot is None:
+            return
         self._running[self._own + slot] = after
         if after != before:
             ring, at = self.ring, self._ring_at
@@ -179,7 +191,9 @@ class WorkerState:
         if tokens <= 0:
             return
         self.counts.add_tokens(pod, tokens)
-        self._tokens[self._own + self._slot_of(pod)] = self.counts.tokens[pod.key]
+        slot = self._slot_of(pod)
+        if slot is not None:
+            self._tokens[self._own + slot] = self.counts.tokens[pod.key]
 
     def running(self, key: PodKey) -> int:
         slot = self._slot.get(key)
@@ -213,7 +227,7 @@ class WorkerState:
         return out
 
     def take_token_deltas(self) -> dict[PodKey, int]:
-        out = self.counts.take_local_deltas()
+        out = self.counts.take_local_deltas()  # own tokens, slotted or not
         tokens, taken = self._tokens, self._taken
         for key, slot in self._slot.items():
             for w in range(self.workers):
@@ -229,6 +243,7 @@ class WorkerState:
         return out
 
     def track(self, pods: Iterable[Pod]) -> None:
+        self._unslotted.clear()
         for pod in pods:
             self.counts.pods.setdefault(pod.key, pod)
             self._slot_of(pod)
@@ -300,4 +315,4 @@ class WorkerState:
         return True  # shared memory does not go down while the workers live
 
 
-__all__ = ["SegmentFull", "WorkerState", "create_segment", "segment_size"]
+__all__ = ["WorkerState", "create_segment", "segment_size"]
