@@ -122,3 +122,18 @@ def test_sigterm_stops_every_worker(log_dir: Path, fleet: dict[str, int]):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
     wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in children), 10, "workers gone")
+
+
+def test_a_killed_supervisor_takes_its_workers_along(log_dir: Path, fleet: dict[str, int]):
+    d = log_dir / "kill"
+    d.mkdir()
+    s = LocalStack(config_path=d / "gateway.yaml", log_dir=d, workers=2)
+    s.write_config({"models": {MODEL: {"pods": [{"name": "p0", "address": f"127.0.0.1:{fleet['p0']}"}]}}})
+    s.start_gateway()
+    proc = s.gateway.popen  # type: ignore[union-attr]
+    children = [int(p) for p in os.popen(f"pgrep -P {proc.pid}").read().split()]
+    assert len(children) == 2
+    proc.kill()  # SIGKILL: no handler runs, the kernel ends the workers (PR_SET_PDEATHSIG)
+    proc.wait(timeout=10)
+    wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in children), 10, "workers gone")
+    s.stop()
