@@ -25,6 +25,7 @@ Layout (int64 unless said):
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import mmap
 import os
@@ -71,8 +72,8 @@ def create_segment(workers: int, slots: int = DEFAULT_SLOTS, ring: int = DEFAULT
 
 def _encode(key: PodKey) -> bytes:
     raw = "\x1f".join(key).encode()
-    if len(raw) > KEY_BYTES - 2:
-        raw = raw[:KEY_BYTES - 2]  # names are DNS labels and addresses: this never cuts in practice
+    if len(raw) > KEY_BYTES - 2:  # a very long model name: its digest names it as uniquely
+        raw = b"#" + hashlib.sha256(raw).hexdigest().encode()
     return len(raw).to_bytes(2, "little") + raw
 
 
@@ -130,34 +131,44 @@ class WorkerState:
                 return None
             self._slot[pod.key] = slot
             self._key_at[slot] = pod.key
-            self._tracked[self._own + slot] = 1
-            # Changes of this pod already in the rings are in the sums routing reads next.
+            # Tokens counted before this worker knew the pod are not news to learn from (a pod
+            # forgotten and seen again would count them twice). Changes already in the rings are in
+            # the sums routing reads next.
+            for w in range(self.workers):
+                if w != self.index:
+                    self._taken[(w, slot)] = self._tokens[w * self.slots + slot]
         return slot
 
     def _claim(self, key: PodKey) -> int:
-        """The pod's slot: the one another worker gave it, else a free one (under the segment lock)."""
-        want = _encode(key)
+        """The pod's slot: the one another worker gave it, else a free one. Marked as known by this
+        worker before the segment lock is let go, so no other worker can reclaim it meanwhile."""
         fcntl.lockf(self._fd, fcntl.LOCK_EX)
         try:
-            used = struct.unpack_from("<q", self._mm, 4 * _WORD)[0]
-            free = None
-            for slot in range(used):
-                at = self._keys_at + slot * KEY_BYTES
-                n = int.from_bytes(self._mm[at:at + 2], "little")
-                if n == 0:
-                    free = slot if free is None else free
-                elif self._mm[at:at + 2 + n] == want:
-                    return slot
-            if free is None and used < self.slots:
-                free = used
-                struct.pack_into("<q", self._mm, 4 * _WORD, used + 1)
-            if free is None:
-                free = self._reclaim(used)
-            at = self._keys_at + free * KEY_BYTES
-            self._mm[at:at + len(want)] = want
-            return free
+            slot = self._find_or_take(_encode(key))
+            self._tracked[self._own + slot] = 1
+            return slot
         finally:
             fcntl.lockf(self._fd, fcntl.LOCK_UN)
+
+    def _find_or_take(self, want: bytes) -> int:
+        """(Under the lock.) The slot holding `want`, else the first free one, else a reclaimed one."""
+        used = struct.unpack_from("<q", self._mm, 4 * _WORD)[0]
+        free = None
+        for slot in range(used):
+            at = self._keys_at + slot * KEY_BYTES
+            n = int.from_bytes(self._mm[at:at + 2], "little")
+            if n == 0:
+                free = slot if free is None else free
+            elif self._mm[at:at + 2 + n] == want:
+                return slot
+        if free is None and used < self.slots:
+            free = used
+            struct.pack_into("<q", self._mm, 4 * _WORD, used + 1)
+        if free is None:
+            free = self._reclaim(used)
+        at = self._keys_at + free * KEY_BYTES
+        self._mm[at:at + len(want)] = want
+        return free
 
     def _reclaim(self, used: int) -> int:
         """A slot no worker knows any more (caller holds the lock): its counters start from zero."""

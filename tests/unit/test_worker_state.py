@@ -59,6 +59,7 @@ def test_a_reader_lapped_by_the_ring_skips_to_now_and_the_sums_still_hold(pair):
 
 def test_tokens_are_handed_out_once_each_whichever_worker_counted_them(pair):
     one, two = pair
+    two.track([A])
     one.add_tokens(A, 100)
     two.add_tokens(A, 30)
     assert one.take_token_deltas() == {A.key: 130}
@@ -70,8 +71,8 @@ def test_tokens_are_handed_out_once_each_whichever_worker_counted_them(pair):
 
 def test_a_restarted_worker_starts_from_zero_without_negative_tokens(pair):
     one, two = pair
-    two.add_tokens(A, 50)
     one.track([A])
+    two.add_tokens(A, 50)
     assert one.take_token_deltas() == {A.key: 50}
     fd = one._fd
     again = WorkerState(fd, 1)  # worker 1 replaced
@@ -124,3 +125,15 @@ def test_routing_views_follow_the_other_workers_choices_between_resyncs(pair):
     one.add_running(A, 1)
     views = acc.routable("m", pods, now=0.001)  # well within the 50 ms resync
     assert [v.running for v in views] == [2, 0]
+
+
+def test_a_pod_forgotten_and_seen_again_does_not_count_its_old_tokens_twice(pair):
+    one, two = pair
+    one.track([A])
+    two.add_tokens(A, 40)
+    assert one.take_token_deltas() == {A.key: 40}
+    one.forget([])
+    one.track([A])  # back, in the same slot (worker 1 still knows it)
+    assert one.take_token_deltas() == {}
+    two.add_tokens(A, 2)
+    assert one.take_token_deltas() == {A.key: 2}
