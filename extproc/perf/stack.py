@@ -29,7 +29,7 @@ import yaml
 
 from extproc.config import DEFAULT_DESTINATION_HEADER
 from extproc.envoy_bootstrap import BootstrapOptions, bootstrap
-from extproc.localstack import VENV_BIN, Proc, free_port, http_get, port_open, start_envoy
+from extproc.localstack import VENV_BIN, Proc, free_port, free_ports, http_get, port_open, start_envoy
 from extproc.perf.load import Target
 from extproc.server.responses import GATEWAY_METADATA_NAMESPACE, POD, STRIP_USAGE
 
@@ -193,7 +193,7 @@ class Stack:
         config.write_text(yaml.safe_dump({
             "models": {MODEL: {"pods": [{"name": "upstream-0", "address": address}]}},
             "routing": {"default_strategy": self.strategy}}))
-        grpc_port, admin_port = free_port(), free_port()
+        grpc_port, admin_port = free_ports(workers), free_port()
         workers_args = ["--workers", str(workers)] if workers > 1 else []  # a baseline may not know it
         proc = self._proc(Proc(f"gateway-{name}", [
             str(VENV_BIN / "extproc"), "--log-level", "WARNING", "serve", "--config", str(config),
