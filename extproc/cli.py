@@ -59,6 +59,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from extproc.envoy_contract import DEFAULT_DESTINATION_HEADER
+
     parser = argparse.ArgumentParser(prog="extproc", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -87,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds a request may see no bytes from the pod before it gets a 504")
     envoy.add_argument("--extproc-port", type=int, default=50052)
     envoy.add_argument("--admin-port", type=int, default=9901)
-    envoy.add_argument("--destination-header", default="x-gateway-destination-endpoint")
+    envoy.add_argument("--destination-header", default=DEFAULT_DESTINATION_HEADER)
     envoy.set_defaults(func=_envoy_config)
 
     from extproc.sim.cli import add_arguments
