@@ -17,8 +17,40 @@ def _serve(args: argparse.Namespace) -> int:
     except TlsError as exc:
         print(f"extproc serve: {exc}", file=sys.stderr)
         return 2
+    if args.workers > 1:
+        return _supervise(args)
+    worker = None
+    if args.worker:
+        from extproc.server.workers import WorkerSpec
+
+        worker = WorkerSpec.parse(args.worker)
     return serve(args.config, port=args.port, admin_port=args.admin_port,
-                 host=args.host, admin_host=args.admin_host, tls=tls)
+                 host=args.host, admin_host=args.admin_host, tls=tls, worker=worker)
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from extproc.config import ConfigError, load
+    from extproc.server.workers import supervise
+
+    try:
+        config = load(args.config)  # refused here, before any worker starts
+    except ConfigError as exc:
+        print(f"extproc serve: {exc}", file=sys.stderr)
+        return 2
+    serve_args = ["--log-level", args.log_level, "serve", "--config", args.config, "--host", args.host]
+    for flag, value in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key),
+                        ("--tls-client-ca", args.tls_client_ca)):
+        if value:
+            serve_args += [flag, value]
+    try:
+        return asyncio.run(supervise(args.workers, serve_args, port=args.port, admin_host=args.admin_host,
+                                     admin_port=args.admin_port,
+                                     drain_timeout_seconds=config.drain_timeout_seconds))
+    except ValueError as exc:
+        print(f"extproc serve: {exc}", file=sys.stderr)
+        return 2
 
 
 def _envoy_config(args: argparse.Namespace) -> int:
@@ -26,7 +58,7 @@ def _envoy_config(args: argparse.Namespace) -> int:
 
     sys.stdout.write(render(BootstrapOptions(
         listen_port=args.listen_port, listen_address=args.listen_address, extproc_port=args.extproc_port,
-        admin_port=args.admin_port, idle_timeout_seconds=args.idle_timeout,
+        extproc_workers=args.extproc_workers, admin_port=args.admin_port, idle_timeout_seconds=args.idle_timeout,
         destination_header=args.destination_header)))
     return 0
 
@@ -75,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-cert", help="PEM certificate (chain) for the gRPC port; reloaded on change")
     serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
     serve.add_argument("--tls-client-ca", help="PEM CA bundle: clients must present a certificate it signed")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="gateway processes (one per core): worker i serves ext_proc on --port + i "
+                            "(`extproc envoy-config --extproc-workers N`); one admin port for all")
+    serve.add_argument("--worker", help=argparse.SUPPRESS)  # set by the supervisor of --workers
     serve.set_defaults(func=_serve)
 
     check = sub.add_parser("check-config", help="validate a config file and print what it would serve")
@@ -88,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     envoy.add_argument("--idle-timeout", type=int, default=600,
                        help="seconds a request may see no bytes from the pod before it gets a 504")
     envoy.add_argument("--extproc-port", type=int, default=50052)
+    envoy.add_argument("--extproc-workers", type=int, default=1,
+                       help="the gateway's `serve --workers N`: one endpoint per worker port")
     envoy.add_argument("--admin-port", type=int, default=9901)
     envoy.add_argument("--destination-header", default=DEFAULT_DESTINATION_HEADER)
     envoy.set_defaults(func=_envoy_config)

@@ -60,6 +60,7 @@ class BootstrapOptions:
     listen_address: str = "127.0.0.1"  # the clients' port: 0.0.0.0 (or an interface) is a choice
     extproc_port: int = 50052
     extproc_address: str = "127.0.0.1"
+    extproc_workers: int = 1  # `serve --workers N`: ports extproc_port .. extproc_port + N - 1
     admin_port: int = 9901
     destination_header: str = DEFAULT_DESTINATION_HEADER
     # A long prompt's body is one message; and a request held in the SLO queue is answered only when
@@ -255,9 +256,11 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                             "explicit_http_config": {"http2_protocol_options": {
                                 "connection_keepalive": {"interval": "30s", "timeout": "10s"}}},
                         }},
+                    # One endpoint per gateway worker: round robin spreads the routing streams.
                     "load_assignment": {"cluster_name": EXTPROC_CLUSTER, "endpoints": [{"lb_endpoints": [{
                         "endpoint": {"address": {"socket_address": {
-                            "address": o.extproc_address, "port_value": o.extproc_port}}}}]}]},
+                            "address": o.extproc_address, "port_value": o.extproc_port + i}}}}
+                        for i in range(o.extproc_workers)]}]},
                 },
             ],
         },

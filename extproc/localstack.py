@@ -136,6 +136,7 @@ class LocalStack:
     envoy_admin_port: int = field(default_factory=free_port)
     gateway: Proc | None = None
     envoy: Proc | None = None
+    workers: int = 1  # `serve --workers N`: ext_proc ports extproc_port .. + N - 1
 
     @property
     def url(self) -> str:
@@ -152,15 +153,15 @@ class LocalStack:
 
     def start_gateway(self) -> None:
         self.gateway = Proc("gateway", [str(VENV_BIN / "extproc"), "serve", "--config", str(self.config_path),
-                                        "--port", str(self.extproc_port),
+                                        "--port", str(self.extproc_port), "--workers", str(self.workers),
                                         "--admin-port", str(self.admin_port)], self.log_dir, self.env)
         self.gateway.wait_ready(lambda: http_get(self.admin_url + "/healthz")[0] == 200
-                                and port_open(self.extproc_port))
+                                and all(port_open(self.extproc_port + i) for i in range(self.workers)))
 
     def start_envoy(self, **options: Any) -> None:
         self.envoy = start_envoy("envoy", render(BootstrapOptions(
             listen_port=self.envoy_port, listen_address="127.0.0.1", extproc_port=self.extproc_port,
-            admin_port=self.envoy_admin_port, **options)), self.log_dir)
+            extproc_workers=self.workers, admin_port=self.envoy_admin_port, **options)), self.log_dir)
         self.envoy.wait_ready(lambda: port_open(self.envoy_port))
 
     def metrics(self) -> str:

@@ -39,10 +39,11 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--stream-tokens", type=int, default=64, help="output tokens per streamed request")
     o.add_argument("--itl-ms", type=float, default=20.0, help="upstream pace: ms between tokens of a stream")
     o.add_argument("--paths", type=lambda t: tuple(t.split(",")), default=("direct", "envoy", "routed", "full"),
-                   help="subset of direct,envoy,routed,full,tally (processes to start)")
+                   help="subset of direct,envoy,routed,full,workers,tally (processes to start)")
     o.add_argument("--stream-paths", type=lambda t: tuple(t.split(",")), default=("envoy", "full"),
                    help="paths of the streaming sweep, of envoy,routed,full,tally (tally: Envoy + the Lua "
                         "tally without a gateway: the Lua's share of (c); needs it in --paths too)")
+    o.add_argument("--workers", type=int, default=2, help="gateway processes of the 'workers' path")
     o.add_argument("--decisions", type=int, default=3000, help="routing decisions timed per pool size")
     o.add_argument("--baseline", type=Path, metavar="DIR",
                    help="a checkout of an earlier version (git worktree or `git archive`): its gateway and "
@@ -99,7 +100,7 @@ def _overhead(args: argparse.Namespace) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="extproc-bench-"))
     if args.keep_logs:
         print(f"process logs: {log_dir}", file=sys.stderr)
-    with Stack(log_dir, s.itl_ms, strategy, paths=s.paths, baseline=args.baseline) as stack:
+    with Stack(log_dir, s.itl_ms, strategy, paths=s.paths, baseline=args.baseline, workers=args.workers) as stack:
         runs = run_all(stack, s, progress=lambda line: print(line, file=sys.stderr, flush=True))
         upstream_cpu = stack.upstream_stats()["cpu_s"]
     summary = summarize(runs, s)

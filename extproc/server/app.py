@@ -31,7 +31,9 @@ from extproc.server.processor import Processor, parse_body
 from extproc.server.tls import ReloadingCredentials, TlsError, TlsSettings
 from extproc.server.traces import run_tracing
 from extproc.state.accounting import Accounting
-from extproc.state.shared import LocalState
+from extproc.server.workers import WorkerSpec
+from extproc.state.shared import LocalState, SharedState
+from extproc.state.workers import WorkerState
 from extproc.telemetry.health import PodHealth
 from extproc.telemetry.scraper import HealthProber, MetricsScraper
 
@@ -100,15 +102,18 @@ class ConfigWatcher:
 
 async def run_server(config_path: str, *, port: int, admin_port: int, host: str = "127.0.0.1",
                      admin_host: str = "127.0.0.1", stop: asyncio.Event | None = None,
-                     tls: TlsSettings | None = None) -> None:
+                     tls: TlsSettings | None = None, worker: WorkerSpec | None = None) -> None:
     path = Path(config_path)
     config = config_mod.load(path)
     registry = CollectorRegistry()
     redis_url = config.redis_url  # resolved by the loader (EXTPROC_REDIS_URL, redis.url, REDIS_HOST ...)
+    shared: SharedState
     if redis_url:
         from extproc.state.redis_sync import RedisState  # the Redis client loads only when used
 
         shared = RedisState(redis_url, config.redis_instance, registry=registry)
+    elif worker is not None:  # one of `serve --workers N`: counts shared with the others in memory
+        shared = WorkerState(worker.segment_fd, worker.index)
     else:
         shared = LocalState()
     scraper = MetricsScraper(registry, timeout=config.metrics_timeout_seconds)
@@ -157,7 +162,10 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     admin = web.AppRunner(admin_app(gateway, lambda: serving), access_log=None,
                           shutdown_timeout=ADMIN_SHUTDOWN_SECONDS)
     await admin.setup()
-    await web.TCPSite(admin, admin_host, admin_port).start()
+    if worker is not None:  # only the supervisor reads it, and serves the workers' sum on the admin port
+        await web.UnixSite(admin, worker.admin_path).start()
+    else:
+        await web.TCPSite(admin, admin_host, admin_port).start()
     await server.start()
     discovery, overlay = start_discovery(gateway, config)
     watcher = asyncio.create_task(ConfigWatcher(path, gateway, gateway.registry, overlay).run())
@@ -215,7 +223,7 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
 
 
 def serve(config_path: str, *, port: int, admin_port: int, host: str = "127.0.0.1",
-          admin_host: str = "127.0.0.1", tls: TlsSettings | None = None) -> int:
+          admin_host: str = "127.0.0.1", tls: TlsSettings | None = None, worker: WorkerSpec | None = None) -> int:
     try:
         import uvloop  # optional: faster loop when installed
         uvloop.install()
@@ -223,7 +231,7 @@ def serve(config_path: str, *, port: int, admin_port: int, host: str = "127.0.0.
         pass
     try:
         asyncio.run(run_server(config_path, port=port, admin_port=admin_port, host=host,
-                               admin_host=admin_host, tls=tls))
+                               admin_host=admin_host, tls=tls, worker=worker))
     except (config_mod.ConfigError, TlsError) as exc:
         log.error("%s", exc)
         return 2

@@ -28,6 +28,10 @@ class SharedState(Protocol):
     def local_running(self, key: PodKey) -> int:
         """In flight on the pod through this gateway only."""
 
+    def peer_changes(self) -> list[tuple[PodKey, int]]:
+        """Other processes' in-flight changes since the last call, when they are known one by one
+        (the workers of one `serve --workers N`); empty where counts arrive only as sums."""
+
     def take_token_deltas(self) -> dict[PodKey, int]:
         """Completed tokens per pod since the previous call; each token counted once."""
 
@@ -131,6 +135,9 @@ class LocalState:
 
     def local_running(self, key: PodKey) -> int:
         return self.counts.running.get(key, 0)
+
+    def peer_changes(self) -> list[tuple[PodKey, int]]:
+        return []
 
     def take_token_deltas(self) -> dict[PodKey, int]:
         return self.counts.take_local_deltas()
