@@ -30,8 +30,8 @@ from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor, parse_body
 from extproc.server.tls import ReloadingCredentials, TlsError, TlsSettings
 from extproc.server.traces import run_tracing
-from extproc.state.accounting import Accounting
 from extproc.server.workers import WorkerSpec
+from extproc.state.accounting import Accounting
 from extproc.state.shared import LocalState, SharedState
 from extproc.state.workers import WorkerState
 from extproc.telemetry.health import PodHealth
