@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
 
@@ -66,31 +65,16 @@ def _envoy_config(args: argparse.Namespace) -> int:
 
 def _check_config(args: argparse.Namespace) -> int:
     from extproc.config import ConfigError, load
+    from extproc.config.describe import describe
 
     try:
-        config = load(args.file)
+        config = load(args.file)  # the same load `serve` does: file + environment
     except ConfigError as exc:
         print(f"{args.file}: {exc}", file=sys.stderr)
         return 1
-    # the same resolution `serve` applies: EXTPROC_REDIS_URL, redis.url, then REDIS_HOST/REDIS_PORT
-    from extproc.state.shared import redact_url, redis_url_from_env
-
-    redis_url = redis_url_from_env(os.environ, config.redis_url)
     print(f"{args.file}: valid (environment overrides applied)")
-    print(f"default strategy: {config.default_strategy}; destination header: {config.destination_header}; "
-          f"max body: {config.max_body_bytes} bytes; "
-          f"Redis: {f'on ({redact_url(redis_url)})' if redis_url else 'off'}")
-    print(f"model paths: {', '.join(sorted(config.model_paths))}")
-    if config.discovery.enabled:
-        d = config.discovery
-        print(f"discovery: kubernetes, pods labelled {d.label_selector} in {d.namespace or 'all namespaces'} "
-              "(listed below: the file's pods only)")
-    for model in config.models:
-        pods = [p for p in config.pods if p.model == model]
-        print(f"model {model}: {len(pods)} pod(s)")
-        for p in pods:
-            print(f"  {p.name:20} {p.address:22} gpu={p.gpu or '-'} deployment={p.deployment or '-'} "
-                  f"engine={p.engine}{'' if p.ready else ' (not ready)'}")
+    for line in describe(config):
+        print(line)
     return 0
 
 
@@ -107,6 +91,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from extproc.envoy_contract import DEFAULT_DESTINATION_HEADER
+
     parser = argparse.ArgumentParser(prog="extproc", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -141,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     envoy.add_argument("--extproc-workers", type=int, default=1,
                        help="the gateway's `serve --workers N`: one endpoint per worker port")
     envoy.add_argument("--admin-port", type=int, default=9901)
-    envoy.add_argument("--destination-header", default="x-gateway-destination-endpoint")
+    envoy.add_argument("--destination-header", default=DEFAULT_DESTINATION_HEADER)
     envoy.set_defaults(func=_envoy_config)
 
     from extproc.sim.cli import add_arguments

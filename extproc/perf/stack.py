@@ -27,11 +27,16 @@ from pathlib import Path
 
 import yaml
 
-from extproc.config import DEFAULT_DESTINATION_HEADER
 from extproc.envoy_bootstrap import BootstrapOptions, bootstrap
+from extproc.envoy_contract import (
+    DEFAULT_DESTINATION_HEADER,
+    GATEWAY_METADATA_NAMESPACE,
+    MODEL_CLUSTER,
+    POD,
+    STRIP_USAGE,
+)
 from extproc.localstack import VENV_BIN, Proc, free_port, free_ports, http_get, port_open, start_envoy
 from extproc.perf.load import Target
-from extproc.server.responses import GATEWAY_METADATA_NAMESPACE, POD, STRIP_USAGE
 
 MODEL = "bench"
 PATHS = ("direct", "envoy", "routed", "full", "workers", "tally", "before")
@@ -75,7 +80,7 @@ def route_by_header(config: dict, destination_header: str) -> None:
     to_pods = hcm["route_config"]["virtual_hosts"][0]["routes"][0]
     to_pods["match"] = {"prefix": "/", "headers": [{"name": destination_header, "present_match": True}]}
     del to_pods["request_headers_to_add"]
-    pods = next(c for c in config["static_resources"]["clusters"] if c["name"] == "model_pods")
+    pods = next(c for c in config["static_resources"]["clusters"] if c["name"] == MODEL_CLUSTER)
     pods["original_dst_lb_config"] = {"use_http_header": True, "http_header_name": destination_header}
 
 

@@ -18,9 +18,9 @@ from envoy.service.accesslog.v3 import als_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter
 
-from extproc import children
+from extproc import children, environment
 from extproc import config as config_mod
-from extproc.envoy_bootstrap import BUFFER_LIMIT_BYTES
+from extproc.envoy_contract import ENVOY_BUFFER_BYTES, EXTPROC_SERVICE
 from extproc.pool.info import PodInfoCollector
 from extproc.server import loops, processor
 from extproc.server.access_log import AccessLogService
@@ -30,22 +30,20 @@ from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor, parse_body
 from extproc.server.tls import ReloadingCredentials, TlsError, TlsSettings
 from extproc.server.traces import run_tracing
-from extproc.state.accounting import Accounting
 from extproc.server.workers import WorkerSpec
-from extproc.state.shared import LocalState, SharedState, redis_url_from_env
+from extproc.state.accounting import Accounting
+from extproc.state.shared import LocalState, SharedState
 from extproc.state.workers import WorkerState
 from extproc.telemetry.health import PodHealth
 from extproc.telemetry.scraper import HealthProber, MetricsScraper
-from extproc.tracing.window import FLAG_ENV, tracing_enabled
 
 log = logging.getLogger(__name__)
 
-EXTPROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 RELOAD_INTERVAL_SECONDS = 1.0
 ACCESS_LOG_GRACE_SECONDS = 0.2  # last batched access-log records (Envoy flushes every 20 ms)
 ADMIN_SHUTDOWN_SECONDS = 1.0  # admin handlers (metrics, health) are short: do not hold up a SIGTERM
 SHUTDOWN_GRACE_SECONDS = 10.0  # after the drain timeout: longer than this, the shutdown has hung
-MAX_MESSAGE_BYTES = BUFFER_LIMIT_BYTES + (1 << 20)  # the body plus headers and framing
+MAX_MESSAGE_BYTES = ENVOY_BUFFER_BYTES + (1 << 20)  # the body plus headers and framing
 MAX_PENDING_CALLS = 10_000  # calls received, not yet picked up: Envoy's max_connections (one per request)
 
 
@@ -108,12 +106,12 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     path = Path(config_path)
     config = config_mod.load(path)
     registry = CollectorRegistry()
-    redis_url = redis_url_from_env(os.environ, config.redis_url)
+    redis_url = config.redis_url  # resolved by the loader (EXTPROC_REDIS_URL, redis.url, REDIS_HOST ...)
     shared: SharedState
     if redis_url:
         from extproc.state.redis_sync import RedisState  # the Redis client loads only when used
 
-        shared = RedisState(redis_url, registry=registry)
+        shared = RedisState(redis_url, config.redis_instance, registry=registry)
     elif worker is not None:  # one of `serve --workers N`: counts shared with the others in memory
         shared = WorkerState(worker.segment_fd, worker.index)
     else:
@@ -176,11 +174,11 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
         background.append(discovery)
     # SLO routing's profiles: files named in routing.slo.profiles and Redis aibrix:profile_* (every 10 s)
     background.append(asyncio.create_task(gateway.slo.run_profiles(redis_url), name="slo-profiles"))
-    if tracing_enabled(os.environ):
+    if config.tracing:
         if redis_url:
             background.append(asyncio.create_task(run_tracing(gateway, redis_url), name="traces"))
         else:
-            log.warning("%s is set but no Redis is configured: no request traces", FLAG_ENV)
+            log.warning("%s is set but no Redis is configured: no request traces", environment.TRACING_FLAG)
     log.info("ext_proc on %s:%d, admin on http://%s:%d, strategy %s", host, port, admin_host,
              admin_port, gateway.config.default_strategy)
 
