@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from extproc.cancellation import raise_if_cancelled
 from extproc.environment import redact_url
 from extproc.pool.pod import Pod
 from extproc.state.shared import LocalCounts
@@ -109,6 +110,7 @@ class RedisState(SyncedState):
                 pause = self.sync_interval - (loop.time() - started)
             else:
                 pause = retry_pause(self._failures, self.sync_interval, random.uniform(0.8, 1.2))
+            raise_if_cancelled()  # redis-py's wait_for can swallow a cancel (extproc/cancellation.py)
             await asyncio.sleep(max(0.0, pause))
 
     async def sync_once(self) -> None:
