@@ -1,4 +1,5 @@
-"""`extproc bench overhead|memory`: the gateway's cost against Envoy alone, and its memory over time."""
+"""`extproc bench overhead|memory|floor`: the gateway's cost against Envoy alone, its memory over time,
+and what a trivial ext_proc server costs (the floor under the gateway)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,17 @@ def add_parser(sub: Any) -> None:
                    help="plot here when matplotlib is installed")
     m.add_argument("--json", type=Path, help="write the curve here")
     m.set_defaults(func=_memory)
+
+    f = kinds.add_parser("floor", help="server CPU per ext_proc stream of a trivial server (no routing)")
+    f.add_argument("--servers", type=lambda t: tuple(t.split(",")), default=("aio", "sync"),
+                   help="of aio (grpc.aio, the gateway's) and sync (grpc's thread-pool server)")
+    f.add_argument("--rates", type=lambda t: tuple(float(x) for x in t.split(",")), default=(0.0, 1000.0),
+                   help="stream starts per second; 0: back to back (closed loop)")
+    f.add_argument("--concurrency", type=int, default=64, help="streams open at most")
+    f.add_argument("--duration", type=float, default=5.0, help="seconds measured per run")
+    f.add_argument("--rounds", type=int, default=3)
+    f.add_argument("--threads", type=int, default=8, help="the sync server's thread pool")
+    f.set_defaults(func=_floor)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -134,6 +146,20 @@ def _print_profiles(directory: Path) -> None:
             if "extproc/" in frame and incl >= 0.01 and not frame.endswith(("(extproc/cli.py)",
                                                                             "(extproc/server/app.py)")):
                 print(f"  {own * 100:5.1f} {incl * 100:5.1f}  {frame}")
+
+
+def _floor(args: argparse.Namespace) -> int:
+    from extproc.perf.floor import VARIANTS, render, run
+
+    unknown = set(args.servers) - set(VARIANTS)
+    if unknown:
+        print(f"extproc bench floor: unknown --servers {sorted(unknown)} (of {', '.join(VARIANTS)})",
+              file=sys.stderr)
+        return 2
+    runs = run(args.servers, args.rates, args.concurrency, args.duration, args.rounds, args.threads,
+               Path(tempfile.mkdtemp(prefix="extproc-floor-")))
+    print(render(runs, args.concurrency))
+    return 0
 
 
 def _memory(args: argparse.Namespace) -> int:
