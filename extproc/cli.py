@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
 
@@ -18,8 +17,40 @@ def _serve(args: argparse.Namespace) -> int:
     except TlsError as exc:
         print(f"extproc serve: {exc}", file=sys.stderr)
         return 2
+    if args.workers > 1:
+        return _supervise(args)
+    worker = None
+    if args.worker:
+        from extproc.server.workers import WorkerSpec
+
+        worker = WorkerSpec.parse(args.worker)
     return serve(args.config, port=args.port, admin_port=args.admin_port,
-                 host=args.host, admin_host=args.admin_host, tls=tls)
+                 host=args.host, admin_host=args.admin_host, tls=tls, worker=worker)
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from extproc.config import ConfigError, load
+    from extproc.server.workers import supervise
+
+    try:
+        config = load(args.config)  # refused here, before any worker starts
+    except ConfigError as exc:
+        print(f"extproc serve: {exc}", file=sys.stderr)
+        return 2
+    serve_args = ["--log-level", args.log_level, "serve", "--config", args.config, "--host", args.host]
+    for flag, value in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key),
+                        ("--tls-client-ca", args.tls_client_ca)):
+        if value:
+            serve_args += [flag, value]
+    try:
+        return asyncio.run(supervise(args.workers, serve_args, port=args.port, admin_host=args.admin_host,
+                                     admin_port=args.admin_port,
+                                     drain_timeout_seconds=config.drain_timeout_seconds))
+    except ValueError as exc:
+        print(f"extproc serve: {exc}", file=sys.stderr)
+        return 2
 
 
 def _envoy_config(args: argparse.Namespace) -> int:
@@ -27,38 +58,23 @@ def _envoy_config(args: argparse.Namespace) -> int:
 
     sys.stdout.write(render(BootstrapOptions(
         listen_port=args.listen_port, listen_address=args.listen_address, extproc_port=args.extproc_port,
-        admin_port=args.admin_port, idle_timeout_seconds=args.idle_timeout,
+        extproc_workers=args.extproc_workers, admin_port=args.admin_port, idle_timeout_seconds=args.idle_timeout,
         destination_header=args.destination_header)))
     return 0
 
 
 def _check_config(args: argparse.Namespace) -> int:
     from extproc.config import ConfigError, load
+    from extproc.config.describe import describe
 
     try:
-        config = load(args.file)
+        config = load(args.file)  # the same load `serve` does: file + environment
     except ConfigError as exc:
         print(f"{args.file}: {exc}", file=sys.stderr)
         return 1
-    # the same resolution `serve` applies: EXTPROC_REDIS_URL, redis.url, then REDIS_HOST/REDIS_PORT
-    from extproc.state.shared import redact_url, redis_url_from_env
-
-    redis_url = redis_url_from_env(os.environ, config.redis_url)
     print(f"{args.file}: valid (environment overrides applied)")
-    print(f"default strategy: {config.default_strategy}; destination header: {config.destination_header}; "
-          f"max body: {config.max_body_bytes} bytes; "
-          f"Redis: {f'on ({redact_url(redis_url)})' if redis_url else 'off'}")
-    print(f"model paths: {', '.join(sorted(config.model_paths))}")
-    if config.discovery.enabled:
-        d = config.discovery
-        print(f"discovery: kubernetes, pods labelled {d.label_selector} in {d.namespace or 'all namespaces'} "
-              "(listed below: the file's pods only)")
-    for model in config.models:
-        pods = [p for p in config.pods if p.model == model]
-        print(f"model {model}: {len(pods)} pod(s)")
-        for p in pods:
-            print(f"  {p.name:20} {p.address:22} gpu={p.gpu or '-'} deployment={p.deployment or '-'} "
-                  f"engine={p.engine}{'' if p.ready else ' (not ready)'}")
+    for line in describe(config):
+        print(line)
     return 0
 
 
@@ -75,6 +91,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from extproc.envoy_contract import DEFAULT_DESTINATION_HEADER
+
     parser = argparse.ArgumentParser(prog="extproc", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -89,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-cert", help="PEM certificate (chain) for the gRPC port; reloaded on change")
     serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
     serve.add_argument("--tls-client-ca", help="PEM CA bundle: clients must present a certificate it signed")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="gateway processes (one per core): worker i serves ext_proc on --port + i "
+                            "(`extproc envoy-config --extproc-workers N`); one admin port for all")
+    serve.add_argument("--worker", help=argparse.SUPPRESS)  # set by the supervisor of --workers
     serve.set_defaults(func=_serve)
 
     check = sub.add_parser("check-config", help="validate a config file and print what it would serve")
@@ -102,8 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     envoy.add_argument("--idle-timeout", type=int, default=600,
                        help="seconds a request may see no bytes from the pod before it gets a 504")
     envoy.add_argument("--extproc-port", type=int, default=50052)
+    envoy.add_argument("--extproc-workers", type=int, default=1,
+                       help="the gateway's `serve --workers N`: one endpoint per worker port")
     envoy.add_argument("--admin-port", type=int, default=9901)
-    envoy.add_argument("--destination-header", default="x-gateway-destination-endpoint")
+    envoy.add_argument("--destination-header", default=DEFAULT_DESTINATION_HEADER)
     envoy.set_defaults(func=_envoy_config)
 
     from extproc.sim.cli import add_arguments

@@ -20,16 +20,24 @@ from typing import Any
 
 import yaml
 
-from extproc.config import DEFAULT_DESTINATION_HEADER, ENVOY_BUFFER_BYTES
-from extproc.server import attributes
-from extproc.server.responses import (
+from extproc.envoy_contract import (
     ANSWERED_KEY,
+    CLIENT_DESTINATION_HEADERS,
+    DEFAULT_DESTINATION_HEADER,
+    ENVOY_BUFFER_BYTES,
+    EXTPROC_CLUSTER,
+    EXTPROC_SERVICE,
     GATEWAY_METADATA_NAMESPACE,
     LB_METADATA_NAMESPACE,
+    MODEL_CLUSTER,
     POD,
     REQUEST_ID,
+    REQUEST_ID_HEADER,
     STRATEGY,
+    STRATEGY_HEADER,
+    TARGET_POD_HEADER,
 )
+from extproc.server import attributes
 from extproc.slo.settings import MAX_WAIT_CEILING_SECONDS
 
 # Long prompts are buffered whole for routing: keep Envoy's buffer well above the gateway's
@@ -42,9 +50,8 @@ ACCESS_LOG_FORMAT = ('[%START_TIME%] "%REQ(:METHOD)% %REQ(:PATH)%" %RESPONSE_COD
 # Envoy response flags of an upstream that failed us: no healthy host, connect failure, overflow,
 # connection termination, reset, timeout, protocol error, retry limit.
 UPSTREAM_FAILURE_FLAGS = ("UH", "UF", "UO", "UC", "UR", "UT", "UPE", "URX")
-# Headers that steer Envoy's ORIGINAL_DST or AIBrix-style gateways: the route to the pods removes them
-# (the configured destination header is overwritten with the gateway's choice instead).
-CLIENT_DESTINATION_HEADERS = (DEFAULT_DESTINATION_HEADER, "target-pod")
+# CLIENT_DESTINATION_HEADERS: the route to the pods removes them (the configured destination header
+# is overwritten with the gateway's choice instead).
 
 
 @dataclass(slots=True, frozen=True)
@@ -53,6 +60,7 @@ class BootstrapOptions:
     listen_address: str = "127.0.0.1"  # the clients' port: 0.0.0.0 (or an interface) is a choice
     extproc_port: int = 50052
     extproc_address: str = "127.0.0.1"
+    extproc_workers: int = 1  # `serve --workers N`: ports extproc_port .. extproc_port + N - 1
     admin_port: int = 9901
     destination_header: str = DEFAULT_DESTINATION_HEADER
     # A long prompt's body is one message; and a request held in the SLO queue is answered only when
@@ -93,7 +101,7 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
     two_messages = {**one_message, "request_header_mode": "SEND", "request_trailer_mode": "SEND"}
     ext_proc = {
         "@type": TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-        "grpc_service": {"envoy_grpc": {"cluster_name": "extproc"},
+        "grpc_service": {"envoy_grpc": {"cluster_name": EXTPROC_CLUSTER},
                          "timeout": f"{max(30, o.message_timeout_seconds)}s"},  # > the SLO queue's wait
         "failure_mode_allow": False,
         "message_timeout": f"{o.message_timeout_seconds}s",
@@ -115,14 +123,15 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         "@type": TYPE + "envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
         "common_config": {
             "log_name": "extproc", "transport_api_version": "V3",
-            "grpc_service": {"envoy_grpc": {"cluster_name": "extproc"}},
+            "grpc_service": {"envoy_grpc": {"cluster_name": EXTPROC_CLUSTER}},
             "buffer_flush_interval": f"{o.access_log_flush_seconds}s",
             "buffer_size_bytes": 65536}}}
     # The routing decision's headers, added by Envoy from the gateway's metadata (absent → not added).
     decision_headers = [
         {"header": {"key": header, "value": f"%DYNAMIC_METADATA({GATEWAY_METADATA_NAMESPACE}:{key})%"},
          "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}
-        for header, key in (("target-pod", POD), ("routing-strategy", STRATEGY), ("request-id", REQUEST_ID))]
+        for header, key in ((TARGET_POD_HEADER, POD), (STRATEGY_HEADER, STRATEGY),
+                            (REQUEST_ID_HEADER, REQUEST_ID))]
     # Envoy's own replies in the OpenAI shape too: upstream failures (connect refused, reset, timeout),
     # bodies over its buffer, and the rest (the gateway unreachable, no destination). The gateway's own
     # ImmediateResponses carry the `answered` marker in their metadata and pass untouched.
@@ -173,7 +182,7 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                 {"match": {"prefix": "/", "dynamic_metadata": [{
                     "filter": LB_METADATA_NAMESPACE, "path": lb_key["path"],
                     "value": {"present_match": True}}]},
-                 "route": {"cluster": "model_pods", "timeout": "0s",
+                 "route": {"cluster": MODEL_CLUSTER, "timeout": "0s",
                            "idle_timeout": f"{o.idle_timeout_seconds}s"},
                  "request_headers_to_add": [{"header": {
                      "key": o.destination_header,
@@ -220,7 +229,7 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
             }],
             "clusters": [
                 {
-                    "name": "model_pods",
+                    "name": MODEL_CLUSTER,
                     "type": "ORIGINAL_DST",
                     "lb_policy": "CLUSTER_PROVIDED",
                     "connect_timeout": f"{o.upstream_connect_timeout_seconds}s",
@@ -229,7 +238,7 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                     "original_dst_lb_config": {"metadata_key": lb_key},
                 },
                 {
-                    "name": "extproc",
+                    "name": EXTPROC_CLUSTER,
                     "type": "STATIC",
                     "connect_timeout": "1s",
                     "circuit_breakers": circuit_breakers(o),
@@ -240,16 +249,18 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                     "health_checks": [{
                         "timeout": "1s", "interval": "2s", "no_traffic_interval": "2s",
                         "unhealthy_threshold": 1, "healthy_threshold": 1, "grpc_health_check": {
-                            "service_name": "envoy.service.ext_proc.v3.ExternalProcessor"}}],
+                            "service_name": EXTPROC_SERVICE}}],
                     "typed_extension_protocol_options": {
                         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                             "@type": TYPE + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
                             "explicit_http_config": {"http2_protocol_options": {
                                 "connection_keepalive": {"interval": "30s", "timeout": "10s"}}},
                         }},
-                    "load_assignment": {"cluster_name": "extproc", "endpoints": [{"lb_endpoints": [{
+                    # One endpoint per gateway worker: round robin spreads the routing streams.
+                    "load_assignment": {"cluster_name": EXTPROC_CLUSTER, "endpoints": [{"lb_endpoints": [{
                         "endpoint": {"address": {"socket_address": {
-                            "address": o.extproc_address, "port_value": o.extproc_port}}}}]}]},
+                            "address": o.extproc_address, "port_value": o.extproc_port + i}}}}
+                        for i in range(o.extproc_workers)]}]},
                 },
             ],
         },

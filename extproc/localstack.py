@@ -5,6 +5,7 @@ Used by `make demo`, the benchmarks and the integration tests, so they all exerc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -30,6 +31,34 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive free ports (`serve --workers N` listens on port .. port + N - 1)."""
+    if count == 1:
+        return free_port()
+    for _ in range(100):
+        base = free_port()
+        if base + count - 1 > 65535:
+            continue
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base, base + count):
+                    s = held.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return base
+    raise OSError(f"no {count} consecutive free ports found")
 
 
 class ProcessExited(RuntimeError):
@@ -136,6 +165,7 @@ class LocalStack:
     envoy_admin_port: int = field(default_factory=free_port)
     gateway: Proc | None = None
     envoy: Proc | None = None
+    workers: int = 1  # `serve --workers N`: ext_proc ports extproc_port .. + N - 1
 
     @property
     def url(self) -> str:
@@ -151,16 +181,18 @@ class LocalStack:
         tmp.replace(self.config_path)  # atomic, like a ConfigMap update
 
     def start_gateway(self) -> None:
+        if self.workers > 1 and not all(port_free(self.extproc_port + i) for i in range(self.workers)):
+            self.extproc_port = free_ports(self.workers)
         self.gateway = Proc("gateway", [str(VENV_BIN / "extproc"), "serve", "--config", str(self.config_path),
-                                        "--port", str(self.extproc_port),
+                                        "--port", str(self.extproc_port), "--workers", str(self.workers),
                                         "--admin-port", str(self.admin_port)], self.log_dir, self.env)
         self.gateway.wait_ready(lambda: http_get(self.admin_url + "/healthz")[0] == 200
-                                and port_open(self.extproc_port))
+                                and all(port_open(self.extproc_port + i) for i in range(self.workers)))
 
     def start_envoy(self, **options: Any) -> None:
         self.envoy = start_envoy("envoy", render(BootstrapOptions(
             listen_port=self.envoy_port, listen_address="127.0.0.1", extproc_port=self.extproc_port,
-            admin_port=self.envoy_admin_port, **options)), self.log_dir)
+            extproc_workers=self.workers, admin_port=self.envoy_admin_port, **options)), self.log_dir)
         self.envoy.wait_ready(lambda: port_open(self.envoy_port))
 
     def metrics(self) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from extproc.demo.plan import MODEL, Plan
+from extproc.envoy_contract import STRATEGY_HEADER, TARGET_POD_HEADER
 
 
 @dataclass(slots=True)
@@ -37,10 +38,10 @@ def _body(prompt_tokens: int, max_tokens: int) -> dict:
 
 async def _one(session: aiohttp.ClientSession, url: str, strategy: str, body: dict, out: Outcome) -> None:
     try:
-        async with session.post(url, json=body, headers={"routing-strategy": strategy}) as resp:
+        async with session.post(url, json=body, headers={STRATEGY_HEADER: strategy}) as resp:
             data = await resp.json(content_type=None)
             out.status = resp.status
-            out.pod = resp.headers.get("target-pod", "")
+            out.pod = resp.headers.get(TARGET_POD_HEADER, "")
             if resp.status == 200:
                 out.output_tokens = int(data["usage"]["completion_tokens"])
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError):

@@ -101,8 +101,8 @@ def config_with_seed(config: Config, index: int) -> Config:
     """Each gateway replica gets its own tie-break stream, as separate processes would."""
     import dataclasses
 
-    seed = config.routing.get("seed")
-    routing = {**config.routing, "seed": None if seed is None else seed * 1009 + index}
-    return dataclasses.replace(config, routing=routing)
+    seed = config.routing_settings.seed
+    routing = dataclasses.replace(config.routing_settings, seed=None if seed is None else seed * 1009 + index)
+    return dataclasses.replace(config, routing_settings=routing)
 
 

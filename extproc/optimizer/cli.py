@@ -106,10 +106,10 @@ async def _serve(args: argparse.Namespace) -> int:
     import redis.asyncio as aioredis
     from aiohttp import web
 
+    from extproc.environment import redact_url, redis_url_from_env
     from extproc.gpu_profiles import ProfileStore
     from extproc.optimizer.deployments import FileDeploymentSource, StaticDeploymentSource
     from extproc.optimizer.service import OptimizerService, ServiceSettings
-    from extproc.state.shared import redact_url, redis_url_from_env
 
     file_source = FileDeploymentSource(args.config) if args.config else None
     source = file_source or StaticDeploymentSource([])

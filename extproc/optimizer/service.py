@@ -23,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from extproc.cancellation import raise_if_cancelled
 from extproc.gpu_profiles import ProfileStore
 from extproc.openai import OpenAIError
 from extproc.optimizer.dashboard import dashboard_data, render_page
@@ -171,6 +172,7 @@ class OptimizerService:
                 raise
             except Exception:
                 log.exception("optimizer cycle failed")
+            raise_if_cancelled()  # redis-py's wait_for can swallow a cancel (extproc/cancellation.py)
             await asyncio.sleep(max(0.0, self.settings.interval - (time.monotonic() - started)))
 
     # --- HTTP ------------------------------------------------------------------------------------------

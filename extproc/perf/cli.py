@@ -1,4 +1,5 @@
-"""`extproc bench overhead|memory`: the gateway's cost against Envoy alone, and its memory over time."""
+"""`extproc bench overhead|memory|floor`: the gateway's cost against Envoy alone, its memory over time,
+and what a trivial ext_proc server costs (the floor under the gateway)."""
 
 from __future__ import annotations
 
@@ -39,10 +40,11 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--stream-tokens", type=int, default=64, help="output tokens per streamed request")
     o.add_argument("--itl-ms", type=float, default=20.0, help="upstream pace: ms between tokens of a stream")
     o.add_argument("--paths", type=lambda t: tuple(t.split(",")), default=("direct", "envoy", "routed", "full"),
-                   help="subset of direct,envoy,routed,full,tally (processes to start)")
+                   help="subset of direct,envoy,routed,full,workers,tally (processes to start)")
     o.add_argument("--stream-paths", type=lambda t: tuple(t.split(",")), default=("envoy", "full"),
                    help="paths of the streaming sweep, of envoy,routed,full,tally (tally: Envoy + the Lua "
                         "tally without a gateway: the Lua's share of (c); needs it in --paths too)")
+    o.add_argument("--workers", type=int, default=2, help="gateway processes of the 'workers' path")
     o.add_argument("--decisions", type=int, default=3000, help="routing decisions timed per pool size")
     o.add_argument("--baseline", type=Path, metavar="DIR",
                    help="a checkout of an earlier version (git worktree or `git archive`): its gateway and "
@@ -60,6 +62,17 @@ def add_parser(sub: Any) -> None:
                    help="plot here when matplotlib is installed")
     m.add_argument("--json", type=Path, help="write the curve here")
     m.set_defaults(func=_memory)
+
+    f = kinds.add_parser("floor", help="server CPU per ext_proc stream of a trivial server (no routing)")
+    f.add_argument("--servers", type=lambda t: tuple(t.split(",")), default=("aio", "sync"),
+                   help="of aio (grpc.aio, the gateway's) and sync (grpc's thread-pool server)")
+    f.add_argument("--rates", type=lambda t: tuple(float(x) for x in t.split(",")), default=(0.0, 1000.0),
+                   help="stream starts per second; 0: back to back (closed loop)")
+    f.add_argument("--concurrency", type=int, default=64, help="streams open at most")
+    f.add_argument("--duration", type=float, default=5.0, help="seconds measured per run")
+    f.add_argument("--rounds", type=int, default=3)
+    f.add_argument("--threads", type=int, default=8, help="the sync server's thread pool")
+    f.set_defaults(func=_floor)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -99,7 +112,7 @@ def _overhead(args: argparse.Namespace) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="extproc-bench-"))
     if args.keep_logs:
         print(f"process logs: {log_dir}", file=sys.stderr)
-    with Stack(log_dir, s.itl_ms, strategy, paths=s.paths, baseline=args.baseline) as stack:
+    with Stack(log_dir, s.itl_ms, strategy, paths=s.paths, baseline=args.baseline, workers=args.workers) as stack:
         runs = run_all(stack, s, progress=lambda line: print(line, file=sys.stderr, flush=True))
         upstream_cpu = stack.upstream_stats()["cpu_s"]
     summary = summarize(runs, s)
@@ -133,6 +146,20 @@ def _print_profiles(directory: Path) -> None:
             if "extproc/" in frame and incl >= 0.01 and not frame.endswith(("(extproc/cli.py)",
                                                                             "(extproc/server/app.py)")):
                 print(f"  {own * 100:5.1f} {incl * 100:5.1f}  {frame}")
+
+
+def _floor(args: argparse.Namespace) -> int:
+    from extproc.perf.floor import VARIANTS, render, run
+
+    unknown = set(args.servers) - set(VARIANTS)
+    if unknown:
+        print(f"extproc bench floor: unknown --servers {sorted(unknown)} (of {', '.join(VARIANTS)})",
+              file=sys.stderr)
+        return 2
+    runs = run(args.servers, args.rates, args.concurrency, args.duration, args.rounds, args.threads,
+               Path(tempfile.mkdtemp(prefix="extproc-floor-")))
+    print(render(runs, args.concurrency))
+    return 0
 
 
 def _memory(args: argparse.Namespace) -> int:

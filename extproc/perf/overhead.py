@@ -18,7 +18,7 @@ from typing import Any
 from extproc.perf import profile
 from extproc.perf.load import LoadResult, run_load
 from extproc.perf.stack import BenchPath, Stack
-from extproc.perf.stats import cpu_seconds, median, metric_sum, percentile
+from extproc.perf.stats import cpu_seconds, median, metric_sum, percentile, tree_cpu_seconds
 
 TALLY_METRIC = "extproc_output_tokens_total"
 RUNNING_METRIC = "extproc_pod_running_requests"
@@ -80,9 +80,10 @@ def _cpu_snapshot(stack: Stack, path: BenchPath) -> dict[str, float]:
     pids = {"upstream": stack.upstream.popen.pid}
     if path.envoy is not None:
         pids["envoy"] = path.envoy.popen.pid
-    if path.gateway is not None:
-        pids["gateway"] = path.gateway.pid
-    return {k: cpu_seconds(pid) for k, pid in pids.items()} | {"client": time.process_time()}
+    cpu = {k: cpu_seconds(pid) for k, pid in pids.items()}
+    if path.gateway is not None:  # with its children: the workers of `serve --workers`, the body parser
+        cpu["gateway"] = tree_cpu_seconds(path.gateway.pid)
+    return cpu | {"client": time.process_time()}
 
 
 def _measure(stack: Stack, path: BenchPath, load: int, drive: Callable[[], LoadResult],
@@ -96,7 +97,7 @@ def _measure(stack: Stack, path: BenchPath, load: int, drive: Callable[[], LoadR
     run = Run(path=path.name, load=load, tokens_sent=int(up["tokens"] - sent0), tokens_received=result.tokens,
               rps=result.rps, tokens_per_s=result.tokens_per_s, usage_leaked=result.usage_leaked,
               errors=result.errors, completed=result.completed, upstream_late_max_ms=up["late_max_ms"])
-    if path.gateway is not None and path.name in ("full", "before"):  # the paths with the access log
+    if path.gateway is not None and path.name in ("full", "workers", "before"):  # the paths with the access log
         # Records reach the gateway every 20 ms after each request ends: wait for the last ones.
         deadline = time.monotonic() + tally_timeout
         while True:
@@ -204,22 +205,22 @@ def summarize(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any]:
         key = lambda path: f"req/{c}/{path}"  # noqa: E731
         row: dict[str, float] = {}
         for label, path in (("upstream", "direct"), ("direct", "envoy"), ("routed", "routed"),
-                            ("gateway", "full"), ("before", "before")):
+                            ("gateway", "full"), ("workers", "workers"), ("before", "before")):
             if key(path) in runs:
                 row[f"{label}_p50_ms"] = _med(runs[key(path)], "p50_ms")
                 row[f"{label}_p99_ms"] = _med(runs[key(path)], "p99_ms")
                 row[f"{label}_rps"] = _med(runs[key(path)], "rps")
-        for label, path in (("routed_", "routed"), ("", "full"), ("before_", "before")):
+        for label, path in (("routed_", "routed"), ("", "full"), ("workers_", "workers"), ("before_", "before")):
             if key(path) in runs and key("envoy") in runs:
                 row[f"{label}added_p50_ms"] = _added(runs, key(path), key("envoy"), "p50_ms")
                 row[f"{label}added_p99_ms"] = _added(runs, key(path), key("envoy"), "p99_ms")
-        for label, path in (("routed_", "routed"), ("", "full"), ("before_", "before")):
+        for label, path in (("routed_", "routed"), ("", "full"), ("workers_", "workers"), ("before_", "before")):
             if key(path) in runs:
                 row[f"{label}gateway_cpu_us_per_request"] = _per(runs[key(path)], "gateway", "completed")
                 row[f"{label}envoy_cpu_us_per_request"] = _per(runs[key(path)], "envoy", "completed")
         if key("envoy") in runs:
             row["direct_envoy_cpu_us_per_request"] = _per(runs[key("envoy")], "envoy", "completed")
-        for label, path in (("", "full"), ("before_", "before")):  # req/s against Envoy alone, per round
+        for label, path in (("", "full"), ("workers_", "workers"), ("before_", "before")):  # vs Envoy alone
             if key(path) in runs and key("envoy") in runs:
                 pairs = zip(runs[key(path)], runs[key("envoy")])
                 row[f"{label}rps_ratio"] = median(a.rps / b.rps for a, b in pairs if b.rps)

@@ -6,6 +6,7 @@
     full    (c) the product: routing + Lua tally + gRPC access log back to the gateway
     tally   diagnostic: (a) + the Lua tally, no gateway (a stub Lua filter marks each request as
             routed, with usage to strip, as the gateway would): Envoy's share of (c)'s cost
+    workers (c) with `serve --workers N` (`--workers`): N gateway processes behind one Envoy
     before  (c) as an earlier version builds it (`--baseline DIR`: its gateway code and its Envoy
             bootstrap), beside the others: before and after measured in one run
 
@@ -26,14 +27,19 @@ from pathlib import Path
 
 import yaml
 
-from extproc.config import DEFAULT_DESTINATION_HEADER
 from extproc.envoy_bootstrap import BootstrapOptions, bootstrap
-from extproc.localstack import VENV_BIN, Proc, free_port, http_get, port_open, start_envoy
+from extproc.envoy_contract import (
+    DEFAULT_DESTINATION_HEADER,
+    GATEWAY_METADATA_NAMESPACE,
+    MODEL_CLUSTER,
+    POD,
+    STRIP_USAGE,
+)
+from extproc.localstack import VENV_BIN, Proc, free_port, free_ports, http_get, port_open, start_envoy
 from extproc.perf.load import Target
-from extproc.server.responses import GATEWAY_METADATA_NAMESPACE, POD, STRIP_USAGE
 
 MODEL = "bench"
-PATHS = ("direct", "envoy", "routed", "full", "tally", "before")
+PATHS = ("direct", "envoy", "routed", "full", "workers", "tally", "before")
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 BUFFER_FILTER = "envoy.filters.http.buffer"  # holds headers for ext_proc's one message: not without it
 LUA_FILTER = "envoy.filters.http.lua"
@@ -74,7 +80,7 @@ def route_by_header(config: dict, destination_header: str) -> None:
     to_pods = hcm["route_config"]["virtual_hosts"][0]["routes"][0]
     to_pods["match"] = {"prefix": "/", "headers": [{"name": destination_header, "present_match": True}]}
     del to_pods["request_headers_to_add"]
-    pods = next(c for c in config["static_resources"]["clusters"] if c["name"] == "model_pods")
+    pods = next(c for c in config["static_resources"]["clusters"] if c["name"] == MODEL_CLUSTER)
     pods["original_dst_lb_config"] = {"use_http_header": True, "http_header_name": destination_header}
 
 
@@ -110,10 +116,11 @@ class Stack:
     """Starts everything on 127.0.0.1 free ports; `close` (or the with-block) stops it all."""
 
     def __init__(self, log_dir: Path, itl_ms: float, strategy: str, paths: tuple[str, ...] = PATHS,
-                 baseline: Path | None = None) -> None:
+                 baseline: Path | None = None, workers: int = 2) -> None:
         self.log_dir = log_dir
         self.strategy = strategy
         self.baseline = baseline  # a checkout of an earlier version: the "before" path runs its code
+        self.workers = workers    # of the "workers" path
         self._exit = ExitStack()
         self.paths: dict[str, BenchPath] = {}
         try:
@@ -162,6 +169,12 @@ class Stack:
             envoy_port = free_port()
             envoy = self._envoy(name, envoy_port, gateway_port=grpc_port, ext_proc=True, tally=tally)
             self.paths[name] = BenchPath(name, Target(envoy_port), envoy, gateway)
+        if "workers" in paths:
+            gateway, grpc_port = self._gateway("workers", address, workers=self.workers)
+            envoy_port = free_port()
+            envoy = self._envoy("workers", envoy_port, gateway_port=grpc_port, ext_proc=True, tally=True,
+                                workers=self.workers)
+            self.paths["workers"] = BenchPath("workers", Target(envoy_port), envoy, gateway)
         if "before" in paths and self.baseline is not None:
             env = {"PYTHONPATH": str(self.baseline)}  # its code first: the gateway and the generator
             gateway, grpc_port = self._gateway("before", address, env)
@@ -177,26 +190,28 @@ class Stack:
             envoy.wait_ready(lambda: port_open(envoy_port))
             self.paths["before"] = BenchPath("before", Target(envoy_port), envoy, gateway)
 
-    def _gateway(self, name: str, address: str, env: dict[str, str] | None = None) -> tuple[Gateway, int]:
+    def _gateway(self, name: str, address: str, env: dict[str, str] | None = None,
+                 workers: int = 1) -> tuple[Gateway, int]:
         config = self.log_dir / f"gateway-{name}.yaml"
         # Without the access log (path b) records never come: keep the default request timeout so no
         # expiry (and its per-request warning) runs during the benchmark.
         config.write_text(yaml.safe_dump({
             "models": {MODEL: {"pods": [{"name": "upstream-0", "address": address}]}},
             "routing": {"default_strategy": self.strategy}}))
-        grpc_port, admin_port = free_port(), free_port()
+        grpc_port, admin_port = free_ports(workers), free_port()
+        workers_args = ["--workers", str(workers)] if workers > 1 else []  # a baseline may not know it
         proc = self._proc(Proc(f"gateway-{name}", [
             str(VENV_BIN / "extproc"), "--log-level", "WARNING", "serve", "--config", str(config),
-            "--port", str(grpc_port), "--host", "127.0.0.1", "--admin-port", str(admin_port)], self.log_dir,
-            env))
+            "--port", str(grpc_port), "--host", "127.0.0.1", "--admin-port", str(admin_port), *workers_args],
+            self.log_dir, env))
         proc.wait_ready(lambda: http_get(f"http://127.0.0.1:{admin_port}/healthz")[0] == 200
-                        and port_open(grpc_port))
+                        and all(port_open(grpc_port + i) for i in range(workers)))
         return Gateway(proc, admin_port), grpc_port
 
     def _envoy(self, name: str, port: int, gateway_port: int, *, ext_proc: bool, tally: bool,
-               mark: bool = False) -> Proc:
+               mark: bool = False, workers: int = 1) -> Proc:
         options = BootstrapOptions(listen_port=port, listen_address="127.0.0.1", admin_port=free_port(),
-                                   extproc_port=gateway_port)
+                                   extproc_port=gateway_port, extproc_workers=workers)
         proc = self._proc(start_envoy(f"envoy-{name}", envoy_variant(
             options, ext_proc=ext_proc, tally=tally, mark=mark), self.log_dir))
         proc.wait_ready(lambda: port_open(port))

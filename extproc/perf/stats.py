@@ -39,6 +39,26 @@ def cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU of a process and every live descendant (NaN when the process itself is unreadable)."""
+    total = cpu_seconds(pid)
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return total
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                children = [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            continue
+        for child in children:
+            cpu = tree_cpu_seconds(child)
+            if cpu == cpu:
+                total += cpu
+    return total
+
+
 def rss_bytes(pid: int | str = "self") -> int:
     """Resident set size from /proc/<pid>/statm."""
     with open(f"/proc/{pid}/statm") as f:

@@ -12,13 +12,11 @@ import logging
 
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
-from extproc.server import responses
+from extproc.envoy_contract import GATEWAY_METADATA_NAMESPACE, KEY, TALLY_NAMESPACE
 from extproc.server.gateway import Gateway
 from extproc.state.record import TOKENS_UNKNOWN
 
 log = logging.getLogger(__name__)
-
-TALLY_NAMESPACE = "extproc.tally"  # written by tally.lua
 
 
 def _seconds(duration) -> float:
@@ -46,10 +44,10 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):
     def record(self, entry) -> None:
         common = entry.common_properties
         filters = common.metadata.filter_metadata
-        ours = filters.get(responses.GATEWAY_METADATA_NAMESPACE)
+        ours = filters.get(GATEWAY_METADATA_NAMESPACE)
         if ours is None:
             return  # answered by the gateway itself, or by Envoy before routing
-        key = ours.fields.get(responses.KEY)
+        key = ours.fields.get(KEY)
         if key is None:
             return
         tally = filters.get(TALLY_NAMESPACE)

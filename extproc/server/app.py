@@ -18,9 +18,9 @@ from envoy.service.accesslog.v3 import als_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter
 
-from extproc import children
+from extproc import children, environment
 from extproc import config as config_mod
-from extproc.envoy_bootstrap import BUFFER_LIMIT_BYTES
+from extproc.envoy_contract import ENVOY_BUFFER_BYTES, EXTPROC_SERVICE
 from extproc.pool.info import PodInfoCollector
 from extproc.server import loops, processor
 from extproc.server.access_log import AccessLogService
@@ -30,21 +30,21 @@ from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor, parse_body
 from extproc.server.tls import ReloadingCredentials, TlsError, TlsSettings
 from extproc.server.traces import run_tracing
+from extproc.server.workers import WorkerSpec
 from extproc.slo.refresh import SloRefresh
 from extproc.state.accounting import Accounting
-from extproc.state.shared import LocalState, redis_url_from_env
+from extproc.state.shared import LocalState, SharedState
+from extproc.state.workers import WorkerState
 from extproc.telemetry.health import PodHealth
 from extproc.telemetry.scraper import HealthProber, MetricsScraper
-from extproc.tracing.window import FLAG_ENV, tracing_enabled
 
 log = logging.getLogger(__name__)
 
-EXTPROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 RELOAD_INTERVAL_SECONDS = 1.0
 ACCESS_LOG_GRACE_SECONDS = 0.2  # last batched access-log records (Envoy flushes every 20 ms)
 ADMIN_SHUTDOWN_SECONDS = 1.0  # admin handlers (metrics, health) are short: do not hold up a SIGTERM
 SHUTDOWN_GRACE_SECONDS = 10.0  # after the drain timeout: longer than this, the shutdown has hung
-MAX_MESSAGE_BYTES = BUFFER_LIMIT_BYTES + (1 << 20)  # the body plus headers and framing
+MAX_MESSAGE_BYTES = ENVOY_BUFFER_BYTES + (1 << 20)  # the body plus headers and framing
 MAX_PENDING_CALLS = 10_000  # calls received, not yet picked up: Envoy's max_connections (one per request)
 
 
@@ -103,15 +103,18 @@ class ConfigWatcher:
 
 async def run_server(config_path: str, *, port: int, admin_port: int, host: str = "127.0.0.1",
                      admin_host: str = "127.0.0.1", stop: asyncio.Event | None = None,
-                     tls: TlsSettings | None = None) -> None:
+                     tls: TlsSettings | None = None, worker: WorkerSpec | None = None) -> None:
     path = Path(config_path)
     config = config_mod.load(path)
     registry = CollectorRegistry()
-    redis_url = redis_url_from_env(os.environ, config.redis_url)
+    redis_url = config.redis_url  # resolved by the loader (EXTPROC_REDIS_URL, redis.url, REDIS_HOST ...)
+    shared: SharedState
     if redis_url:
         from extproc.state.redis_sync import RedisState  # the Redis client loads only when used
 
-        shared = RedisState(redis_url, registry=registry)
+        shared = RedisState(redis_url, config.redis_instance, registry=registry)
+    elif worker is not None:  # one of `serve --workers N`: counts shared with the others in memory
+        shared = WorkerState(worker.segment_fd, worker.index)
     else:
         shared = LocalState()
     scraper = MetricsScraper(registry, timeout=config.metrics_timeout_seconds)
@@ -160,7 +163,10 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     admin = web.AppRunner(admin_app(gateway, lambda: serving), access_log=None,
                           shutdown_timeout=ADMIN_SHUTDOWN_SECONDS)
     await admin.setup()
-    await web.TCPSite(admin, admin_host, admin_port).start()
+    if worker is not None:  # only the supervisor reads it, and serves the workers' sum on the admin port
+        await web.UnixSite(admin, worker.admin_path).start()
+    else:
+        await web.TCPSite(admin, admin_host, admin_port).start()
     await server.start()
     discovery, overlay = start_discovery(gateway, config)
     watcher = asyncio.create_task(ConfigWatcher(path, gateway, gateway.registry, overlay).run())
@@ -169,11 +175,11 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
         background.append(discovery)
     # SLO routing's profiles: files named in routing.slo.profiles and Redis aibrix:profile_* (every 10 s)
     background.append(asyncio.create_task(SloRefresh(gateway).run_profiles(redis_url), name="slo-profiles"))
-    if tracing_enabled(os.environ):
+    if config.tracing:
         if redis_url:
             background.append(asyncio.create_task(run_tracing(gateway, redis_url), name="traces"))
         else:
-            log.warning("%s is set but no Redis is configured: no request traces", FLAG_ENV)
+            log.warning("%s is set but no Redis is configured: no request traces", environment.TRACING_FLAG)
     log.info("ext_proc on %s:%d, admin on http://%s:%d, strategy %s", host, port, admin_host,
              admin_port, gateway.config.default_strategy)
 
@@ -218,7 +224,7 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
 
 
 def serve(config_path: str, *, port: int, admin_port: int, host: str = "127.0.0.1",
-          admin_host: str = "127.0.0.1", tls: TlsSettings | None = None) -> int:
+          admin_host: str = "127.0.0.1", tls: TlsSettings | None = None, worker: WorkerSpec | None = None) -> int:
     try:
         import uvloop  # optional: faster loop when installed
         uvloop.install()
@@ -226,7 +232,7 @@ def serve(config_path: str, *, port: int, admin_port: int, host: str = "127.0.0.
         pass
     try:
         asyncio.run(run_server(config_path, port=port, admin_port=admin_port, host=host,
-                               admin_host=admin_host, tls=tls))
+                               admin_host=admin_host, tls=tls, worker=worker))
     except (config_mod.ConfigError, TlsError) as exc:
         log.error("%s", exc)
         return 2

@@ -12,30 +12,23 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 
+from extproc.config.keys import read_keys
 from extproc.openai import OpenAIError
 
 log = logging.getLogger(__name__)
-ENV_KEYS = "EXTPROC_API_KEYS"
 
 
 def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
-def read_keys(path: Path) -> list[str]:
-    lines = (line.strip() for line in path.read_text().splitlines())
-    return [line for line in lines if line and not line.startswith("#")]
-
-
 class ApiKeys:
-    def __init__(self, path: Path | None = None, env: Mapping[str, str] | None = None) -> None:
-        env = os.environ if env is None else env
+    def __init__(self, path: Path | None = None, env_keys: Iterable[str] = ()) -> None:
         self._path = path
-        self._env = [k.strip() for k in env.get(ENV_KEYS, "").split(",") if k.strip()]
+        self._env = list(env_keys)  # EXTPROC_API_KEYS, read by the config loader
         self._stamp: tuple[int, int] | None = None
         self._digests: tuple[bytes, ...] = ()
         self._set(self._env)

@@ -16,7 +16,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
 
 import extproc.strategies  # noqa: F401  (every strategy registered: a config may name any)
-from extproc.config import DEFAULT_DESTINATION_HEADER, Config, ConfigError
+from extproc.config import Config, ConfigError
+from extproc.envoy_contract import CLIENT_DESTINATION_HEADERS
 from extproc.openai import Request
 from extproc.pool import Pod, Pool
 from extproc.routing import Profile, Router, SettingError, StrategySpec, StrategySpecError
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 # Headers that steer Envoy's ORIGINAL_DST or AIBrix-style gateways: never accepted from clients.
 # (x-envoy-* headers need no stripping here: Envoy refuses their mutation and ORIGINAL_DST follows only
 # the configured header.)
-CLIENT_FORBIDDEN_HEADERS = frozenset({DEFAULT_DESTINATION_HEADER, "target-pod"})
+CLIENT_FORBIDDEN_HEADERS = frozenset(CLIENT_DESTINATION_HEADERS)
 
 # Requests routed this long before a scrape (beyond its timeout) are in the engine's count when
 # the reconciler compares (extproc/state/reconcile.py).
@@ -60,7 +61,7 @@ class Gateway:
         self.requests_total = Counter("extproc_requests", "Requests handled, by outcome",
                                       ["model", "pod", "strategy", "code"], registry=self.registry)
         self._series: dict[tuple[str, str], set[tuple[str, str]]] = {}  # (model, pod) -> (strategy, code)
-        self.api_keys = ApiKeys()  # EXTPROC_API_KEYS; apply() adds a config's key file
+        self.api_keys = ApiKeys(env_keys=config.api_keys)  # apply() adds a config's key file
         self._keys_file: str | None = None
         self.unmatched_records = Counter(
             "extproc_unmatched_access_logs", "Access-log records of requests this process did not "
@@ -75,8 +76,8 @@ class Gateway:
             "timeout (gateway.request_timeout_seconds)", ["cause"], registry=self.registry)
         self.peer_records = Counter(
             "extproc_peer_access_logs", "Access-log records of requests another gateway process routed "
-            "(one Envoy sends its log stream to one replica), passed on through Redis: sent by this "
-            "gateway, or received and their requests released here", ["direction"], registry=self.registry)
+            "(one Envoy sends its log stream to one replica), passed on through Redis or the workers' "
+            "segment: sent by this gateway, or received and their requests released here", ["direction"], registry=self.registry)
         self.reconciler = Reconciler()
         self.registry.register(PodMetricsCollector(self))
         self.open_streams = 0
@@ -103,7 +104,8 @@ class Gateway:
         self.router = router
         self.pool = Pool(config.pods, config.models)
         if config.api_keys_file != self._keys_file:  # re-read only when the setting changes
-            self.api_keys = ApiKeys(Path(config.api_keys_file) if config.api_keys_file else None)
+            self.api_keys = ApiKeys(Path(config.api_keys_file) if config.api_keys_file else None,
+                                   config.api_keys)
             self._keys_file = config.api_keys_file
         self.config = config
         # A sample is stamped when its scrape returns: the engine's count may be up to the scrape

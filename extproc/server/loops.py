@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from prometheus_client import Gauge
 
+from extproc.cancellation import raise_if_cancelled
 from extproc.server.gateway import Gateway
 from extproc.telemetry.scraper import HealthProber, MetricsScraper
 
@@ -44,6 +45,7 @@ async def every(interval: Callable[[], float], step: Callable[[], None | Awaitab
             raise
         except Exception:
             log.exception("%s failed; retrying", name)
+        raise_if_cancelled()  # a step that talks to Redis can swallow a cancel (extproc/cancellation.py)
         await asyncio.sleep(interval())
 
 

@@ -25,7 +25,7 @@ from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
 from extproc import openai
-from extproc.config import ENVOY_MAX_HEADERS
+from extproc.envoy_contract import ENVOY_MAX_HEADERS, EXTPROC_SERVICE, STRATEGY_HEADER
 from extproc.openai import OpenAIError, Request
 from extproc.routing import StrategySpec, StrategySpecError, strategy_names
 from extproc.routing.outcome import Queued, Rejected, Routed
@@ -36,10 +36,8 @@ from extproc.slo.server import SloRoom
 
 log = logging.getLogger(__name__)
 
-STRATEGY_HEADER = "routing-strategy"
 MODEL_HEADER = "model"
 REQUEST_ID_HEADER = "x-request-id"
-TARGET_POD_HEADER = "target-pod"
 # Bodies above this are parsed off the event loop, so one long prompt never stalls other streams.
 OFFLOAD_BODY_BYTES = 256 * 1024
 
@@ -84,7 +82,7 @@ def add_to_server(processor: Processor, server: grpc.aio.Server) -> None:
         processor.Process, request_deserializer=decode,
         response_serializer=ProcessingResponse.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "envoy.service.ext_proc.v3.ExternalProcessor", {"Process": handler}),))
+        EXTPROC_SERVICE, {"Process": handler}),))
 
 
 def parse_body(path: str, body: bytes, header_model: str | None) -> Request | OpenAIError:

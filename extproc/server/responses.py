@@ -18,15 +18,19 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
 from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.protobuf.struct_pb2 import Struct
 
+from extproc.envoy_contract import (
+    ANSWERED_KEY,
+    GATEWAY_METADATA_NAMESPACE,
+    KEY,
+    LB_METADATA_NAMESPACE,
+    POD,
+    REQUEST_ID,
+    STRATEGY,
+    STRIP_USAGE,
+)
 from extproc.pool.pod import Pod
 
 OVERWRITE = HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
-LB_METADATA_NAMESPACE = "envoy.lb"  # the endpoint-picker protocol's metadata namespace
-GATEWAY_METADATA_NAMESPACE = "extproc"
-ANSWERED_KEY = "answered"
-# Keys of the routing decision in GATEWAY_METADATA_NAMESPACE: the access log brings KEY back, Envoy
-# adds response headers from POD/STRATEGY/REQUEST_ID, the tally script reads STRIP_USAGE.
-KEY, POD, STRATEGY, REQUEST_ID, STRIP_USAGE = "key", "pod", "strategy", "request_id", "strip_usage"
 
 # Stateless replies are built once: they are sent for every streamed response chunk.
 CONTINUE_REQUEST_BODY = ProcessingResponse(request_body=BodyResponse())

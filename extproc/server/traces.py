@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from extproc.cancellation import raise_if_cancelled
 from extproc.openai import Request
 from extproc.routing.framework import PodView
 from extproc.server.gateway import Gateway
@@ -51,6 +52,7 @@ async def run_tracing(gateway: Gateway, redis_url: str) -> None:
                 await flusher.flush()  # a Redis failure drops (and counts) that window, nothing more
             except Exception:
                 log.exception("request traces failed")
+            raise_if_cancelled()  # redis-py's wait_for can swallow a cancel (extproc/cancellation.py)
             await asyncio.sleep(1.0)
     finally:
         await client.aclose()

@@ -13,7 +13,11 @@ Modules, functional core first:
   protocol.py  OpenAI request parsing and SSE/JSON bodies
   metrics.py   /metrics with vLLM or SGLang names
 Imperative shell:
-  server.py    ReplicaServer: aiohttp, one engine-loop task per replica on a scaled wall clock
+  server.py    ReplicaServer: one replica's aiohttp server, its open streams, listener and lifecycle
+  pacer.py     Pacer: the engine loop on a scaled wall clock (one timer per step)
+  openai_http.py  the OpenAI endpoints, /health and /metrics
+  admin.py     /sim/info, /sim/timeline, /sim/faults and the outages they start
+  streams.py   token delivery to responders (the direct socket sink), failures, lateness
   fleet.py     fleet YAML -> several ReplicaServers in one process
   cli.py       `extproc engine-sim`
   bench.py     `python -m extproc.sim.bench`: per-token timing under 500 streams

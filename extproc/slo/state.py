@@ -28,7 +28,7 @@ Ledger = dict[int, "float | None"]  # id(routed Request) -> its consumption, old
 
 def deployment_of(pod: Pod) -> str:
     """The pool config's deployment, else the fleet label, else app.kubernetes.io/name. (Discovered
-    pods already carry the ReplicaSet owner's name without its hash: extproc.pool.kubernetes.)"""
+    pods already carry the ReplicaSet owner's name without its hash: extproc.pool.convert.)"""
     if pod.deployment:
         return pod.deployment
     labels = pod.labels or {}

@@ -186,6 +186,15 @@ class Accounting:
         return cached.routable
 
     def _cached(self, model: str, pods: Sequence[Pod], now: float) -> _Cached:
+        # The other workers' routing since the last decision, as it happened (a rebuild or resync
+        # below then overwrites these views with sums that hold the same changes).
+        changes = self.shared.peer_changes()
+        if changes:
+            live = self._live
+            for key, delta in changes:
+                view = live.get(key)
+                if view is not None:
+                    view.running = max(0, view.running + delta)
         cached = self._cache.get(model)
         if cached is None or cached.pods is not pods or now - cached.built >= VIEW_REBUILD_SECONDS:
             views = Snapshot(self.build_views(pods, now, self._routing_running))

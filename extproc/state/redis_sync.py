@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
 import socket
 import time
@@ -25,8 +24,10 @@ from prometheus_client import CollectorRegistry, Gauge
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from extproc.cancellation import raise_if_cancelled
+from extproc.environment import redact_url
 from extproc.pool.pod import Pod
-from extproc.state.shared import LocalCounts, redact_url
+from extproc.state.shared import LocalCounts
 from extproc.state.sync_core import (
     AIBRIX_POD_PATTERN,
     AIBRIX_SNAPSHOT_TTL_MS,
@@ -55,8 +56,8 @@ SCAN_COUNT = 500
 
 
 def default_instance() -> str:
-    """AIBrix names a gateway instance by POD_NAME, else the hostname."""
-    return os.environ.get("POD_NAME") or socket.gethostname() or "unknown-gateway"
+    """Without POD_NAME (Config.redis_instance), AIBrix names a gateway instance by its hostname."""
+    return socket.gethostname() or "unknown-gateway"
 
 
 class RedisState(SyncedState):
@@ -109,6 +110,7 @@ class RedisState(SyncedState):
                 pause = self.sync_interval - (loop.time() - started)
             else:
                 pause = retry_pause(self._failures, self.sync_interval, random.uniform(0.8, 1.2))
+            raise_if_cancelled()  # redis-py's wait_for can swallow a cancel (extproc/cancellation.py)
             await asyncio.sleep(max(0.0, pause))
 
     async def sync_once(self) -> None:

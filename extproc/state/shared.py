@@ -9,9 +9,8 @@ same protocol in virtual time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Protocol
-from urllib.parse import quote, urlsplit, urlunsplit
 
 from extproc.pool.pod import Pod, PodKey
 
@@ -28,6 +27,10 @@ class SharedState(Protocol):
 
     def local_running(self, key: PodKey) -> int:
         """In flight on the pod through this gateway only."""
+
+    def peer_changes(self) -> list[tuple[PodKey, int]]:
+        """Other processes' in-flight changes since the last call, when they are known one by one
+        (the workers of one `serve --workers N`); empty where counts arrive only as sums."""
 
     def take_token_deltas(self) -> dict[PodKey, int]:
         """Completed tokens per pod since the previous call; each token counted once."""
@@ -133,6 +136,9 @@ class LocalState:
     def local_running(self, key: PodKey) -> int:
         return self.counts.running.get(key, 0)
 
+    def peer_changes(self) -> list[tuple[PodKey, int]]:
+        return []
+
     def take_token_deltas(self) -> dict[PodKey, int]:
         return self.counts.take_local_deltas()
 
@@ -158,40 +164,4 @@ class LocalState:
         return False  # never sharing
 
 
-# -- where Redis is ----------------------------------------------------------------------------
-
-def redis_url_from_env(env: Mapping[str, str], configured: str | None) -> str | None:
-    """EXTPROC_REDIS_URL, else the config's redis.url, else AIBrix's REDIS_HOST/REDIS_PORT.
-
-    REDIS_PASSWORD (AIBrix's secret-backed variable) is added to a URL that carries none, so a
-    deployment can keep the password out of its URL and config. rediss:// URLs keep TLS.
-    """
-    url = (env.get("EXTPROC_REDIS_URL") or "").strip() or (configured or "").strip()
-    password = env.get("REDIS_PASSWORD") or ""
-    if not url:
-        host = (env.get("REDIS_HOST") or "").strip()
-        if not host:
-            return None
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"  # an IPv6 literal
-        port = (env.get("REDIS_PORT") or "").strip() or "6379"
-        url = f"redis://{host}:{port}/0"
-    if password:
-        parts = urlsplit(url)
-        if parts.password is None:
-            user = quote(parts.username, safe="") if parts.username else ""
-            netloc = f"{user}:{quote(password, safe='')}@{parts.netloc.rpartition('@')[2]}"
-            url = urlunsplit(parts._replace(netloc=netloc))
-    return url
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password replaced, for logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{parts.netloc.rpartition('@')[2]}"))
-
-
-__all__ = ["LocalCounts", "LocalState", "SharedState", "redact_url", "redis_url_from_env"]
+__all__ = ["LocalCounts", "LocalState", "SharedState"]

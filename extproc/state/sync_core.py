@@ -325,6 +325,9 @@ class SyncedState:
     def local_running(self, key: PodKey) -> int:
         return self.counts.running.get(key, 0)
 
+    def peer_changes(self) -> list[tuple[PodKey, int]]:
+        return []  # other gateways' counts arrive as sums; routing_running echoes them meanwhile
+
     def take_token_deltas(self) -> dict[PodKey, int]:
         return self.core.take_token_deltas()
 

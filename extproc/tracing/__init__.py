@@ -9,8 +9,7 @@ from extproc.tracing.window import (
     bucket,
     trace_key,
     trace_key_prefix,
-    tracing_enabled,
 )
 
 __all__ = ["INTERVAL_SEC", "PRECISION", "TRACE_TTL_SECONDS", "TRACE_VERSION", "TraceFlusher", "TraceRecorder",
-           "bucket", "trace_key", "trace_key_prefix", "tracing_enabled", "windows_dropped"]
+           "bucket", "trace_key", "trace_key_prefix", "windows_dropped"]

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from prometheus_client import Counter
 
+from extproc.cancellation import raise_if_cancelled
 from extproc.tracing.window import TraceRecorder
 
 log = logging.getLogger(__name__)
@@ -87,4 +88,5 @@ class TraceFlusher:
                 raise
             except Exception:  # a bug here must not kill the gateway's task group
                 log.exception("request trace flush failed")
+            raise_if_cancelled()  # redis-py's wait_for can swallow a cancel (extproc/cancellation.py)
             await asyncio.sleep(self._interval)

@@ -11,20 +11,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 TRACE_VERSION = 4  # v3 added meta_total_reqs/meta_pending_reqs, v4 meta_queueing_reqs
 INTERVAL_SEC = 10
 PRECISION = 10  # buckets per doubling of the token count (AIBrix: 1 / RequestTracePrecision)
-FLAG_ENV = "AIBRIX_GPU_OPTIMIZER_TRACING_FLAG"
-
-_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})  # Go's strconv.ParseBool, as AIBrix reads it
-
-
-def tracing_enabled(env: Mapping[str, str]) -> bool:
-    """AIBRIX_GPU_OPTIMIZER_TRACING_FLAG, read the way AIBrix reads it: anything unparsable is off."""
-    return env.get(FLAG_ENV, "false").strip() in _TRUE
 
 
 def bucket(tokens: int, precision: int = PRECISION) -> int:

@@ -63,7 +63,7 @@ async def test_kv_pressure_raised_mid_stream_ends_requests_that_no_longer_fit(se
         async with http.post(url(server, "/v1/completions"), json=stream_body()) as resp:
             await first_token(resp)
             waiting = asyncio.create_task(http.post(url(server, "/v1/completions"), json=plain))
-            await until(lambda: len(server._streams) == 2, "second request in the engine")
+            await until(lambda: len(server.streams) == 2, "second request in the engine")
             async with http.post(url(server, "/sim/faults"), json={"kv_pressure": 0.99}) as r:
                 assert r.status == 200
             lines = await rest_of_stream(resp)
@@ -111,7 +111,7 @@ async def test_one_broken_transport_does_not_stop_the_engine_loop(server: Replic
         ):
             await first_token(bad)
             await first_token(good)
-            victim = next(s for s in server._streams.values() if s.seq is None and s.sink is not None
+            victim = next(s for s in server.streams.values() if s.seq is None and s.sink is not None
                           and s.sink.last == 1999)
             assert victim.sink is not None
             victim.sink.transport = Broken()

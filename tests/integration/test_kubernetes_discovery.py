@@ -15,7 +15,8 @@ import pytest
 from aiohttp import web
 
 from extproc.config import parse
-from extproc.pool.kubernetes import DiscoverySettings, PodWatcher
+from extproc.pool.settings import DiscoverySettings
+from extproc.pool.watch import PodWatcher
 from extproc.server.discovery import DiscoveredPool
 from extproc.server.gateway import Gateway
 

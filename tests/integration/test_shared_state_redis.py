@@ -16,10 +16,10 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
+from extproc.environment import redis_url_from_env
 from extproc.localstack import Proc, free_port
 from extproc.pool.pod import Pod
 from extproc.state.redis_sync import RedisState
-from extproc.state.shared import redis_url_from_env
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")]

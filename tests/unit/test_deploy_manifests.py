@@ -17,9 +17,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from extproc.config import DEFAULT_DESTINATION_HEADER, ENVOY_BUFFER_BYTES, parse
+from extproc.config import parse
+from extproc.envoy_contract import DEFAULT_DESTINATION_HEADER, ENVOY_BUFFER_BYTES
 from extproc.optimizer.deployments import load_config as load_optimizer_config
-from extproc.pool.kubernetes import DiscoverySettings, pod_from_object
+from extproc.pool.convert import pod_from_object
+from extproc.pool.settings import DiscoverySettings
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

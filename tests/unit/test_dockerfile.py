@@ -174,6 +174,6 @@ def test_a_wheel_builds_from_exactly_the_build_context(tmp_path: Path) -> None:
     (wheel,) = (tmp_path / "wheels").glob("extproc-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "extproc/envoy/tally.lua" in names and "extproc/server/app.py" in names
-    assert "extproc/pool/kubernetes.py" in names
+    assert "extproc/pool/watch.py" in names and "extproc/config/loader.py" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "extproc = extproc.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -1,10 +1,10 @@
 """Routing settings through config.parse: env precedence, per-model overrides, validation at load."""
 
-import dataclasses
 
 import pytest
 
 from extproc.config import ConfigError, parse
+from extproc.fleetsim.gateways import config_with_seed
 from extproc.routing.settings import AutoBlendSettings, LoadBalanceSettings, env_variables
 
 BASE = {"models": {"m": {"pods": [{"name": "p0", "address": "10.0.0.1:8000"}]}}}
@@ -98,10 +98,11 @@ def test_a_bad_setting_refuses_the_config_and_names_the_key(raw, env, names):
     assert names in str(err.value)
 
 
-def test_routing_settings_follow_a_replaced_routing_section():
-    # the fleet simulation gives each simulated gateway its own seed this way
+def test_routing_settings_are_parsed_once_and_replaceable():
+    # parsed at load, not on every access; the fleet simulation gives each simulated gateway its own seed
     c = parse({**BASE, "routing": {"seed": 1}}, {})
-    assert dataclasses.replace(c, routing={**c.routing, "seed": 7}).routing_settings.seed == 7
+    assert c.routing_settings is c.routing_settings and c.routing_settings.seed == 1
+    assert config_with_seed(c, 2).routing_settings.seed == 1 * 1009 + 2
 
 
 def test_every_knob_has_both_spellings():

@@ -7,12 +7,13 @@ import os
 
 import pytest
 
+from extproc import environment
 from extproc.openai import OpenAIError
 from extproc.server.auth import ApiKeys
 
 
 def test_no_keys_means_no_check():
-    keys = ApiKeys(env={})
+    keys = ApiKeys()
     assert not keys.enabled
     keys.check(None)
 
@@ -20,7 +21,7 @@ def test_no_keys_means_no_check():
 def test_file_and_environment_keys_and_rotation(tmp_path, caplog):
     path = tmp_path / "keys"
     path.write_text("# ops\nsk-file-1\n\n")
-    keys = ApiKeys(path, env={"EXTPROC_API_KEYS": "sk-env-1, sk-env-2"})
+    keys = ApiKeys(path, environment.api_keys({"EXTPROC_API_KEYS": "sk-env-1, sk-env-2"}))
     for good in ("Bearer sk-file-1", "bearer sk-env-2", "Bearer  sk-env-1 "):
         keys.check(good)
     for bad in (None, "", "Bearer", "Bearer sk-file-2", "Basic sk-file-1", "sk-file-1"):

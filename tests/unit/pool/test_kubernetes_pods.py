@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extproc.config import ConfigError, parse
-from extproc.pool.kubernetes import DiscoverySettings, deployment_from_metadata, pod_from_object
+from extproc.pool.convert import deployment_from_metadata, pod_from_object
+from extproc.pool.settings import DiscoverySettings
 
 S = DiscoverySettings(kind="kubernetes")
 

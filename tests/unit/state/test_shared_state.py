@@ -8,10 +8,12 @@ import re
 import pytest
 from prometheus_client import CollectorRegistry
 
+from extproc.config import parse
+from extproc.environment import redact_url, redis_url_from_env
 from extproc.fleetsim.shared import SimSharedState, SyncHub
 from extproc.pool.pod import Pod
 from extproc.state.redis_sync import RedisState
-from extproc.state.shared import LocalCounts, LocalState, redact_url, redis_url_from_env
+from extproc.state.shared import LocalCounts, LocalState
 from extproc.state.sync_core import Snapshot, SyncCore, running_key, tokens_key
 
 POD = Pod("llama", "pod-a", "10.0.0.1:8000", namespace="team")
@@ -207,10 +209,12 @@ def test_own_tokens_before_the_first_snapshot_are_not_lost():
 
 # -- RedisState without a network ------------------------------------------------------------------
 
-def test_redis_state_works_locally_before_any_sync(monkeypatch):
-    monkeypatch.setenv("POD_NAME", "gateway-7")
+def test_redis_state_works_locally_before_any_sync():
     registry = CollectorRegistry()
-    s = RedisState("redis://127.0.0.1:1/0", registry=registry, clock=FakeClock())
+    # POD_NAME names the instance, as `serve` passes it from the config (Config.redis_instance)
+    config = parse({"models": {"m": {}}}, {"POD_NAME": "gateway-7", "REDIS_HOST": "127.0.0.1",
+                                          "REDIS_PORT": "1"})
+    s = RedisState(config.redis_url, config.redis_instance, registry=registry, clock=FakeClock())
     assert re.fullmatch(r"gateway-7:\d{19}", s.field)
     s.track([POD])
     s.add_running(POD, 1)

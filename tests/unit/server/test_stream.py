@@ -334,7 +334,7 @@ def test_one_message_routes_through_metadata_and_lets_the_route_strip_client_hea
     assert in_flight(gw) == 0 and running(gw) == 0
 
 
-def test_one_message_keeps_every_check_of_the_headers(gw: Gateway, monkeypatch):
+def test_one_message_keeps_every_check_of_the_headers(gw: Gateway):
     assert error_of(Stream(gw).handle(body_first(CHAT, path="/sim/faults")))[0] == 404
     assert error_of(Stream(gw).handle(body_first(CHAT, method="PUT")))[0] == 405
     status, error = error_of(Stream(gw).handle(body_first(CHAT, **{"routing-strategy": "nope"})))
@@ -343,8 +343,7 @@ def test_one_message_keeps_every_check_of_the_headers(gw: Gateway, monkeypatch):
     assert status == 400 and error["code"] == "invalid_session_key"
     status, error = error_of(Stream(gw).handle(body_first({**CHAT, "model": "nope"})))
     assert status == 404 and error["code"] == "model_not_found"
-    monkeypatch.setenv("EXTPROC_API_KEYS", "sk-right")
-    keyed = Gateway(parse(CONFIG, {}))
+    keyed = Gateway(parse(CONFIG, {"EXTPROC_API_KEYS": "sk-right"}))  # read by the config loader
     assert error_of(Stream(keyed).handle(body_first(CHAT)))[0] == 401
     assert error_of(Stream(keyed).handle(body_first(CHAT, authorization="Bearer sk-wrong")))[0] == 401
     assert Stream(keyed).handle(body_first(CHAT, authorization="Bearer sk-right")).HasField("request_body")

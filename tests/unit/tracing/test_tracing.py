@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from extproc.tracing import TraceFlusher, TraceRecorder, bucket, trace_key, tracing_enabled, windows_dropped
+from extproc.environment import tracing_enabled
+from extproc.tracing import TraceFlusher, TraceRecorder, bucket, trace_key, windows_dropped
 
 
 @pytest.mark.parametrize(("tokens", "expected"), [

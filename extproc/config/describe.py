@@ -1,0 +1,36 @@
+"""`extproc check-config`'s report: the loaded Config in words, exactly what `serve` would run.
+
+Built from the Config alone (the loader has already folded in the environment), so the report cannot
+disagree with the gateway: Redis found through REDIS_HOST shows here as it is used there.
+"""
+
+from __future__ import annotations
+
+from extproc.config.schema import Config
+from extproc.environment import redact_url
+
+
+def describe(config: Config) -> list[str]:
+    redis = f"on ({redact_url(config.redis_url)})" if config.redis_url else "off"
+    lines = [f"default strategy: {config.default_strategy}; destination header: {config.destination_header}; "
+             f"max body: {config.max_body_bytes} bytes; Redis: {redis}",
+             f"model paths: {', '.join(sorted(config.model_paths))}",
+             f"API keys: {_keys(config)}; request traces: "
+             f"{('on' if config.redis_url else 'on, but off without Redis') if config.tracing else 'off'}"]
+    if config.discovery.enabled:
+        d = config.discovery
+        lines.append(f"discovery: kubernetes, pods labelled {d.label_selector} in "
+                     f"{d.namespace or 'all namespaces'} (listed below: the file's pods only)")
+    for model in config.models:
+        pods = [p for p in config.pods if p.model == model]
+        lines.append(f"model {model}: {len(pods)} pod(s)")
+        for p in pods:
+            lines.append(f"  {p.name:20} {p.address:22} gpu={p.gpu or '-'} deployment={p.deployment or '-'} "
+                         f"engine={p.engine}{'' if p.ready else ' (not ready)'}")
+    return lines
+
+
+def _keys(config: Config) -> str:
+    sources = ([f"{len(config.api_keys)} from EXTPROC_API_KEYS"] if config.api_keys else []) + \
+              ([f"file {config.api_keys_file}"] if config.api_keys_file else [])
+    return f"on ({', '.join(sources)})" if sources else "off"

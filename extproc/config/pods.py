@@ -1,0 +1,70 @@
+"""The config's `models:` section: each model's pods, checked one by one (the error names the pod)."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from extproc.config.schema import ConfigError, check_known
+from extproc.pool.pod import ENGINE_LABEL, ENGINES, METRIC_PORT_LABEL, Pod
+
+MODEL_KEYS = frozenset({"pods", "routingConfig"})
+POD_KEYS = frozenset({"name", "address", "deployment", "labels", "ready", "namespace", "engine",
+                      "metrics_port"})
+
+
+def model_pods(model: str, spec: Any) -> list[Pod]:
+    if not isinstance(spec, dict):
+        raise ConfigError(f"models.{model} must be a mapping with a pods list")
+    check_known(f"models.{model}", spec, MODEL_KEYS)
+    entries = spec.get("pods") or []
+    if not isinstance(entries, list):
+        raise ConfigError(f"models.{model}.pods must be a list")
+    pods, seen = [], set()
+    for i, entry in enumerate(entries):
+        where = f"models.{model}.pods[{i}]"
+        if not isinstance(entry, dict) or "name" not in entry or "address" not in entry:
+            raise ConfigError(f"{where} needs a name and an address")
+        check_known(where, entry, POD_KEYS)
+        name = str(entry["name"])
+        if name in seen:
+            raise ConfigError(f"{where}: duplicate pod name {name!r}")
+        seen.add(name)
+        labels = entry.get("labels") or {}
+        if not isinstance(labels, dict):
+            raise ConfigError(f"{where}.labels must be a mapping")
+        ready = entry.get("ready", True)
+        if not isinstance(ready, bool):
+            raise ConfigError(f"{where}.ready must be true or false")
+        labels = {str(k): str(v) for k, v in labels.items()}
+        engine = str(entry.get("engine", labels.get(ENGINE_LABEL, "vllm"))).lower()
+        if engine not in ENGINES:
+            raise ConfigError(f"{where}.engine {engine!r} is not one of {', '.join(ENGINES)}")
+        metrics_port = entry.get("metrics_port", labels.get(METRIC_PORT_LABEL))
+        if metrics_port is not None:
+            try:
+                metrics_port = int(metrics_port)
+                if not 0 < metrics_port < 65536:
+                    raise ValueError
+            except (TypeError, ValueError):
+                raise ConfigError(f"{where}.metrics_port {metrics_port!r} is not a port") from None
+        pods.append(Pod(model=model, name=name, address=_address(str(entry["address"]), where),
+                        deployment=str(entry.get("deployment", "")), labels=labels, ready=ready,
+                        namespace=str(entry.get("namespace", "default")), engine=engine,
+                        metrics_port=metrics_port))
+    return pods
+
+
+def _address(value: str, where: str) -> str:
+    """ORIGINAL_DST needs a literal ip:port; a hostname here would never connect."""
+    host, sep, port_text = value.rpartition(":")
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+        if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"{where}.address {value!r} must be ip:port") from None
+    if ip.is_unspecified or ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+        raise ConfigError(f"{where}.address {value!r} is not one host's address")
+    port = int(port_text)
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"

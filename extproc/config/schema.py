@@ -1,0 +1,86 @@
+"""The typed gateway config and the keys its file may hold.
+
+    models:
+      llama2-7b:
+        pods:
+          - {name: a100-0, address: 127.0.0.1:8001, deployment: llama2-7b-a100, labels: {gpu: A100}}
+    routing: {default_strategy: load-balance}
+    gateway: {destination_header: x-gateway-destination-endpoint, max_body_bytes: 8388608}
+
+A `Config` is what `serve` runs and `check-config` prints: the file with the environment folded in
+(extproc.environment), routing settings parsed and every strategy built once, at load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from extproc.envoy_contract import DEFAULT_DESTINATION_HEADER
+from extproc.pool.pod import Pod
+from extproc.pool.settings import DISCOVERY_KEYS, DiscoverySettings
+from extproc.routing.settings import RoutingSettings
+
+# Inference endpoints routed to a pod; anything else (engine admin endpoints included) gets a 404.
+DEFAULT_MODEL_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+# Envoy's per-connection buffer (envoy_contract.ENVOY_BUFFER_BYTES) must stay above this, so that
+# oversized bodies reach the gateway and get an OpenAI-style 413 instead of Envoy's plain-text one.
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+
+# Every key the file may hold, per section: anything else is a typo that would silently change what is
+# served (`modles:` once meant "no models", a pod's `raedy: false` was ignored), so it is an error.
+# `routing` is checked by extproc.routing.settings; models and pods by extproc.config.pods.
+SECTION_KEYS: dict[str, frozenset[str]] = {
+    "gateway": frozenset({"destination_header", "model_paths", "max_body_bytes", "drain_timeout_seconds",
+                          "drain_notice_seconds", "include_usage", "request_timeout_seconds",
+                          "api_keys_file"}),
+    "telemetry": frozenset({"refresh_seconds", "timeout_seconds"}),
+    "redis": frozenset({"url"}),
+    "discovery": DISCOVERY_KEYS,  # typed by extproc.config.discovery
+}
+TOP_KEYS = frozenset({"models", "routing", *SECTION_KEYS})
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(slots=True, frozen=True)
+class Config:
+    pods: tuple[Pod, ...] = ()
+    models: tuple[str, ...] = ()
+    default_strategy: str = "load-balance"
+    destination_header: str = DEFAULT_DESTINATION_HEADER
+    model_paths: frozenset[str] = frozenset(DEFAULT_MODEL_PATHS)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    drain_timeout_seconds: float = 30.0
+    # NOT_SERVING is announced this long before new streams are refused, so that health checkers
+    # (Envoy's, Kubernetes') can steer traffic away first.
+    drain_notice_seconds: float = 0.0
+    # Typed routing settings for `extproc.routing.Router`: the `routing` section, its environment
+    # variables and each model's `routingConfig`, parsed once at load (every strategy built from them).
+    routing_settings: RoutingSettings = field(default_factory=RoutingSettings)
+    # Streaming requests get stream_options.include_usage, so every engine reports exact usage; the
+    # usage chunk is removed again for clients that did not ask for it.
+    include_usage: bool = True
+    # A routed request whose access-log record never comes is released after this long.
+    request_timeout_seconds: float = 3600.0
+    metrics_refresh_seconds: float = 1.0
+    metrics_timeout_seconds: float = 0.5
+    # Where shared state lives, as `serve` connects: EXTPROC_REDIS_URL, redis.url, else AIBrix's
+    # REDIS_HOST/REDIS_PORT, with REDIS_PASSWORD added. None: this gateway keeps its counts to itself.
+    redis_url: str | None = field(default=None, repr=False)  # may carry a password
+    redis_instance: str | None = None  # this gateway's name in Redis (POD_NAME; None: the hostname)
+    tracing: bool = False  # request traces for the GPU optimizer (AIBRIX_GPU_OPTIMIZER_TRACING_FLAG)
+    api_keys_file: str | None = None  # optional client API keys (extproc.server.auth)
+    api_keys: tuple[str, ...] = field(default=(), repr=False)  # EXTPROC_API_KEYS
+    # Where pods come from besides `models`: the file only (default) or the Kubernetes API.
+    discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
+
+
+def check_known(where: str, mapping: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    unknown = sorted(str(k) for k in mapping if k not in allowed)
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise ConfigError(f"unknown key {prefix}{unknown[0]} (known: {', '.join(sorted(allowed))})")

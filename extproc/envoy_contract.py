@@ -1,0 +1,37 @@
+"""The names the gateway and Envoy agree on: headers, metadata namespaces and keys, the cluster, the buffer.
+
+Envoy's bootstrap (`envoy_bootstrap`), the gateway's replies (`server/`), the Lua tally
+(`envoy/tally.lua`, which spells TALLY_NAMESPACE, GATEWAY_METADATA_NAMESPACE and STRIP_USAGE itself),
+the local stack and the benchmarks all read them here, so a rename on one side cannot miss the other.
+Names only: no imports, nothing that runs.
+"""
+
+from __future__ import annotations
+
+# -- headers -------------------------------------------------------------------------------------
+# The Gateway API Inference Extension's endpoint-picker header: where ORIGINAL_DST sends the request
+# (gateway.destination_header may rename it; Envoy's bootstrap must then be rendered with the same name).
+DEFAULT_DESTINATION_HEADER = "x-gateway-destination-endpoint"
+STRATEGY_HEADER = "routing-strategy"  # the client's choice of strategy (AIBrix's header)
+TARGET_POD_HEADER = "target-pod"      # AIBrix's response header naming the pod; never taken from clients
+REQUEST_ID_HEADER = "request-id"      # response header: the request id the gateway routed under
+# Headers that steer Envoy's ORIGINAL_DST or AIBrix-style gateways: never accepted from clients.
+CLIENT_DESTINATION_HEADERS = (DEFAULT_DESTINATION_HEADER, TARGET_POD_HEADER)
+
+# -- dynamic metadata ----------------------------------------------------------------------------
+LB_METADATA_NAMESPACE = "envoy.lb"    # the endpoint-picker protocol's metadata namespace
+GATEWAY_METADATA_NAMESPACE = "extproc"  # the gateway's own decision, read back by Envoy and the access log
+TALLY_NAMESPACE = "extproc.tally"     # written by tally.lua: the response's token counts
+ANSWERED_KEY = "answered"             # set on the gateway's own replies: local-reply mappers leave them
+# Keys of the routing decision in GATEWAY_METADATA_NAMESPACE: the access log brings KEY back, Envoy
+# adds response headers from POD/STRATEGY/REQUEST_ID, the tally script reads STRIP_USAGE.
+KEY, POD, STRATEGY, REQUEST_ID, STRIP_USAGE = "key", "pod", "strategy", "request_id", "strip_usage"
+
+# -- the cluster and the buffer ------------------------------------------------------------------
+EXTPROC_CLUSTER = "extproc"  # Envoy's cluster of the gateway: ext_proc and the gRPC access log
+MODEL_CLUSTER = "model_pods"  # the ORIGINAL_DST cluster that follows LB_METADATA_NAMESPACE
+EXTPROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"  # the gRPC health check's service name
+# Envoy's per-connection buffer; the gateway's max_body_bytes must stay below it, so that oversized
+# bodies reach the gateway and get an OpenAI-style 413 instead of Envoy's plain-text one.
+ENVOY_BUFFER_BYTES = 16 * 1024 * 1024
+ENVOY_MAX_HEADERS = 100  # Envoy's default header count limit, also applied after the gateway's mutation
