@@ -112,7 +112,8 @@ def _overhead(args: argparse.Namespace) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="extproc-bench-"))
     if args.keep_logs:
         print(f"process logs: {log_dir}", file=sys.stderr)
-    with Stack(log_dir, s.itl_ms, strategy, paths=s.paths, baseline=args.baseline, workers=args.workers) as stack:
+    with Stack(log_dir, s.itl_ms, strategy, paths=s.paths, baseline=args.baseline,
+               workers=args.workers) as stack:
         runs = run_all(stack, s, progress=lambda line: print(line, file=sys.stderr, flush=True))
         upstream_cpu = stack.upstream_stats()["cpu_s"]
     summary = summarize(runs, s)

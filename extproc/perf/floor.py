@@ -125,8 +125,8 @@ async def _load(port: int, pid: int, concurrency: int, rate: float, duration: fl
         stop = True
         await asyncio.gather(*workers, return_exceptions=True)
     n = n1 - n0
-    return {"streams_per_s": n / (t1 - t0), "server_us_per_stream": (cpu1 - cpu0) / n * 1e6 if n else float("nan"),
-            "errors": counts["errors"]}
+    per_stream = (cpu1 - cpu0) / n * 1e6 if n else float("nan")
+    return {"streams_per_s": n / (t1 - t0), "server_us_per_stream": per_stream, "errors": counts["errors"]}
 
 
 def run(variants: tuple[str, ...], rates: tuple[float, ...], concurrency: int, duration: float, rounds: int,
@@ -137,8 +137,8 @@ def run(variants: tuple[str, ...], rates: tuple[float, ...], concurrency: int, d
             for i in range(len(variants)):
                 variant = variants[(i + r) % len(variants)]  # rotate: no variant always goes first
                 port = free_port()
-                proc = Proc(f"floor-{variant}", [sys.executable, "-m", "extproc.perf.floor", variant, str(port),
-                                                  str(threads)], log_dir)
+                argv = [sys.executable, "-m", "extproc.perf.floor", variant, str(port), str(threads)]
+                proc = Proc(f"floor-{variant}", argv, log_dir)
                 try:
                     proc.wait_ready(lambda: port_open(port))
                     result = asyncio.run(_load(port, proc.popen.pid, concurrency, rate, duration))
@@ -146,13 +146,14 @@ def run(variants: tuple[str, ...], rates: tuple[float, ...], concurrency: int, d
                     proc.stop()
                 runs.setdefault(f"{variant}@{rate:g}", []).append(result)
                 print(f"round {r + 1} {variant:5} rate {rate or 'closed':>6}: "
-                      f"{result['server_us_per_stream']:6.0f} us/stream, {result['streams_per_s']:6.0f} streams/s",
-                      file=sys.stderr, flush=True)
+                      f"{result['server_us_per_stream']:6.0f} us/stream, "
+                      f"{result['streams_per_s']:6.0f} streams/s", file=sys.stderr, flush=True)
     return runs
 
 
 def render(runs: dict[str, list[dict[str, float]]], concurrency: int) -> str:
-    lines = [f"{'server':8} {'load':>14} {'us/stream':>10} {'streams/s':>10}  (medians, {concurrency} streams max)"]
+    lines = [f"{'server':8} {'load':>14} {'us/stream':>10} {'streams/s':>10}  "
+             f"(medians, {concurrency} streams max)"]
     for key, rs in runs.items():
         variant, rate = key.split("@")
         load = "closed loop" if rate == "0" else f"{rate}/s paced"

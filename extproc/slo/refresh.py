@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from extproc.cancellation import raise_if_cancelled
 from extproc.gpu_profiles import ProfileStore
 from extproc.slo.assignment import assign
 from extproc.slo.state import SloState, deployment_of, learned
@@ -54,6 +55,7 @@ class SloRefresh:
                 except Exception:
                     log.exception("SLO split refresh failed")
                 state = self.state
+                raise_if_cancelled()  # redis-py's wait_for can swallow a cancel (extproc/cancellation.py)
                 await asyncio.sleep(state.settings.profile_refresh_seconds if state else 10.0)
         finally:
             if client is not None:

@@ -23,8 +23,9 @@ def test_each_server_answers_every_stream_and_its_cpu_is_counted(tmp_path: Path)
 
 def test_a_process_trees_cpu_includes_its_childrens():
     # the parent only waits; its child burns CPU for a while
-    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run([sys.executable, "
-                               "'-c', 'sum(i * i for i in range(20_000_000))'])"])
+    child = "sum(i * i for i in range(20_000_000))"
+    parent = subprocess.Popen([sys.executable, "-c",
+                               f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"])
     try:
         deadline, tree, own = time.monotonic() + 30, 0.0, 0.0
         while time.monotonic() < deadline and parent.poll() is None and tree < 0.5:
