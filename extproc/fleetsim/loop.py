@@ -28,8 +28,8 @@ from extproc.fleetsim.slo_profiles import load_slo_profiles, virtual_profile
 from extproc.gpu_profiles import GpuProfile
 from extproc.openai import CHARS_PER_TOKEN, Request
 from extproc.routing.outcome import Queued, Rejected, Routed
-from extproc.sim.engine import CapacityError, SeqState, SimRequest
 from extproc.sim.prefix import block_hashes
+from extproc.sim.sequences import CapacityError, SeqState, SimRequest
 from extproc.slo.queue import Entry
 from extproc.slo.room import Room
 from extproc.slo.strategy import SloProfile

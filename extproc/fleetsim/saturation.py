@@ -15,8 +15,9 @@ import random
 from dataclasses import dataclass
 
 from extproc.fleetsim.scenario import Scenario
-from extproc.sim.engine import Engine, SimRequest
+from extproc.sim.engine import Engine
 from extproc.sim.replica import ReplicaSpec
+from extproc.sim.sequences import SimRequest
 
 _CACHE: dict[tuple[object, ...], float] = {}
 

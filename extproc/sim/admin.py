@@ -77,7 +77,7 @@ class Admin:
                 },
                 "tensor_parallel": perf.tensor_parallel,
                 "time_scale": r.spec.time_scale,
-                "kv_blocks": r.engine.total_blocks,
+                "kv_blocks": r.engine.kv.total_blocks,
                 "block_size": r.engine.config.block_size,
                 "max_model_len": r.engine.max_model_len,
                 "max_num_seqs": r.engine.config.max_num_seqs,

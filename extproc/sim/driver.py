@@ -16,7 +16,8 @@ uses the same `Engine` with a wall clock (server.py); only the clock differs.
 
 from __future__ import annotations
 
-from extproc.sim.engine import Engine, SimRequest, StepResult
+from extproc.sim.engine import Engine
+from extproc.sim.sequences import SimRequest, StepResult
 
 
 class EngineDriver:

@@ -15,105 +15,17 @@ a step runs join the next step, as in vLLM.
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from dataclasses import dataclass, field
 
-from extproc.sim.perf import PerfModel, blocks_for
-from extproc.sim.prefix import PrefixCache
+from extproc.sim.kv_cache import KvCache
+from extproc.sim.perf import PerfModel
+from extproc.sim.sequences import CapacityError, EngineConfig, SeqState, SimRequest, StepResult
 
 RECENT_WINDOW_S = 10.0  # how much step history utilization() and generation_throughput() can see
 
 
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    max_num_seqs: int = 256  # vLLM default
-    # Token budget per step (chunked prefill). vLLM V1's default for online serving on big GPUs is 2048-8192.
-    max_num_batched_tokens: int = 2048
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int | None = None  # defaults to the model's context length (capped by KV capacity)
-    # Fault injection: a fraction of KV blocks held by a phantom tenant. Usage reads >= this, and the
-    # blocks are really unavailable, so the engine queues and preempts as it would under real pressure.
-    kv_pressure: float = 0.0
-    # vLLM V1 default: full prompt blocks are shared by hash and kept (evictable) after use.
-    enable_prefix_caching: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class SimRequest:
-    request_id: str
-    prompt_tokens: int
-    max_tokens: int
-    # Hash chain of the prompt's full KV blocks (prefix.block_hashes); empty: no prefix caching for it.
-    block_hashes: tuple[int, ...] = ()
-
-
-@dataclass(slots=True, eq=False)  # identity: `running.remove(seq)` must not compare every field
-class SeqState:
-    """A request inside the engine; returned to the driver when it finishes (for latency metrics).
-
-    While it decodes in the engine's cohort (Engine._cohort_blocks) num_computed, num_output and last_token_time
-    lag behind by the steps since `synced`; Engine.get() and every sequence the engine hands out (finished,
-    failed, first tokens) are up to date."""
-
-    request: SimRequest
-    arrival: float
-    num_computed: int = 0  # tokens whose KV is in cache (prompt + output), reset on preemption
-    num_output: int = 0
-    num_blocks: int = 0  # private blocks; shared prefix blocks are in `hashed`
-    hashed: list[int] = field(default_factory=list)  # prefix-cache blocks referenced, in prompt order
-    first_token_time: float | None = None
-    last_token_time: float = 0.0  # when the latest token showed (inter-token latency)
-    finish_time: float | None = None
-    prompt_counted: bool = False
-    total: int = -1  # prompt + output tokens, kept by the engine (the step loop reads it per sequence)
-    # Cohort bookkeeping (Engine._cohort_blocks): member or not, the engine tick its counters are true
-    # at, and its join number (members join in running order, so this orders them as `running` does).
-    cohort: bool = field(default=False, init=False, repr=False)
-    synced: int = field(default=0, init=False, repr=False)
-    order: int = field(default=0, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.total = self.request.prompt_tokens + self.num_output
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    @property
-    def total_tokens(self) -> int:
-        return self.total
-
-
-@dataclass(slots=True)
-class StepResult:
-    start: float
-    duration: float
-    emitted: list[str] = field(default_factory=list)  # request ids that got one new token at `end`
-    first_tokens: list[SeqState] = field(default_factory=list)  # requests whose first token this was
-    finished: list[SeqState] = field(default_factory=list)
-    # Inter-token latency of the non-first tokens this step emitted, as (gap, how many tokens had it):
-    # nearly all share one gap (they decoded in the previous step too), so the metrics cost one call per
-    # step rather than one per token.
-    inter_token: list[tuple[float, int]] = field(default_factory=list)
-    # Dropped by the engine, not finished: they no longer fit the KV cache (see Engine.set_kv_pressure).
-    failed: list[SeqState] = field(default_factory=list)
-    preempted: list[str] = field(default_factory=list)
-    num_tokens: int = 0  # query tokens in the batch
-    num_seqs: int = 0
-
-    @property
-    def end(self) -> float:
-        return self.start + self.duration
-
-
 def _join_order(seq: SeqState) -> int:
     return seq.order
-
-
-class CapacityError(ValueError):
-    """The request can never fit (longer than max_model_len or than the whole KV cache)."""
 
 
 class Engine:
@@ -121,16 +33,14 @@ class Engine:
         self.perf = perf
         self._step_time = perf.step_timer()
         self.config = config
-        self.total_blocks = perf.kv_blocks(config.block_size, config.gpu_memory_utilization)
-        if self.total_blocks <= 0:
+        total_blocks = perf.kv_blocks(config.block_size, config.gpu_memory_utilization)
+        if total_blocks <= 0:
             raise ValueError(f"{perf.model.name} does not fit on {perf.tensor_parallel}x {perf.gpu.name}")
-        self.used_blocks = 0  # private blocks; shared ones are counted by self.prefix
-        self.prefix = PrefixCache()
+        self.kv = KvCache(total_blocks, config.block_size, config.enable_prefix_caching)
         self.running: list[SeqState] = []
         self.waiting: deque[SeqState] = deque()
         self._by_id: dict[str, SeqState] = {}
         self._failed: list[SeqState] = []  # dropped since the last step; reported by the next one
-        self.phantom_blocks = 0
         self.set_kv_pressure(config.kv_pressure)
         # Multiplies step time; the shell raises it during a slow-start fault.
         self.slowdown = 1.0
@@ -160,12 +70,10 @@ class Engine:
     @property
     def max_model_len(self) -> int:
         limit = self.config.max_model_len or self.perf.model.max_model_len
-        usable = (self.total_blocks - self.phantom_blocks) * self.config.block_size
-        return max(1, min(limit, usable))
+        return max(1, min(limit, self.kv.usable_tokens))
 
     def set_kv_pressure(self, fraction: float) -> None:
-        # ceil: the reported usage must read >= the requested pressure.
-        self.phantom_blocks = min(self.total_blocks - 1, math.ceil(self.total_blocks * max(0.0, fraction)))
+        self.kv.set_pressure(fraction)
         # A request admitted under lower pressure may no longer fit even in an otherwise empty cache. Left
         # in place it would hold the head of the FCFS queue forever (or preempt itself in a loop), so it is
         # failed now, as `add` would reject it today; the next step reports it in StepResult.failed.
@@ -211,7 +119,7 @@ class Engine:
             self.waiting.remove(seq)
         else:
             self.running.remove(seq)
-        self._free(seq)
+        self.kv.release(seq)
 
     def get(self, request_id: str) -> SeqState | None:
         seq = self._by_id.get(request_id)
@@ -236,9 +144,7 @@ class Engine:
     @property
     def kv_cache_usage(self) -> float:
         """Fraction 0..1 of KV blocks in use (vllm:kv_cache_usage_perc is a fraction despite its name)."""
-        # min(): raising KV pressure at runtime can briefly overbook until preemption frees blocks.
-        busy = self.used_blocks + self.prefix.in_use + self.phantom_blocks
-        return min(1.0, busy / self.total_blocks)
+        return self.kv.usage
 
     def busy_until(self) -> float:
         return self._busy_until
@@ -293,7 +199,7 @@ class Engine:
                     continue  # steady decode: its prompt blocks are registered already
             request = seq.request
             if caching and request.block_hashes and len(seq.hashed) * bs < request.prompt_tokens:
-                self._register_prefix(seq)
+                self.kv.register_prefix(seq)
         num_seqs = members + len(scheduled)
         duration = self._step_time(num_tokens, num_seqs, kv_read, float(attn_pairs)) * self.slowdown
         res.duration = duration
@@ -332,7 +238,7 @@ class Engine:
         for seq in finished:
             self.running.remove(seq)
             del self._by_id[seq.request_id]
-            self._free(seq)
+            self.kv.release(seq)
         if steady:
             res.inter_token.append((end - prev_end, steady))
         self.requests_finished_total += len(finished)
@@ -367,7 +273,7 @@ class Engine:
                 budget -= n
                 i += 1
                 continue
-            while not self._allocate(seq, seq.num_computed + n):
+            while not self.kv.allocate(seq, seq.num_computed + n):
                 victim = self.running.pop()
                 self._preempt(victim, res)
                 if victim is seq:
@@ -382,10 +288,10 @@ class Engine:
             return scheduled  # as vLLM: no admissions in a step that had to preempt
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            hits = self._reuse_prefix(seq)
+            hits = self.kv.reuse_prefix(seq)
             n = min(seq.total - seq.num_computed, budget)
-            if not self._allocate(seq, seq.num_computed + n):
-                self._free(seq)  # give the shared blocks back; it waits with nothing computed
+            if not self.kv.allocate(seq, seq.num_computed + n):
+                self.kv.release(seq)  # give the shared blocks back; it waits with nothing computed
                 seq.num_computed = 0
                 break
             self._count_prefix(seq, hits)
@@ -415,8 +321,7 @@ class Engine:
             return 0
         if due:
             due = [s for s in due if s.cohort]
-            prefix = self.prefix
-            if len(due) > self.total_blocks - self.phantom_blocks - self.used_blocks - prefix.in_use:
+            if len(due) > self.kv.available():
                 self._dissolve()  # someone may have to be preempted: the full model decides who
                 return 0
             self._grant(due)
@@ -425,16 +330,8 @@ class Engine:
     def _grant(self, due: list[SeqState]) -> None:
         """One block to each of `due` (decoding members at a block boundary; there is room for all).
 
-        What _allocate does one by one, at once: a block each, evicting cached prefix blocks only for
-        the shortfall; in any order the same blocks are taken and the same LRU ones evicted."""
-        n = len(due)
-        prefix = self.prefix
-        free = self.total_blocks - self.phantom_blocks - self.used_blocks - prefix.in_use - prefix.evictable
-        if free < n:
-            prefix.evict(n - free)
-        self.used_blocks += n
-        for seq in due:
-            seq.num_blocks += 1
+        Their blocks come from the KV cache at once (KvCache.grant); then their next boundary."""
+        self.kv.grant(due)
         # A member's next boundary is block_size tokens on, i.e. block_size steps.
         later = self._tick + self.config.block_size
         queued = self._block_due.get(later)
@@ -499,61 +396,13 @@ class Engine:
         self._block_due.clear()  # entries of former members would be stale after a rejoin
         self._finish_due.clear()
 
-    def _allocate(self, seq: SeqState, tokens: int) -> bool:
-        need = blocks_for(tokens, self.config.block_size) - seq.num_blocks - len(seq.hashed)
-        if need <= 0:
-            return True
-        prefix = self.prefix
-        free = self.total_blocks - self.phantom_blocks - self.used_blocks - prefix.in_use - prefix.evictable
-        if free < need:  # cached-but-unused prefix blocks are the first to go
-            free += prefix.evict(min(need - free, prefix.evictable))
-            if free < need:
-                return False
-        seq.num_blocks += need
-        self.used_blocks += need
-        return True
-
-    def _free(self, seq: SeqState) -> None:
-        self.used_blocks -= seq.num_blocks
-        seq.num_blocks = 0
-        for h in seq.hashed:
-            self.prefix.release(h)  # stays resident (evictable) for the next request with this prefix
-        seq.hashed = []
-
-    def _reuse_prefix(self, seq: SeqState) -> int:
-        """On admission: share the resident leading blocks of the prompt and skip computing them."""
-        hashes = seq.request.block_hashes
-        if not hashes or not self.config.enable_prefix_caching or seq.num_computed:
-            return 0
-        bs = self.config.block_size
-        # At least one token is always computed: its logits produce the next token (as in vLLM).
-        k = self.prefix.match(hashes, min(len(hashes), (seq.total_tokens - 1) // bs))
-        for h in hashes[:k]:
-            self.prefix.acquire(h)
-        seq.hashed = list(hashes[:k])
-        seq.num_computed = k * bs
-        return k * bs
-
     def _count_prefix(self, seq: SeqState, hit_tokens: int) -> None:
         if seq.request.block_hashes and self.config.enable_prefix_caching:
             self.prefix_queries_total += seq.request.prompt_tokens
             self.prefix_hits_total += hit_tokens
 
-    def _register_prefix(self, seq: SeqState) -> None:
-        """Full prompt blocks just computed become shared, named by their hash."""
-        hashes = seq.request.block_hashes
-        full = min(len(hashes), min(seq.num_computed, seq.request.prompt_tokens) // self.config.block_size)
-        prefix = self.prefix
-        while len(seq.hashed) < full:
-            h = hashes[len(seq.hashed)]
-            seq.num_blocks -= 1  # the private block becomes (or joins) the shared one
-            self.used_blocks -= 1
-            if not prefix.acquire(h):
-                prefix.insert(h)
-            seq.hashed.append(h)
-
     def _preempt(self, seq: SeqState, res: StepResult) -> None:
-        self._free(seq)
+        self.kv.release(seq)
         seq.num_computed = 0
         self.preemptions_total += 1
         self.waiting.appendleft(seq)

@@ -12,11 +12,12 @@ import logging
 import random
 import time
 
-from extproc.sim.engine import Engine, StepResult
+from extproc.sim.engine import Engine
 from extproc.sim.faults import in_slow_start
 from extproc.sim.metrics import EngineMetrics
 from extproc.sim.pacer import Pacer
 from extproc.sim.replica import ReplicaSpec
+from extproc.sim.sequences import StepResult
 from extproc.sim.streams import CONNECTION_BROKEN, KV_DROPPED, Failure, TokenStream
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from extproc.sim.engine import Engine, SeqState, StepResult
+from extproc.sim.engine import Engine
+from extproc.sim.sequences import SeqState, StepResult
 
 # vLLM's bucket edges (vllm/engine/metrics.py), so dashboards built for vLLM read the same quantiles.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import HttpVersion11, web
 
-from extproc.sim.engine import CapacityError, SimRequest
 from extproc.sim.faults import RequestFaults, decide
 from extproc.sim.protocol import (
     DONE,
@@ -24,6 +23,7 @@ from extproc.sim.protocol import (
     parse_request,
     sample_output_len,
 )
+from extproc.sim.sequences import CapacityError, SimRequest
 from extproc.sim.streams import ENGINE_DIED, DirectSink, TokenStream, json_error
 
 if TYPE_CHECKING:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from extproc.sim.engine import Engine, StepResult
+from extproc.sim.engine import Engine
+from extproc.sim.sequences import StepResult
 from extproc.sim.streams import Lateness
 
 # Timer lateness (wall seconds) that the loop absorbs by starting the next step at the previous step's

@@ -6,11 +6,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from extproc.sim.engine import Engine, EngineConfig
+from extproc.sim.engine import Engine
 from extproc.sim.faults import FaultConfig
 from extproc.sim.gpus import get_gpu, override
 from extproc.sim.models import get_model
 from extproc.sim.perf import PerfModel, PerfParams
+from extproc.sim.sequences import EngineConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,7 +61,7 @@ class ReplicaServer:
             self.spec.engine,
             f"TP={self.engine.perf.tensor_parallel}",
             self.port,
-            self.engine.total_blocks,
+            self.engine.kv.total_blocks,
             self.spec.time_scale,
             f", refusing connections ({mode})" if mode else "",
         )

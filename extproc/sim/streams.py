@@ -10,8 +10,8 @@ from typing import Any
 
 from aiohttp import web
 
-from extproc.sim.engine import SeqState
 from extproc.sim.protocol import DONE, ChunkFormatter, error_body, error_event, http_chunk
+from extproc.sim.sequences import SeqState
 
 MAX_UNREAD_BYTES = 4 * 1024 * 1024  # a client this far behind stopped reading: its connection is dropped
 

@@ -12,7 +12,8 @@ import random
 import statistics
 from dataclasses import dataclass, field
 
-from extproc.sim.engine import Engine, SeqState, SimRequest
+from extproc.sim.engine import Engine
+from extproc.sim.sequences import SeqState, SimRequest
 
 
 @dataclass(slots=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from extproc.sim.driver import EngineDriver
-from extproc.sim.engine import SimRequest
 from extproc.sim.replica import build_engine
+from extproc.sim.sequences import SimRequest
 from extproc.sim.virtual import run_closed_loop
 
 

@@ -6,11 +6,12 @@ import math
 
 import pytest
 
-from extproc.sim.engine import CapacityError, Engine, EngineConfig, SimRequest
+from extproc.sim.engine import Engine
 from extproc.sim.gpus import GpuSpec
 from extproc.sim.models import ModelSpec, get_model
 from extproc.sim.perf import PerfModel, PerfParams
 from extproc.sim.replica import build_engine
+from extproc.sim.sequences import CapacityError, EngineConfig, SimRequest
 from extproc.sim.virtual import run_closed_loop
 
 # A toy GPU and model with round numbers, so expectations can be computed by hand.
@@ -48,7 +49,7 @@ def test_kv_bytes_per_token_from_config() -> None:
 def test_kv_blocks_from_memory_minus_weights() -> None:
     # 20 GB x 0.5 = 10 GB; minus 2 GB of weights = 8 GB; / 32768 B per token = 244140 tokens; / 16.
     engine = toy_engine(gpu_memory_utilization=0.5)
-    assert engine.total_blocks == int(8e9 // 32768) // 16
+    assert engine.kv.total_blocks == int(8e9 // 32768) // 16
 
 
 def test_decode_step_is_bytes_over_bandwidth() -> None:
@@ -108,10 +109,10 @@ def test_kv_usage_is_fraction_of_blocks() -> None:
     engine = toy_engine(gpu_memory_utilization=0.5)
     engine.add(SimRequest("a", prompt_tokens=33, max_tokens=10), 0.0)
     engine.step(0.0)  # prefill 33 tokens -> 3 blocks of 16
-    assert engine.used_blocks == 3
-    assert engine.kv_cache_usage == pytest.approx(3 / engine.total_blocks)
+    assert engine.kv.used_blocks == 3
+    assert engine.kv_cache_usage == pytest.approx(3 / engine.kv.total_blocks)
     engine.abort("a")
-    assert engine.used_blocks == 0 and not engine.has_work()
+    assert engine.kv.used_blocks == 0 and not engine.has_work()
 
 
 def test_kv_full_preempts_newest_and_counts() -> None:
@@ -124,7 +125,7 @@ def test_kv_full_preempts_newest_and_counts() -> None:
         price_per_hour=1,
     )
     engine = Engine(PerfModel(gpu, MODEL, 1, IDEAL), EngineConfig(gpu_memory_utilization=1.0))
-    assert engine.total_blocks == 64  # 1024 tokens of KV
+    assert engine.kv.total_blocks == 64  # 1024 tokens of KV
     for i in range(4):  # 4 x (200 + 100) = 1200 tokens needed at the end > 1024
         engine.add(SimRequest(f"r{i}", 200, 100), 0.0)
     now = 0.0
@@ -135,7 +136,7 @@ def test_kv_full_preempts_newest_and_counts() -> None:
         now = res.end
         preempted += res.preempted
         max_usage = max(max_usage, engine.kv_cache_usage)
-        assert engine.used_blocks <= engine.total_blocks
+        assert engine.kv.used_blocks <= engine.kv.total_blocks
     assert engine.preemptions_total == len(preempted) >= 1
     assert preempted[0] == "r3"  # the newest running request is the victim
     assert engine.requests_finished_total == 4 and engine.generation_tokens_total == 400
@@ -158,9 +159,9 @@ def test_kv_pressure_reports_and_really_limits() -> None:
     free = toy_engine()
     pressed = toy_engine(kv_pressure=0.9)
     assert pressed.kv_cache_usage >= 0.9
-    assert pressed.total_blocks == free.total_blocks
+    assert pressed.kv.total_blocks == free.kv.total_blocks
     assert pressed.max_model_len <= free.max_model_len
-    assert pressed.phantom_blocks == math.ceil(free.total_blocks * 0.9)
+    assert pressed.kv.phantom_blocks == math.ceil(free.kv.total_blocks * 0.9)
 
 
 def test_request_longer_than_context_is_rejected() -> None:
@@ -220,7 +221,7 @@ def test_raising_kv_pressure_mid_run_never_wedges_the_queue() -> None:
     gpu = GpuSpec("tiny", memory_gb=memory, bandwidth_gbps=1000, tflops=100, price_per_hour=1)
     config = EngineConfig(gpu_memory_utilization=1.0, max_num_seqs=2)
     engine = Engine(PerfModel(gpu, MODEL, 1, IDEAL), config)
-    assert engine.total_blocks == 64
+    assert engine.kv.total_blocks == 64
     for i in range(4):
         engine.add(SimRequest(f"big{i}", 300, 100), 0.0)
     now = engine.step(0.0).end  # two running mid-prefill, two waiting
@@ -239,7 +240,7 @@ def test_raising_kv_pressure_mid_run_never_wedges_the_queue() -> None:
     assert not engine.has_work()
     assert sorted(failed) == ["big0", "big1", "big2", "big3"]
     assert finished == ["small"]
-    assert engine.used_blocks == 0 and engine.prefix.in_use == 0
+    assert engine.kv.used_blocks == 0 and engine.kv.prefix.in_use == 0
 
 
 def test_kv_pressure_makes_the_same_workload_queue_and_preempt_more() -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from extproc.sim.engine import Engine, EngineConfig, SimRequest
+from extproc.sim.engine import Engine
 from extproc.sim.gpus import GpuSpec
 from extproc.sim.metrics import EngineMetrics, WeightedHistogram
 from extproc.sim.perf import PerfModel
+from extproc.sim.sequences import EngineConfig, SimRequest
 from tests.unit.sim.test_sim_engine import IDEAL, MODEL
 
 

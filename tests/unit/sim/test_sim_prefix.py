@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from extproc.sim.engine import Engine, EngineConfig, SimRequest
+from extproc.sim.engine import Engine
 from extproc.sim.gpus import GpuSpec
 from extproc.sim.perf import PerfModel
 from extproc.sim.prefix import PrefixCache, block_hashes
+from extproc.sim.sequences import EngineConfig, SimRequest
 from tests.unit.sim.test_sim_engine import IDEAL, MODEL, drain, toy_engine
 
 TEXT = "".join(f"sentence number {i} of a long shared system prompt. " for i in range(200))
@@ -62,8 +63,8 @@ def test_blocks_are_shared_while_running_and_evictable_after() -> None:
         e.step(res.end)
     assert shared.kv_cache_usage < 0.6 * private.kv_cache_usage
     drain(shared, 1.0)
-    assert shared.used_blocks == 0 and shared.prefix.in_use == 0 and shared.kv_cache_usage == 0.0
-    assert shared.prefix.evictable >= len(TEXT) // 64
+    assert shared.kv.used_blocks == 0 and shared.kv.prefix.in_use == 0 and shared.kv_cache_usage == 0.0
+    assert shared.kv.prefix.evictable >= len(TEXT) // 64
 
 
 def test_evictable_blocks_make_room() -> None:
@@ -76,14 +77,14 @@ def test_evictable_blocks_make_room() -> None:
         price_per_hour=1,
     )
     engine = Engine(PerfModel(gpu, MODEL, 1, IDEAL), EngineConfig(gpu_memory_utilization=1.0))
-    assert engine.total_blocks == blocks
+    assert engine.kv.total_blocks == blocks
     now = 0.0
     for i in range(6):  # each prompt ~40 blocks of distinct text: the cache must evict to admit the next
         text = f"prompt {i} " * 300
         engine.add(req(f"r{i}", text[:2560]), now)
         now = drain(engine, now)
     assert engine.requests_finished_total == 6
-    assert engine.prefix.evictable <= blocks
+    assert engine.kv.prefix.evictable <= blocks
 
 
 def test_cache_bookkeeping() -> None:
@@ -115,4 +116,4 @@ def test_preempted_request_still_finishes_with_caching(caching: bool) -> None:
     drain(engine)
     assert engine.requests_finished_total == 3 and engine.generation_tokens_total == 450
     assert engine.preemptions_total >= 1
-    assert engine.used_blocks == 0 and engine.prefix.in_use == 0
+    assert engine.kv.used_blocks == 0 and engine.kv.prefix.in_use == 0
