@@ -217,7 +217,8 @@ class WorkerState:
 
     def peer_changes(self) -> list[tuple[PodKey, int]]:
         """Changes of the other workers' in-flight counts since the last call, on pods this one
-        knows; None when one fell behind by more than its ring (read the sums instead)."""
+        knows. A ring that lapped this reader yields only its newest entries: the views it feeds are
+        resynced from the sums within RUNNING_RESYNC_SECONDS anyway."""
         out: list[tuple[PodKey, int]] = []
         rings, ring, key_at = self._rings, self.ring, self._key_at
         for w in range(self.workers):
