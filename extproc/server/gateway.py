@@ -77,7 +77,8 @@ class Gateway:
         self.peer_records = Counter(
             "extproc_peer_access_logs", "Access-log records of requests another gateway process routed "
             "(one Envoy sends its log stream to one replica), passed on through Redis or the workers' "
-            "segment: sent by this gateway, or received and their requests released here", ["direction"], registry=self.registry)
+            "segment: sent by this gateway, or received and their requests released here", ["direction"],
+            registry=self.registry)
         self.reconciler = Reconciler()
         self.registry.register(PodMetricsCollector(self))
         self.open_streams = 0

@@ -61,27 +61,57 @@ class WorkerSpec:
 
 
 class Worker:
+    """One worker process: started, watched, restarted with back-off, and read over its admin socket."""
+
     def __init__(self, spec: WorkerSpec, argv: Sequence[str]) -> None:
         self.spec = spec
         self.argv = list(argv)
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
         self.crashes = 0
+        self.restart_at: float | None = None  # set while it is down and waiting to be started again
+        self._session: aiohttp.ClientSession | None = None
 
     def start(self) -> None:
         self.proc = children.popen(self.argv, pass_fds=(self.spec.segment_fd,))
         self.started = time.monotonic()
+        self.restart_at = None
         log.info("worker %d started (pid %d)", self.spec.index, self.proc.pid)
 
     def exited(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
-    def backoff(self) -> float:
-        if time.monotonic() - self.started > STABLE_SECONDS:
-            self.crashes = 0
-        delay = RESTART_BACKOFF_SECONDS[min(self.crashes, len(RESTART_BACKOFF_SECONDS) - 1)]
-        self.crashes += 1
-        return delay
+    def watch(self, now: float) -> None:
+        """Schedule a restart once it exits (back-off grows while it keeps crashing), and do it when due."""
+        code = self.exited()
+        if code is None:
+            return
+        if self.restart_at is None:
+            if now - self.started > STABLE_SECONDS:
+                self.crashes = 0
+            delay = RESTART_BACKOFF_SECONDS[min(self.crashes, len(RESTART_BACKOFF_SECONDS) - 1)]
+            self.crashes += 1
+            self.restart_at = now + delay
+            log.error("worker %d exited with %s; restarting in %gs", self.spec.index, code, delay)
+        elif now >= self.restart_at:
+            self.start()
+
+    async def fetch(self, path: str) -> tuple[int, str]:
+        """GET `path` from its admin server: (status, body), or (0, why) when it does not answer."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                # force_close: no kept-alive connection outlives a restarted worker's socket
+                connector=aiohttp.UnixConnector(path=self.spec.admin_path, force_close=True),
+                timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS))
+        try:
+            async with self._session.get(f"http://worker{path}") as resp:
+                return resp.status, await resp.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            return 0, str(exc)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
 
 def worker_argv(spec: WorkerSpec, serve_args: Sequence[str], port: int) -> list[str]:
@@ -89,27 +119,14 @@ def worker_argv(spec: WorkerSpec, serve_args: Sequence[str], port: int) -> list[
     return [sys.executable, "-m", "extproc", *serve_args, "--port", str(port), "--worker", spec.render()]
 
 
-async def _fetch(session_for: dict[int, aiohttp.ClientSession], worker: Worker, path: str) -> tuple[int, str]:
-    session = session_for.get(worker.spec.index)
-    if session is None:
-        session = session_for[worker.spec.index] = aiohttp.ClientSession(
-            connector=aiohttp.UnixConnector(path=worker.spec.admin_path),
-            timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS))
-    try:
-        async with session.get(f"http://worker{path}") as resp:
-            return resp.status, await resp.text()
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        return 0, str(exc)
-
-
-def supervisor_app(workers: list[Worker], sessions: dict[int, aiohttp.ClientSession]) -> web.Application:
+def supervisor_app(workers: list[Worker]) -> web.Application:
     async def metrics(_: web.Request) -> web.Response:
-        replies = await asyncio.gather(*(_fetch(sessions, w, "/metrics") for w in workers))
+        replies = await asyncio.gather(*(w.fetch("/metrics") for w in workers))
         texts = [text for status, text in replies if status == 200]
         return web.Response(body=merge(texts).encode(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_: web.Request) -> web.Response:
-        replies = await asyncio.gather(*(_fetch(sessions, w, "/healthz") for w in workers))
+        replies = await asyncio.gather(*(w.fetch("/healthz") for w in workers))
         down = [w.spec.index for w, (status, _) in zip(workers, replies) if status != 200]
         if not down:
             return web.Response(text="ok\n")
@@ -122,7 +139,7 @@ def supervisor_app(workers: list[Worker], sessions: dict[int, aiohttp.ClientSess
 
 
 async def supervise(count: int, serve_args: Sequence[str], *, port: int, admin_host: str, admin_port: int,
-                    drain_timeout_seconds: float, stop: asyncio.Event | None = None) -> int:
+                    drain_timeout_seconds: float) -> int:
     if not 1 <= count <= 64:
         raise ValueError(f"--workers must be 1..64, not {count}")
     if port + count - 1 > 65535:
@@ -133,38 +150,20 @@ async def supervise(count: int, serve_args: Sequence[str], *, port: int, admin_h
                for i in range(count)]
     for worker in workers:
         worker.start()
-    stop = stop or asyncio.Event()
+    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    sessions: dict[int, aiohttp.ClientSession] = {}
-    admin = web.AppRunner(supervisor_app(workers, sessions), access_log=None, shutdown_timeout=1.0)
+    admin = web.AppRunner(supervisor_app(workers), access_log=None, shutdown_timeout=1.0)
     await admin.setup()
     await web.TCPSite(admin, admin_host, admin_port).start()
     log.info("%d workers on ext_proc ports %d-%d, admin on http://%s:%d", count, port, port + count - 1,
              admin_host, admin_port)
-    restarts: dict[int, float] = {}
     while not stop.is_set():
         now = time.monotonic()
         for worker in workers:
-            code = worker.exited()
-            if code is None or stop.is_set():
-                continue
-            due = restarts.get(worker.spec.index)
-            if due is None:
-                delay = worker.backoff()
-                log.error("worker %d exited with %s; restarting in %gs", worker.spec.index, code, delay)
-                restarts[worker.spec.index] = now + delay
-                session = sessions.pop(worker.spec.index, None)
-                if session is not None:
-                    await session.close()
-            elif now >= due:
-                del restarts[worker.spec.index]
-                worker.start()
-        try:
-            await asyncio.wait_for(stop.wait(), POLL_SECONDS)
-        except asyncio.TimeoutError:
-            pass
+            worker.watch(now)
+        await asyncio.sleep(POLL_SECONDS)
 
     log.info("stopping: SIGTERM to every worker (each drains)")
     for worker in workers:
@@ -178,12 +177,10 @@ async def supervise(count: int, serve_args: Sequence[str], *, port: int, admin_h
             log.error("worker %d did not stop: killed", worker.spec.index)
             worker.proc.kill()
             worker.proc.wait()
-    for session in sessions.values():
-        await session.close()
+        await worker.close()
     await admin.cleanup()
     os.close(segment)
-    failed = [w.spec.index for w in workers if w.exited() not in (0, None)]
-    return 1 if failed else 0
+    return 1 if any(w.exited() not in (0, None) for w in workers) else 0
 
 
 __all__ = ["WorkerSpec", "supervise", "supervisor_app"]
