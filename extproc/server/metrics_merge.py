@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from prometheus_client import generate_latest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 # Gauges that hold one worker's own share, so the gateway's value is their sum.
@@ -18,18 +20,6 @@ SUMMED_GAUGES = frozenset({
     "extproc_pod_local_running_requests",
     "extproc_slo_queue_length",
 })
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-
-
-def _number(value: float) -> str:
-    if value != value:
-        return "NaN"
-    if value in (float("inf"), float("-inf")):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if value != int(value) or abs(value) >= 1e15 else str(int(value))
 
 
 def merge(texts: Iterable[str]) -> str:
@@ -48,15 +38,23 @@ def merge(texts: Iterable[str]) -> str:
                     samples[key] += sample.value
                 else:
                     samples[key] = max(samples[key], sample.value)
-    lines = []
+    out = []
     for name, (kind, doc, samples) in families.items():
-        lines.append(f"# HELP {name} {_escape(doc)}")
-        lines.append(f"# TYPE {name} {kind}")
+        metric = Metric(name, doc, kind)
         for (sample_name, labels), value in samples.items():
-            rendered = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-            lines.append(f"{sample_name}{{{rendered}}} {_number(value)}" if labels
-                         else f"{sample_name} {_number(value)}")
-    return "\n".join(lines) + "\n"
+            metric.add_sample(sample_name, dict(labels), value)
+        out.append(metric)
+    return generate_latest(_Fixed(out)).decode()
+
+
+class _Fixed:
+    """A collector of metrics already built (what `generate_latest` renders)."""
+
+    def __init__(self, metrics: list[Metric]) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> list[Metric]:
+        return self._metrics
 
 
 __all__ = ["SUMMED_GAUGES", "merge"]
