@@ -20,6 +20,10 @@ import time
 from concurrent import futures
 from pathlib import Path
 
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as epg
+
 from extproc.localstack import Proc, free_port, port_open
 from extproc.perf.stats import cpu_seconds, median
 
@@ -30,9 +34,7 @@ BODY = json.dumps({"model": "m", "max_tokens": 128, "messages": [
 VARIANTS = ("aio", "sync")
 
 
-def request():  # type: ignore[no-untyped-def]
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-
+def request() -> ep.ProcessingRequest:
     msg = ep.ProcessingRequest()
     msg.request_body.body = BODY
     msg.request_body.end_of_stream = True
@@ -42,9 +44,7 @@ def request():  # type: ignore[no-untyped-def]
     return msg
 
 
-def response():  # type: ignore[no-untyped-def]
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-
+def response() -> ep.ProcessingResponse:
     msg = ep.ProcessingResponse()
     header = msg.request_body.response.header_mutation.set_headers.add()
     header.header.key = "x-gateway-destination-endpoint"
@@ -56,9 +56,6 @@ def response():  # type: ignore[no-untyped-def]
 
 def serve(variant: str, port: int, threads: int) -> None:
     """The trivial server (run as `python -m extproc.perf.floor VARIANT PORT THREADS`)."""
-    import grpc
-    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as epg
-
     if variant == "aio":
         class AioProcessor(epg.ExternalProcessorServicer):
             async def Process(self, requests, context):  # noqa: N802
@@ -87,9 +84,6 @@ def serve(variant: str, port: int, threads: int) -> None:
 
 
 async def _load(port: int, pid: int, concurrency: int, rate: float, duration: float) -> dict[str, float]:
-    import grpc
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-
     loop = asyncio.get_running_loop()
     counts = {"done": 0, "errors": 0}
     stop = False
