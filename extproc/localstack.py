@@ -5,7 +5,6 @@ Used by `make demo`, the benchmarks and the integration tests, so they all exerc
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -44,20 +43,10 @@ def port_free(port: int) -> bool:
 
 def free_ports(count: int) -> int:
     """The first of `count` consecutive free ports (`serve --workers N` listens on port .. port + N - 1)."""
-    if count == 1:
-        return free_port()
     for _ in range(100):
         base = free_port()
-        if base + count - 1 > 65535:
-            continue
-        with contextlib.ExitStack() as held:
-            try:
-                for port in range(base, base + count):
-                    s = held.enter_context(socket.socket())
-                    s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return base
+        if base + count - 1 <= 65535 and all(port_free(p) for p in range(base + 1, base + count)):
+            return base
     raise OSError(f"no {count} consecutive free ports found")
 
 
