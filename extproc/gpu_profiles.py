@@ -10,9 +10,19 @@ profiles move freely between AIBrix and us:
      "indexes": [[outputs...], [inputs...]],
      "created": <unix seconds>,
      "e2e": [[s, ...], ...], "ttft": [[s, ...], ...],   # newer files only
-     "slos": {"percentile": 99, "e2e": 2.0}}             # newer files only
+     "slos": {"percentile": 99, "e2e": 2.0},            # newer files only
+     "tputs_admitted": [[rps, ...], ...]}               # ours (optional): see below
 
 A throughput of 0 means the deployment cannot meet the SLO in that cell at any rate.
+
+`tputs` follows gen-profile's rule: one replica alone under Poisson arrivals, the highest rate whose P99
+meets the SLO. That undercounts what a replica serves behind a router that admits requests to it (a
+4.6K-token prompt rarely overlapping well reads 0.12 req/s where one-at-a-time admission serves 0.4), so
+our profiles may also carry `tputs_admitted`: requests/s one replica sustains within the SLO when the
+gateway holds it at its per-pod budget (max(1, floor(tput x e2e)) requests in flight, at least one
+request at a time), never below `tputs`. The SLO router and the GPU optimizer read it where present
+(`GpuProfile.served`), so the plan sizes the fleet the router actually runs. AIBrix's reader ignores keys
+it does not know, so the file still loads there.
 """
 
 from __future__ import annotations
@@ -56,6 +66,12 @@ class GpuProfile:
     ttft: Matrix | None
     slos: dict[str, float]  # e.g. {"percentile": 99, "e2e": 2.0}; {} when absent
     created: float
+    tputs_admitted: Matrix | None = None  # requests/s at the SLO behind the router's admission (ours)
+
+    @property
+    def served(self) -> Matrix:
+        """What a routed replica sustains per cell: `tputs_admitted` where measured, else `tputs`."""
+        return self.tputs_admitted if self.tputs_admitted is not None else self.tputs
 
     def cell(self, input_tokens: int, output_tokens: int) -> tuple[int, int]:
         """(out_idx, in_idx) of the cell nearest in log2 space, clamped to the grid's edges.
@@ -66,24 +82,35 @@ class GpuProfile:
 
     def tput(self, input_tokens: int, output_tokens: int) -> float:
         o, i = self.cell(input_tokens, output_tokens)
-        return self.tputs[o][i]
+        return self.served[o][i]
+
+
+HALFWAY = 1e-9  # log2 distances this close are a tie (trace buckets sit exactly halfway, up to float error)
 
 
 def nearest_index(ticks: Sequence[int], tokens: float) -> int:
-    """Index of the tick nearest to `tokens` in log2 space (first one on a tie); tokens < 1 count as 1."""
+    """Index of the tick nearest to `tokens` in log2 space; tokens < 1 count as 1.
+
+    Exactly halfway between two ticks maps to the larger one (as AIBrix does): the bigger shape costs a
+    replica more, so a tie never plans a replica short. Trace buckets 25, 35, ... (precision 10) are
+    such ties on a power-of-two grid."""
     x = math.log2(max(float(tokens), 1.0))
     best, best_d = 0, math.inf
-    for k, t in enumerate(ticks):
+    for k, t in enumerate(ticks):  # ticks ascend: on a tie the later, larger one wins
         d = abs(math.log2(t) - x)
-        if d < best_d:
-            best, best_d = k, d
+        if d <= best_d + HALFWAY:
+            best, best_d = k, min(d, best_d)
     return best
 
 
-def _number(value: Any, key: str) -> float:
+def _number(value: Any, key: str, unknown: float | None = None) -> float:
+    """A finite non-negative number. NaN (what AIBrix's gen_profile writes for a null statistic) reads
+    as `unknown` where the caller gives one, as AIBrix's reader takes it: not a value to plan with."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ProfileError(f"{key}: expected a number, got {value!r}")
     v = float(value)
+    if math.isnan(v) and unknown is not None:
+        return unknown
     if not math.isfinite(v) or v < 0:
         raise ProfileError(f"{key}: expected a finite non-negative number, got {value!r}")
     return v
@@ -103,7 +130,7 @@ def _ticks(value: Any, key: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _matrix(value: Any, key: str, rows: int, cols: int) -> Matrix:
+def _matrix(value: Any, key: str, rows: int, cols: int, unknown: float | None = None) -> Matrix:
     if not isinstance(value, Sequence) or isinstance(value, (str, bytes)) or len(value) != rows:
         got = len(value) if isinstance(value, Sequence) else type(value).__name__
         raise ProfileError(f"{key}: expected {rows} rows (one per output length), got {got}")
@@ -112,7 +139,7 @@ def _matrix(value: Any, key: str, rows: int, cols: int) -> Matrix:
         if not isinstance(row, Sequence) or isinstance(row, (str, bytes)) or len(row) != cols:
             got = len(row) if isinstance(row, Sequence) else type(row).__name__
             raise ProfileError(f"{key}[{r}]: expected {cols} columns (one per input length), got {got}")
-        out.append(tuple(_number(v, f"{key}[{r}][{c}]") for c, v in enumerate(row)))
+        out.append(tuple(_number(v, f"{key}[{r}][{c}]", unknown) for c, v in enumerate(row)))
     return tuple(out)
 
 
@@ -132,14 +159,18 @@ def parse_profile(data: Mapping[str, Any]) -> GpuProfile:
     outputs = _ticks(indexes[0], "indexes[0]")
     inputs = _ticks(indexes[1], "indexes[1]")
     shape = (len(outputs), len(inputs))
-    optional = {k: _matrix(data[k], k, *shape) if data.get(k) is not None else None for k in ("e2e", "ttft")}
+    # NaN: a rate nobody measured serves nothing (0); a latency nobody measured is unknown (NaN, which
+    # the SLO router treats as "cannot judge this cell")
+    optional = {k: _matrix(data[k], k, *shape, unknown=math.nan if k in ("e2e", "ttft") else 0.0)
+                if data.get(k) is not None else None for k in ("e2e", "ttft", "tputs_admitted")}
     slos_raw = data.get("slos") or {}
     if not isinstance(slos_raw, Mapping):
         raise ProfileError(f"slos: expected an object, got {slos_raw!r}")
     slos = {str(k): _number(v, f"slos.{k}") for k, v in slos_raw.items()}
     return GpuProfile(gpu=gpu, cost=_number(data["cost"], "cost"), outputs=outputs, inputs=inputs,
-                   tputs=_matrix(data["tputs"], "tputs", *shape), e2e=optional["e2e"], ttft=optional["ttft"],
-                   slos=slos, created=_number(data.get("created", 0.0), "created"))
+                   tputs=_matrix(data["tputs"], "tputs", *shape, unknown=0.0), e2e=optional["e2e"], ttft=optional["ttft"],
+                   slos=slos, created=_number(data.get("created", 0.0), "created"),
+                   tputs_admitted=optional["tputs_admitted"])
 
 
 def load_profile(path: str | Path) -> GpuProfile:
@@ -164,6 +195,8 @@ def dump_profile(p: GpuProfile) -> dict[str, Any]:
         out["ttft"] = [list(r) for r in p.ttft]
     if p.slos:
         out["slos"] = dict(p.slos)
+    if p.tputs_admitted is not None:
+        out["tputs_admitted"] = [list(r) for r in p.tputs_admitted]
     return out
 
 # -- the store ------------------------------------------------------------------------------------

@@ -36,6 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--find-max-rate", action="store_true",
                    help="also search the highest arrival rate that meets the scenario's SLO, per strategy, "
                         "and the fleet's upper bound (bound_rps: each GPU type alone at its limit, summed)")
+    p.add_argument("--find-min-fleet", action="store_true",
+                   help="instead of one run: per strategy, the cheapest fixed count per deployment that meets "
+                        "the scenario's SLO (attainment >= 99 %%, nothing rejected), and each type alone "
+                        "(\"what fleet do I need before I buy\"); --jobs runs searches in parallel")
     p.add_argument("--capacity", choices=("learned", "oracle"), default="learned",
                    help="diagnostic: 'oracle' gives routing each replica's true saturated throughput "
                         "instead of the gateway's learned estimate")
@@ -61,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     options = Options(gateways=args.gateways, share_tokens=not args.no_token_sharing, seed=args.seed,
                       jobs=args.jobs, oracle_capacity=args.capacity == "oracle", optimizer=args.optimizer,
                       profiles_dir=args.profiles)
+    if args.find_min_fleet:
+        return _min_fleet(scenario, strategies, args)
     bars = _Bars(strategies, scenario.duration_s, enabled=not args.no_progress)
     try:
         report = compare(scenario, strategies, options, bars.update)
@@ -85,6 +91,29 @@ def run(args: argparse.Namespace) -> int:
 
         plot(report, args.plot)
     return 0
+
+
+def _min_fleet(scenario: Any, strategies: list[str], args: argparse.Namespace) -> int:
+    import json
+
+    from extproc.fleetsim.minfleet import find_min_fleet, markdown
+
+    found = []
+    for strategy in strategies:
+        try:
+            found.append(find_min_fleet(scenario, strategy, seed=args.seed, jobs=args.jobs))
+        except ValueError as exc:
+            print(f"fleet-sim: {exc}", file=sys.stderr)
+            return 2
+    text = "\n\n".join(markdown(m) for m in found)
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([m.as_json() for m in found], f, indent=1)
+    return 0 if all(m.counts is not None for m in found) else 1
 
 
 class _Bars:

@@ -3,21 +3,25 @@
 The same procedure as `extproc benchmark` + `extproc gen-profile` (profiling/), without sockets: for
 every (input, output) cell, Poisson arrivals at rates 1, 2, 4, … on one replica of the GPU type; each
 run gives AIBrix's metric lines; the cell's throughput at the SLO is chosen by gen-profile's own rule
-(profiling.selection.select). Cached per (GPU, model, SLO, engine settings).
+(profiling.selection.select). Then `tputs_admitted` (gpu_profiles): the same replica held at the SLO
+router's per-pod budget, max(1, floor(tput x e2e)) requests in flight, what a routed replica serves.
+These are benchmarks of one replica, as an operator would run them on a real GPU; the optimizer never
+reads the engine model itself. Cached per (GPU, model, SLO, engine settings).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from extproc.fleetsim.saturation import build_engine
 from extproc.fleetsim.scenario import Scenario
-from extproc.gpu_profiles import GpuProfile
+from extproc.gpu_profiles import GpuProfile, Matrix
 from extproc.profiling.gen_profile import build_profile
 from extproc.profiling.records import MetricLine
 from extproc.profiling.selection import SLOs, select
 from extproc.profiling.stats import Summary
-from extproc.sim.virtual import LoadResult, run_open_loop
+from extproc.sim.virtual import LoadResult, run_admitted, run_open_loop
 from extproc.slo.state import SloState, learned
 
 INPUTS = (128, 512, 2048, 4096, 7168)  # 7168 + 1024 fits an 8K context
@@ -75,7 +79,47 @@ def _profile(scenario: Scenario, gpu: str, slos: SLOs) -> GpuProfile:
                     if rate == RATES[0]:
                         any(_measure(scenario, gpu, slos, i, o, low, lines) for low in LOW_RATES)
                     break  # higher rates only get worse
-    return build_profile(gpu, select(lines, slos, f"virtual {gpu}"), 1.0, slos, 0.0)
+    profile = build_profile(gpu, select(lines, slos, f"virtual {gpu}"), 1.0, slos, 0.0)
+    return replace(profile, tputs_admitted=admitted_tputs(scenario, gpu, profile, slos))
+
+
+ADMITTED_MIN_REQUESTS = 40
+
+
+def admitted_tputs(scenario: Scenario, gpu: str, profile: GpuProfile, slos: SLOs) -> Matrix:
+    """Per cell, requests/s of one replica held at the router's per-pod budget within the SLO (at
+    least `tputs`: where the budget run misses the SLO the Poisson figure stands)."""
+    rows = []
+    for o, out in enumerate(profile.outputs):
+        row = []
+        for i, inp in enumerate(profile.inputs):
+            tput = profile.tputs[o][i]
+            e2e = profile.e2e[o][i] if profile.e2e is not None else math.nan
+            engine = build_engine(scenario, gpu)
+            if inp + out > engine.max_model_len or not e2e > 0:
+                row.append(tput)
+                continue
+            limit = max(1, math.floor(tput * e2e))
+            res = run_admitted(engine, limit, inp, out, max(ADMITTED_MIN_REQUESTS, 8 * limit),
+                               stagger=e2e / limit)
+            row.append(max(tput, _steady_rate(res, limit)) if _meets(res, slos) else tput)
+        rows.append(tuple(row))
+    return tuple(rows)
+
+
+def _steady_rate(res: LoadResult, limit: int) -> float:
+    """Completions/s once the first `limit` (the ramp) are done."""
+    ends = sorted(s.finish_time for s in res.finished)  # type: ignore[type-var]
+    if len(ends) <= limit + 1:
+        return len(ends) / res.duration if res.duration > 0 else 0.0
+    return (len(ends) - limit - 1) / (ends[-1] - ends[limit])
+
+
+def _meets(res: LoadResult, slos: SLOs) -> bool:
+    if res.failed or not res.finished:
+        return False
+    by = {line.metric: line for line in _lines(0, 0, 0.0, res)}
+    return all(slos.passes(m, by.get(m)) for m in ("TPOT", "TTFT") if slos.is_set(m))
 
 
 def _measure(scenario: Scenario, gpu: str, slos: SLOs, i: int, o: int, rate: float,

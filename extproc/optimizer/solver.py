@@ -84,7 +84,7 @@ def _merge(profiles: Sequence[GpuProfile], demands: Iterable[Demand]) -> list[_C
         sig = tuple(p.cell(d.input_tokens, d.output_tokens) for p in profiles)
         c = cells.get(sig)
         if c is None:
-            c = cells[sig] = _Cell(tputs=tuple(p.tputs[o][i] for p, (o, i) in zip(profiles, sig)))
+            c = cells[sig] = _Cell(tputs=tuple(p.served[o][i] for p, (o, i) in zip(profiles, sig)))
         c.rps += d.rps
         c.log_in += d.rps * math.log2(max(d.input_tokens, 1.0))
         c.log_out += d.rps * math.log2(max(d.output_tokens, 1.0))

@@ -7,6 +7,7 @@ admit arrivals with `add(req, now)`, then call `step(now)` again.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import random
 import statistics
@@ -83,6 +84,39 @@ def run_closed_loop(
     out.duration = now - start
     out.preemptions = engine.preemptions_total
     out.mean_batch = batch_sum / steps if steps else 0.0
+    return out
+
+
+def run_admitted(engine: Engine, limit: int, prompt_tokens: int, output_tokens: int, num_requests: int,
+                 stagger: float) -> LoadResult:
+    """A replica behind a router that holds it at `limit` requests in flight: the first `limit` arrive
+    `stagger` seconds apart (requests reach a router one after another, not all at once), then each
+    one that ends lets the next in at once. Unlike `run_closed_loop`, the requests stay out of step,
+    so a long prompt's prefill lands in the middle of the others' decodes, as it does in production."""
+    now = 0.0
+    sent = 0
+    out = LoadResult(0.0)
+    due = [k * stagger for k in range(min(limit, num_requests))]  # admission times, ascending
+    while due or engine.has_work():
+        if not engine.has_work() and due and due[0] > now:
+            now = due[0]
+        while due and due[0] <= now:
+            engine.add(SimRequest(f"r{sent}", prompt_tokens, output_tokens), due.pop(0))  # ascending
+            sent += 1
+        res = engine.step(now)
+        if res is None:
+            if not due:
+                raise RuntimeError("engine has work but nothing it can schedule")
+            now = max(now, due[0])
+            continue
+        now = res.end
+        out.finished.extend(res.finished)
+        out.failed += len(res.failed)
+        for _ in range(len(res.finished) + len(res.failed)):
+            if sent + len(due) < num_requests:
+                bisect.insort(due, now)  # before the staggered first ones still to come, if any
+    out.duration = now
+    out.preemptions = engine.preemptions_total
     return out
 
 

@@ -67,7 +67,7 @@ def assign(table: Mapping[str, DeploymentModel], pods: Mapping[str, int],
         sig = Signature(2 ** shape[0], 2 ** shape[1])
         for g, dep in enumerate(deps):
             o, i = table[dep].cell(sig)
-            tput = table[dep].profile.tputs[o][i]
+            tput = table[dep].profile.served[o][i]
             if tput > 0:
                 pairs.append((c, g, tput))
     served = sorted({c for c, _, _ in pairs})

@@ -54,8 +54,8 @@ class DeploymentModel:
         so one of them takes a whole (idle) pod. Uncapped, it would fit nowhere and wait at the head of
         the queue until its deadline, holding up everyone behind it."""
         o, i = self.cell(sig)
-        tput, e2e = self.profile.tputs[o][i], self.e2e[o][i]
-        if tput <= 0 or e2e <= 0:
+        tput, e2e = self.profile.served[o][i], self.e2e[o][i]
+        if tput <= 0 or not e2e > 0:  # e2e NaN: the profile does not know this cell's latency
             return None
         return min(1.0, 1.0 / (tput * e2e))
 

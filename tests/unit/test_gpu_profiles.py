@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from extproc.gpu_profiles import GpuProfile, ProfileError, dump_profile, load_profile, parse_profile
+from extproc.gpu_profiles import (
+    GpuProfile,
+    ProfileError,
+    dump_profile,
+    load_profile,
+    nearest_index,
+    parse_profile,
+)
+from extproc.tracing.window import bucket
 from tests.support.shared_data import A40_PROFILE
 
 A40 = A40_PROFILE
@@ -79,7 +87,6 @@ def test_profile_is_frozen() -> None:
         ({"cost": "cheap"}, "cost"),
         ({"tputs": [[4.0, 2.0]]}, "tputs"),
         ({"tputs": [[4.0, 2.0], [2.0]]}, "tputs[1]"),
-        ({"tputs": [[4.0, float("nan")], [2.0, 0.0]]}, "tputs[0][1]"),
         ({"tputs": [[4.0, -2.0], [2.0, 0.0]]}, "tputs[0][1]"),
         ({"indexes": [[64, 128]]}, "indexes"),
         ({"indexes": [[128, 64], [256, 512]]}, "indexes[0]"),
@@ -111,3 +118,42 @@ def test_load_errors_name_the_file(tmp_path: Path) -> None:
     bad.write_text(json.dumps(small(cost=None)))
     with pytest.raises(ProfileError, match="p.json: cost"):
         load_profile(bad)
+
+
+def test_halfway_between_ticks_maps_to_the_larger_cell() -> None:
+    """Trace buckets 25, 35, ..., 105 (precision 10) sit exactly halfway between powers of two in log2:
+    they map up, so the plan never counts them as the cheaper shape."""
+    ticks = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+    for b in range(25, 106, 10):
+        tokens = 2 ** (b / 10)
+        k = nearest_index(ticks, tokens)
+        assert ticks[k] == 2 ** ((b + 5) // 10), b
+    assert nearest_index(ticks, 2 ** 2.49) == 0 and nearest_index(ticks, 2 ** 2.51) == 1
+    assert bucket(round(2 ** 4.5)) == 45  # 23 tokens: a real trace bucket on the edge
+
+
+def test_aibrix_nan_statistics_read_as_unknown(tmp_path: Path) -> None:
+    """gen_profile writes NaN for a null statistic (Python's json writes it bare): the file loads, a
+    throughput nobody measured serves nothing, a latency nobody measured is unknown."""
+    path = tmp_path / "nan.json"
+    path.write_text(json.dumps(small(tputs=[[4.0, float("nan")], [2.0, 0.0]],
+                                     e2e=[[1.0, float("nan")], [1.8, 3.0]])))
+    assert "NaN" in path.read_text()
+    p = load_profile(path)
+    assert p.tputs[0][1] == 0.0 and p.tputs[0][0] == 4.0
+    assert p.e2e is not None and p.e2e[0][1] != p.e2e[0][1] and p.e2e[1][1] == 3.0  # NaN, kept unknown
+    with pytest.raises(ProfileError, match=r"^e2e\[0\]\[1\]"):
+        parse_profile(small(e2e=[[1.0, -1.0], [1.8, 3.0]]))  # a negative latency is still refused
+
+
+def test_admitted_throughput_round_trips_and_is_what_routed_replicas_serve() -> None:
+    data = small(tputs_admitted=[[5.0, 2.5], [2.0, 0.4]])
+    p = parse_profile(data)
+    assert p.tputs_admitted == ((5.0, 2.5), (2.0, 0.4))
+    assert p.served is p.tputs_admitted and p.tput(512, 128) == 0.4  # tputs says 0 there
+    assert dump_profile(p) == data and parse_profile(dump_profile(p)) == p
+    older = parse_profile(small())
+    assert older.tputs_admitted is None and older.served is older.tputs
+    assert "tputs_admitted" not in dump_profile(older)
+    with pytest.raises(ProfileError, match=r"^tputs_admitted\[1\]"):
+        parse_profile(small(tputs_admitted=[[5.0, 2.5], [2.0]]))
