@@ -3,8 +3,8 @@
 The simulated gateways write request traces as live ones do (`TraceHooks` -> `TraceRecorder`, windows
 keyed by wall-clock time, here virtual time from EPOCH); a dict stands in for Redis. Every `interval_s`
 the optimizer's own code re-plans from them: `window_ends` + `parse_trace` (what `read_windows` reads),
-`trace_rates`, `solve` with the per-GPU profiles, `ModelState.apply`/`reported` (overrides none, no load:
-min_replicas). A PodAutoscaler then scales each deployment to ceil(metric / targetValue) with the
+then `planning.replan` (rates, the feedback's correction, the MILP) exactly as the live service runs it,
+`ModelState.apply`/`reported` (overrides none, no load: min_replicas). A PodAutoscaler then scales each deployment to ceil(metric / targetValue) with the
 metric in hundredths of a replica and targetValue 100, within [min_replicas, the replicas it may run],
 down only to the highest count of the last `stabilization_s` (the HPA's scale-down stabilization), and
 not at all within 10 % of where it is (the HPA's tolerance).
@@ -22,10 +22,10 @@ from extproc.fleetsim.scenario import Autoscale, Group
 from extproc.gpu_profiles import GpuProfile
 from extproc.optimizer.deployments import Deployment
 from extproc.optimizer.monitor import ModelState
+from extproc.optimizer.planning import replan
 from extproc.optimizer.service import REPLICA_UNITS
-from extproc.optimizer.solver import PlanError, solve
 from extproc.optimizer.traces import window_ends
-from extproc.optimizer.workload import parse_trace, trace_rates
+from extproc.optimizer.workload import parse_trace
 from extproc.server.traces import TraceHooks
 from extproc.tracing.window import TraceRecorder, trace_key
 
@@ -43,6 +43,7 @@ class Timeline:
     billed: dict[str, list[int]] = field(default_factory=dict)    # serving + starting + draining
     cost_per_hour: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    factors: list[dict[str, float]] = field(default_factory=list)  # the feedback's, per re-plan
 
 
 class Optimizer:
@@ -75,17 +76,12 @@ class Optimizer:
             raw = self.redis.get(trace_key(self.model, end))
             if raw is not None:
                 windows.append(parse_trace(end, json.loads(raw)))
-        demands = trace_rates(windows, wall, self.settings.window_s)
-        plan, error = None, None
-        if demands:
-            try:  # as the service plans (OptimizerService.replan)
-                plan = solve(self.profiles, demands, skip_unservable=True,
-                             current={d: self.state.reported(d) for d in self.groups})
-                error = plan.unserved or None
-            except PlanError as e:
-                error = str(e)
-            if error:
-                self.timeline.errors.append(f"{now:.0f}s: {error}")
+        current = {d: self.state.reported(d) for d in self.groups}
+        result = replan(windows, wall, self.settings.window_s, self.profiles, current, self.state.feedback)
+        if result.error:
+            self.timeline.errors.append(f"{now:.0f}s: {result.error}")
+        self.timeline.factors.append({d: self.state.feedback.factor(d) for d in self.groups})
+        demands, plan, error = result.demands, result.plan, result.error
         self.state.apply(wall, demands, plan, error)
         now_asked = {}
         for d, g in self.groups.items():
@@ -196,6 +192,7 @@ def summary(timeline: Timeline, warmup_s: float, duration_s: float) -> dict[str,
         "turns_per_5min": {d: direction_changes(v, timeline.times, 300.0)
                            for d, v in timeline.desired.items()},
         "plan_errors": timeline.errors[:5],
+        "feedback_end": timeline.factors[-1] if timeline.factors else {},
         "series": {"t": timeline.times, "replicas": timeline.billed, "desired": timeline.desired,
                    "cost_per_hour": timeline.cost_per_hour},
     }

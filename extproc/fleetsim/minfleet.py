@@ -132,11 +132,15 @@ def _chain(scenario: Scenario, strategy: str, seed: int, prefix: Counts, firsts:
     for a in firsts:
         if p.cost((*prefix, a, 0)) >= budget:
             break
-        if not p.ok((*prefix, a, second)):
-            continue  # the upper end already misses (a chain's start may be too low for small a)
-        while second > 0 and p.cost((*prefix, a, second - 1)) < budget and p.ok((*prefix, a, second - 1)):
+        cap = second  # the most of the second type that still beats the budget with `a` of the first
+        while cap > 0 and p.cost((*prefix, a, cap)) >= budget:
+            cap -= 1
+        if not p.ok((*prefix, a, cap)):
+            continue  # nothing under the budget with `a`: try one more of the first
+        second = cap
+        while second > 0 and p.ok((*prefix, a, second - 1)):
             second -= 1
-        budget = min(budget, p.cost((*prefix, a, second)))
+        budget = p.cost((*prefix, a, second))
     return list(p.seen.values())
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from extproc.optimizer.deployments import Deployment
+from extproc.optimizer.feedback import Feedback
 from extproc.optimizer.solver import Demand, Plan
 
 HISTORY_POINTS = 720  # two hours at the 10 s re-plan interval
@@ -31,6 +32,7 @@ class ModelState:
     error: str | None = None  # why the last re-plan did not produce a plan
     updated: float = 0.0
     history: deque[tuple[float, dict[str, int]]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    feedback: Feedback = field(default_factory=Feedback)  # how each type kept the SLO: the plan's correction
 
     @property
     def has_load(self) -> bool:

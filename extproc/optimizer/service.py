@@ -29,9 +29,9 @@ from extproc.openai import OpenAIError
 from extproc.optimizer.dashboard import dashboard_data, render_page
 from extproc.optimizer.deployments import ConfigError, DeploymentSource, parse_deployment
 from extproc.optimizer.monitor import Fleet, ModelState, NotMonitored
-from extproc.optimizer.solver import Plan, PlanError, solve
+from extproc.optimizer.planning import plan_demands, replan
 from extproc.optimizer.traces import read_windows
-from extproc.optimizer.workload import DEFAULT_WINDOW_SECONDS, trace_rates
+from extproc.optimizer.workload import DEFAULT_WINDOW_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -118,14 +118,16 @@ class OptimizerService:
         return {k: self.store.profile_for(d.model, d.namespace, d.name) for k, d in state.deployments.items()}
 
     async def replan(self, state: ModelState, now: float) -> None:
-        demands = state.demands
-        if self.redis is not None:
+        profiles = [p for p in self.profiles_of(state).values() if p is not None]
+        running = {k: state.reported(k) for k in state.deployments}  # near-ties keep these
+        if self.redis is None:  # no traces to read: the workload set on the state (tests)
+            result = await asyncio.to_thread(plan_demands, state.demands, profiles, running)
+        else:
             try:
                 windows = await asyncio.wait_for(
                     read_windows(self.redis, state.model, now, self.settings.window_seconds),
                     self.settings.io_timeout,
                 )
-                demands = trace_rates(windows, now, self.settings.window_seconds)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # keep the last workload and plan: Redis may be back next cycle
@@ -133,20 +135,14 @@ class OptimizerService:
                     now, state.demands, None, f"reading request traces failed: {type(e).__name__}: {e}"
                 )
                 return
+            result = await asyncio.to_thread(replan, windows, now, self.settings.window_seconds, profiles,
+                                             running, state.feedback)
+        demands, plan, error = result.demands, result.plan, result.error
         if not demands:
             state.apply(now, [], None, None)
             return
-        profiles = [p for p in self.profiles_of(state).values() if p is not None]
-        plan: Plan | None = None
-        error = None
-        try:
-            running = {k: state.reported(k) for k in state.deployments}  # near-ties keep these
-            plan = await asyncio.to_thread(solve, profiles, demands, 30.0, True, running)
-        except PlanError as e:
-            error = str(e)
         if plan is not None and plan.unserved:
-            error = plan.unserved  # planned without them: shown on the dashboard, logged
-            log.warning("%s: %s", state.model, plan.unserved)
+            log.warning("%s: %s", state.model, plan.unserved)  # planned without them: on the dashboard
         if plan is not None and not plan.optimal:
             log.warning("%s: solver time limit, using the best plan found", state.model)
         state.apply(now, demands, plan, error)

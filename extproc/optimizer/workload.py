@@ -11,11 +11,12 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from extproc.optimizer.solver import Demand
+from extproc.tracing.window import TPOT_KEY
 
 DEFAULT_WINDOW_SECONDS = 240.0  # AIBrix's ModelMonitor window
 _CELL = re.compile(r"^(\d+):(\d+)$")
@@ -80,6 +81,7 @@ class TraceWindow:
     arrived: int  # meta_total_reqs (v3+); the completed count for older traces
     pending: int
     queueing: int
+    tpot: dict[str, dict[int, int]] = field(default_factory=dict)  # meta_tpot (ours): deployment -> histogram
 
     @property
     def completed(self) -> int:
@@ -105,7 +107,7 @@ def parse_trace(end: int, data: Any) -> TraceWindow:
     counts: dict[tuple[int, int], int] = {}
     for k, v in data.items():
         if k.startswith("meta_"):
-            continue
+            continue  # AIBrix skips every meta_ key it does not read; so do we
         m = _CELL.match(k)
         if m is None or isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise WorkloadError(f'trace {end}: unexpected entry {k!r}: {v!r} (expected "<int>:<int>": count)')
@@ -113,9 +115,31 @@ def parse_trace(end: int, data: Any) -> TraceWindow:
         counts[cell] = counts.get(cell, 0) + v
     completed = sum(counts.values())
     arrived = meta("meta_total_reqs", completed) if version >= 3 else completed
-    return TraceWindow(
-        end, counts, precision, interval, arrived, meta("meta_pending_reqs", 0), meta("meta_queueing_reqs", 0)
-    )
+    return TraceWindow(end, counts, precision, interval, arrived, meta("meta_pending_reqs", 0),
+                       meta("meta_queueing_reqs", 0), _tpot_histograms(end, data.get(TPOT_KEY)))
+
+
+def _tpot_histograms(end: int, raw: Any) -> dict[str, dict[int, int]]:
+    if raw is None:
+        return {}
+    bad = WorkloadError(f'trace {end}: {TPOT_KEY} must be {{"<deployment>": {{"<bucket>": count}}}}')
+    if not isinstance(raw, Mapping):
+        raise bad
+    out: dict[str, dict[int, int]] = {}
+    for dep, hist in raw.items():
+        if not isinstance(hist, Mapping):
+            raise bad
+        try:
+            out[str(dep)] = {int(b): n for b, n in hist.items() if _count(n)}
+        except ValueError:
+            raise bad from None
+        if len(out[str(dep)]) != len(hist):
+            raise bad
+    return out
+
+
+def _count(n: Any) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 
 def _tokens(b: int, precision: int) -> float:

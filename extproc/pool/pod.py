@@ -43,3 +43,12 @@ class Pod:
     def metrics_url(self) -> str:
         port = self.metrics_port or int(self.address.rpartition(":")[2])
         return f"http://{self.host}:{port}/metrics"
+
+
+def deployment_of(pod: Pod) -> str:
+    """The pool config's deployment, else the fleet label, else app.kubernetes.io/name. (Discovered
+    pods already carry the ReplicaSet owner's name without its hash: extproc.pool.convert.)"""
+    if pod.deployment:
+        return pod.deployment
+    labels = pod.labels or {}
+    return labels.get(FLEET_LABEL) or labels.get(APP_NAME_LABEL) or ""

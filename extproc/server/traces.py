@@ -13,6 +13,7 @@ from extproc.cancellation import raise_if_cancelled
 from extproc.openai import Request
 from extproc.routing.framework import PodView
 from extproc.server.gateway import Gateway
+from extproc.pool.pod import deployment_of
 from extproc.state.record import RequestRecord
 from extproc.tracing.flusher import TraceFlusher
 from extproc.tracing.window import TraceRecorder
@@ -33,7 +34,16 @@ class TraceHooks:
 
     def post_response(self, record: RequestRecord, now: float) -> None:
         if record.ok and record.output_tokens is not None:
-            self.recorder.completed(record.model, record.prompt_tokens or 0, record.output_tokens, self.wall())
+            self.recorder.completed(record.model, record.prompt_tokens or 0, record.output_tokens, self.wall(),
+                                    deployment_of(record.pod), tpot(record))
+
+
+def tpot(record: RequestRecord) -> float | None:
+    """Time per output token after the first, as the client saw it: (end - first byte) / (tokens - 1)."""
+    out = record.output_tokens or 0
+    if record.ttfb_s is None or out < 2:
+        return None
+    return max(0.0, record.e2e_s - record.ttfb_s) / (out - 1)
 
 
 async def run_tracing(gateway: Gateway, redis_url: str) -> None:

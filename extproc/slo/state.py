@@ -10,7 +10,7 @@ from itertools import islice
 
 from extproc.gpu_profiles import GpuProfile
 from extproc.openai import Request
-from extproc.pool.pod import APP_NAME_LABEL, FLEET_LABEL, Pod
+from extproc.pool.pod import Pod, deployment_of
 from extproc.routing.state import Series
 from extproc.slo.assignment import Mix, Shape, assign, shape_of
 from extproc.slo.model import DeploymentModel, Signature, build_table
@@ -24,15 +24,6 @@ STORE_KEY = "slo"  # where the SloState lives in RoutingState.store
 LEDGER_LIMIT = 4096  # consumptions remembered per pod (the newest `running` of them are counted)
 
 Ledger = dict[int, "float | None"]  # id(routed Request) -> its consumption, oldest first
-
-
-def deployment_of(pod: Pod) -> str:
-    """The pool config's deployment, else the fleet label, else app.kubernetes.io/name. (Discovered
-    pods already carry the ReplicaSet owner's name without its hash: extproc.pool.convert.)"""
-    if pod.deployment:
-        return pod.deployment
-    labels = pod.labels or {}
-    return labels.get(FLEET_LABEL) or labels.get(APP_NAME_LABEL) or ""
 
 
 _MISSING = object()

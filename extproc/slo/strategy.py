@@ -28,7 +28,8 @@ from extproc.routing.outcome import Queued, Rejected
 from extproc.slo.model import PER_TOKEN
 from extproc.slo.queue import REJECT_BREACHED, Entry
 from extproc.slo.settings import PARAMS
-from extproc.slo.state import STORE_KEY, SloState, deployment_of
+from extproc.pool.pod import deployment_of
+from extproc.slo.state import STORE_KEY, SloState
 
 EPS = 1e-9
 VARIANTS = ("slo-pack-load", "slo-least-load", "slo-least-load-pulling")

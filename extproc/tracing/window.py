@@ -38,10 +38,25 @@ def window_end(now_wall: float, interval: int = INTERVAL_SEC) -> int:
     return (int(now_wall) // interval + 1) * interval
 
 
+TPOT_PRECISION = 32  # TPOT histogram buckets per doubling (2.2 % apart): round(log2(ms) x 32)
+TPOT_KEY = "meta_tpot"  # ours: {deployment: {bucket: completed}}; AIBrix's reader skips meta_ keys
+
+
+def tpot_bucket(tpot_s: float) -> int:
+    """The histogram bucket of a time per output token: round(log2(milliseconds) x TPOT_PRECISION)."""
+    return math.floor(math.log2(max(tpot_s * 1000.0, 1e-3)) * TPOT_PRECISION + 0.5)
+
+
+def tpot_of_bucket(b: int) -> float:
+    """Seconds at the bucket's centre."""
+    return 2.0 ** (b / TPOT_PRECISION) / 1000.0
+
+
 @dataclass(slots=True)
 class _Window:
     counts: dict[str, int] = field(default_factory=dict)
     arrived: int = 0
+    tpot: dict[str, dict[int, int]] = field(default_factory=dict)  # deployment -> bucket -> completed
 
 
 class TraceRecorder:
@@ -73,11 +88,18 @@ class TraceRecorder:
         """A request of `model` was routed (AIBrix's meta_total_reqs counts these)."""
         self._window(model, now_wall).arrived += 1
 
-    def completed(self, model: str, prompt_tokens: int, output_tokens: int, now_wall: float) -> None:
-        """A request finished: count it in its (input, output) bucket of the window it finished in."""
-        counts = self._window(model, now_wall).counts
+    def completed(self, model: str, prompt_tokens: int, output_tokens: int, now_wall: float,
+                  deployment: str = "", tpot_s: float | None = None) -> None:
+        """A request finished: count it in its (input, output) bucket of the window it finished in, and
+        its time per output token in its deployment's histogram (what the optimizer's feedback reads:
+        how each GPU type kept the SLO under the plan)."""
+        w = self._window(model, now_wall)
         key = f"{bucket(prompt_tokens, self.precision)}:{bucket(output_tokens, self.precision)}"
-        counts[key] = counts.get(key, 0) + 1
+        w.counts[key] = w.counts.get(key, 0) + 1
+        if deployment and tpot_s is not None and tpot_s >= 0:
+            hist = w.tpot.setdefault(deployment, {})
+            b = tpot_bucket(tpot_s)
+            hist[b] = hist.get(b, 0) + 1
 
     def snapshot(self, model: str, pending: int, queueing: int) -> None:
         """The model's in-flight count and SLO-queue length, reported with the next window written."""
@@ -94,10 +116,12 @@ class TraceRecorder:
                                                           separators=(",", ":"))))
         return out
 
-    def _value(self, w: _Window, pending: int, queueing: int) -> dict[str, int]:
-        value = dict(sorted(w.counts.items()))
+    def _value(self, w: _Window, pending: int, queueing: int) -> dict[str, object]:
+        value: dict[str, object] = dict(sorted(w.counts.items()))
         value.update(meta_v=TRACE_VERSION, meta_interval_sec=self.interval, meta_precision=self.precision,
                      meta_total_reqs=w.arrived, meta_pending_reqs=pending, meta_queueing_reqs=queueing)
+        if w.tpot:
+            value[TPOT_KEY] = {d: {str(b): n for b, n in sorted(h.items())} for d, h in sorted(w.tpot.items())}
         return value
 
     def __len__(self) -> int:

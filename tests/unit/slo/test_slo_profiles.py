@@ -17,7 +17,8 @@ from extproc.pool import Pod
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor
 from extproc.slo.refresh import SloRefresh
-from extproc.slo.state import deployment_of, learned
+from extproc.pool.pod import deployment_of
+from extproc.slo.state import learned
 
 
 def raw_profile(gpu: str, created: float, tput: float) -> dict:

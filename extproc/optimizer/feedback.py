@@ -1,0 +1,124 @@
+"""The plan corrected by what it produced: how each GPU type kept the SLO under the last plans (pure).
+
+A profile is a benchmark of one replica serving one request shape. Behind the router a replica serves a
+mix: a long prompt's prefill stalls the decodes batched with it, and a type with little TPOT slack (an
+A10 whose idle step is already 34 ms of a 50 ms target) misses where its profile says it holds. The
+gateways record, per deployment and trace window, the time per output token of every request it
+completed (`meta_tpot`, a histogram; tracing.window). Each re-plan reads the last `span_s` of it and
+keeps one factor per deployment on its profile's throughput:
+
+  * attainment below `target` (99 %): the factor shrinks in proportion to the shortfall, so the plan
+    gives that type less of the mix and more replicas of the others;
+  * attainment at `recover` (99.8 %) or above with its P99 TPOT at most `headroom` (0.8) of the SLO: it
+    grows back by 10 %, up to 1 (the profile is the ceiling: a type never plans above its benchmark).
+
+After a change a deployment's factor waits `settle_s` and reads only windows that ended since, so it
+sees the fleet the change produced (the autoscaler and provisioning take that long), not the one before.
+Deployments with too few requests in the span keep their factor. Only a TPOT SLO is read this way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from extproc.gpu_profiles import GpuProfile
+from extproc.optimizer.workload import TraceWindow
+from extproc.tracing.window import tpot_of_bucket
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one deployment's requests saw over the span."""
+
+    completed: int
+    within: int  # TPOT at most the SLO target
+    p99_s: float
+
+    @property
+    def attainment(self) -> float:
+        return self.within / self.completed if self.completed else 1.0
+
+
+@dataclass(slots=True)
+class Feedback:
+    span_s: float = 60.0
+    settle_s: float = 60.0
+    min_requests: int = 50
+    target: float = 0.99
+    recover: float = 0.998
+    headroom: float = 0.8
+    floor: float = 0.2
+    gain: float = 10.0  # factor x (1 - gain x shortfall): 96.6 % attainment -> x0.76
+    factors: dict[str, float] = field(default_factory=dict)  # deployment -> factor on its throughput
+    changed: dict[str, float] = field(default_factory=dict)  # deployment -> when its factor last moved
+    outcomes: dict[str, Outcome] = field(default_factory=dict)  # the last reading, for the dashboard
+
+    def factor(self, deployment: str) -> float:
+        return self.factors.get(deployment, 1.0)
+
+    def update(self, windows: Iterable[TraceWindow], now: float, profiles: Sequence[GpuProfile]) -> None:
+        """One re-plan's reading. `now` and window ends are unix seconds; profiles name deployments."""
+        windows = list(windows)
+        for p in profiles:
+            slo = p.slos.get("tpot")
+            if not slo:
+                continue
+            since = max(now - self.span_s, self.changed.get(p.gpu, -math.inf) + self.settle_s)
+            seen = outcome(windows, p.gpu, since, now, slo)
+            self.outcomes[p.gpu] = seen
+            if seen.completed < self.min_requests:
+                continue
+            old = self.factor(p.gpu)
+            if seen.attainment < self.target:
+                new = max(self.floor, old * max(0.5, 1.0 - self.gain * (self.target - seen.attainment)))
+            elif seen.attainment >= self.recover and seen.p99_s <= self.headroom * slo:
+                new = min(1.0, old * 1.1)
+            else:
+                continue
+            if new != old:
+                self.factors[p.gpu] = new
+                self.changed[p.gpu] = now
+
+    def apply(self, profiles: Sequence[GpuProfile]) -> list[GpuProfile]:
+        """The profiles with each deployment's factor on what its replicas serve."""
+        return [scaled(p, self.factor(p.gpu)) for p in profiles]
+
+
+def scaled(p: GpuProfile, factor: float) -> GpuProfile:
+    if factor == 1.0:
+        return p
+    return replace(p, tputs_admitted=tuple(tuple(t * factor for t in row) for row in p.served))
+
+
+def _named(trace_name: str, deployment: str) -> bool:
+    """Traces name a pod's deployment (`l20`); the service keys deployments `namespace/name`."""
+    return trace_name == deployment or deployment.endswith("/" + trace_name)
+
+
+def outcome(windows: Iterable[TraceWindow], deployment: str, since: float, now: float,
+            slo_s: float) -> Outcome:
+    hist: dict[int, int] = {}
+    for w in windows:
+        if not since < w.end <= now:
+            continue
+        for name, h in w.tpot.items():
+            if _named(name, deployment):
+                for b, n in h.items():
+                    hist[b] = hist.get(b, 0) + n
+    total = sum(hist.values())
+    within = sum(n for b, n in hist.items() if tpot_of_bucket(b) <= slo_s)
+    return Outcome(total, within, _p99(hist, total))
+
+
+def _p99(hist: Mapping[int, int], total: int) -> float:
+    if not total:
+        return 0.0
+    rank = math.ceil(0.99 * total)
+    seen = 0
+    for b in sorted(hist):
+        seen += hist[b]
+        if seen >= rank:
+            return tpot_of_bucket(b)
+    return tpot_of_bucket(max(hist))

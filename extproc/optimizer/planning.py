@@ -1,0 +1,41 @@
+"""One re-plan, as both the live service (`extproc optimizer`) and the fleet simulation's loop run it:
+trace windows -> rates per cell -> the feedback's correction of the profiles -> the MILP."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from extproc.gpu_profiles import GpuProfile
+from extproc.optimizer.feedback import Feedback
+from extproc.optimizer.solver import Demand, Plan, PlanError, solve
+from extproc.optimizer.workload import TraceWindow, trace_rates
+
+
+@dataclass(frozen=True, slots=True)
+class Replan:
+    demands: list[Demand]
+    plan: Plan | None
+    error: str | None  # no plan, or cells left out of it
+
+
+def replan(windows: Sequence[TraceWindow], now: float, window_s: float, profiles: Sequence[GpuProfile],
+           current: Mapping[str, int], feedback: Feedback | None, time_limit: float = 30.0) -> Replan:
+    """`current`: the replicas each deployment reports now (near-ties keep them). Blocking: the service
+    runs it in a worker thread."""
+    demands = trace_rates(windows, now, window_s)
+    if feedback is not None:
+        feedback.update(windows, now, profiles)
+        profiles = feedback.apply(profiles)
+    return plan_demands(demands, profiles, current, time_limit)
+
+
+def plan_demands(demands: list[Demand], profiles: Sequence[GpuProfile], current: Mapping[str, int],
+                 time_limit: float = 30.0) -> Replan:
+    if not demands:
+        return Replan([], None, None)
+    try:
+        plan = solve(profiles, demands, time_limit, skip_unservable=True, current=current)
+    except PlanError as e:
+        return Replan(demands, None, str(e))
+    return Replan(demands, plan, plan.unserved or None)
