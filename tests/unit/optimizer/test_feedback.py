@@ -1,0 +1,117 @@
+"""The plan's correction from what it produced: per deployment TPOT histograms in the traces (meta_tpot)
+move a factor on that deployment's profile down on missed SLOs and back up with headroom; AIBrix's
+trace reader still reads the windows (it skips meta_ keys)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from extproc.gpu_profiles import parse_profile
+from extproc.optimizer.feedback import Feedback, outcome, scaled
+from extproc.optimizer.planning import replan
+from extproc.optimizer.workload import WorkloadError, parse_trace
+from extproc.tracing.window import TPOT_KEY, TraceRecorder, tpot_bucket, tpot_of_bucket
+
+EPOCH = 1_700_000_000
+
+
+def profile(name: str, tput: float, cost: float, tpot: float = 0.05):
+    return parse_profile({"gpu": name, "cost": cost, "tputs": [[tput] * 2] * 2,
+                          "indexes": [[16, 1024], [128, 4096]], "e2e": [[1.0] * 2] * 2,
+                          "slos": {"percentile": 99, "tpot": tpot}, "created": 1.0})
+
+
+def windows(per_window: dict[str, list[float]], start: int, count: int, rps: int = 10):
+    """`count` 10 s windows from `start`, each with `rps` x 10 chat completions spread over the
+    deployments, with the given TPOTs (cycled) per deployment."""
+    rec = TraceRecorder()
+    out = []
+    for k in range(count):
+        t = start + 10 * k + 5
+        for dep, tpots in per_window.items():
+            for j in range(rps * 10 // len(per_window)):
+                rec.completed("m", 200, 100, t, dep, tpots[j % len(tpots)])
+            rec.arrived("m", t)
+        for key, raw in rec.due(t + 10):
+            out.append(parse_trace(int(key.rsplit("_", 1)[1]), json.loads(raw)))
+    return out
+
+
+def test_histogram_buckets_round_trip_within_two_percent() -> None:
+    for tpot in (0.004, 0.0237, 0.05, 0.31):
+        assert tpot_of_bucket(tpot_bucket(tpot)) == pytest.approx(tpot, rel=0.012)
+
+
+def test_windows_carry_each_deployments_tpots_and_aibrix_layout_stays() -> None:
+    rec = TraceRecorder()
+    rec.completed("m", 200, 100, EPOCH + 1, "a10", 0.030)
+    rec.completed("m", 200, 100, EPOCH + 2, "a10", 0.030)
+    rec.completed("m", 200, 100, EPOCH + 3, "l20", 0.060)
+    rec.completed("m", 200, 100, EPOCH + 4)  # no deployment known: counted in the cell only
+    ((key, raw),) = rec.due(EPOCH + 20)
+    value = json.loads(raw)
+    assert value["76:66"] == 4 and value["meta_v"] == 4
+    assert value[TPOT_KEY] == {"a10": {str(tpot_bucket(0.030)): 2}, "l20": {str(tpot_bucket(0.060)): 1}}
+    w = parse_trace(EPOCH + 10, value)
+    assert w.completed == 4 and w.tpot["a10"] == {tpot_bucket(0.030): 2}
+    # AIBrix's GatewayLoadReader skips every key matching ^meta_: the cells it reads are unchanged
+    assert [k for k in value if not k.startswith("meta_")] == ["76:66"]
+
+
+@pytest.mark.parametrize("bad", [[1, 2], {"a10": [1]}, {"a10": {"x": 1}}, {"a10": {"3": -1}}])
+def test_malformed_histograms_are_refused_naming_the_key(bad) -> None:
+    with pytest.raises(WorkloadError, match=TPOT_KEY):
+        parse_trace(EPOCH, {"70:30": 1, "meta_v": 4, TPOT_KEY: bad})
+
+
+def test_a_type_that_misses_gets_a_smaller_factor_and_the_plan_moves_off_it() -> None:
+    cheap, dear = profile("cheap", 2.0, 1.0), profile("dear", 3.0, 2.0)
+    fb = Feedback()
+    now = EPOCH + 100
+    # cheap: 4 % of its requests over the 50 ms target (2 of the 50 a window); dear: all well inside it
+    ws = windows({"cheap": [0.030] * 19 + [0.070], "dear": [0.030]}, EPOCH + 40, 6)
+    before = replan(ws, now, 240, [cheap, dear], {}, None).plan
+    after = replan(ws, now, 240, [cheap, dear], {}, fb).plan
+    assert fb.outcomes["cheap"].attainment == pytest.approx(0.96)
+    assert fb.factor("cheap") == pytest.approx(0.7) and fb.factor("dear") == 1.0
+    assert before is not None and after is not None
+    assert after.load["cheap"] < before.load["cheap"]  # each cheap replica is worth less now
+    # it waits for windows that ended `settle_s` after the change before it moves again
+    replan(ws, now + 10, 240, [cheap, dear], {}, fb)
+    assert fb.factor("cheap") == pytest.approx(0.7)
+
+
+def test_a_factor_recovers_with_headroom_up_to_the_profile_only() -> None:
+    p = profile("a10", 2.0, 1.0)
+    fb = Feedback(factors={"a10": 0.5}, changed={"a10": EPOCH})
+    ws = windows({"a10": [0.020]}, EPOCH + 100, 8)
+    fb.update(ws, EPOCH + 180, [p])
+    assert fb.factor("a10") == pytest.approx(0.55)
+    fb = Feedback()
+    fb.update(ws, EPOCH + 180, [p])
+    assert fb.factor("a10") == 1.0  # never above the benchmark
+
+
+def test_few_requests_or_no_tpot_slo_leave_the_factor_alone() -> None:
+    fb = Feedback()
+    ws = windows({"a10": [0.09]}, EPOCH, 1, rps=2)  # 20 requests, all late
+    fb.update(ws, EPOCH + 20, [profile("a10", 2.0, 1.0)])
+    assert fb.factor("a10") == 1.0 and fb.outcomes["a10"].completed == 20
+    e2e_only = parse_profile({"gpu": "a10", "cost": 1, "tputs": [[1.0]], "indexes": [[16], [128]],
+                              "slos": {"percentile": 99, "e2e": 2.0}})
+    fb.update(windows({"a10": [0.09]}, EPOCH, 6), EPOCH + 60, [e2e_only])
+    assert fb.factor("a10") == 1.0
+
+
+def test_service_keys_match_trace_deployment_names() -> None:
+    ws = windows({"l20": [0.02]}, EPOCH, 3)
+    assert outcome(ws, "default/l20", EPOCH - 1, EPOCH + 40, 0.05).completed == 300
+    assert outcome(ws, "default/xl20", EPOCH - 1, EPOCH + 40, 0.05).completed == 0
+
+
+def test_scaled_profile_keeps_aibrix_fields() -> None:
+    p = profile("a10", 2.0, 1.0)
+    s = scaled(p, 0.5)
+    assert s.tputs == p.tputs and s.served[0][0] == 1.0 and scaled(p, 1.0) is p
