@@ -22,7 +22,7 @@ from extproc.fleetsim.scenario import Autoscale, Group
 from extproc.gpu_profiles import GpuProfile
 from extproc.optimizer.deployments import Deployment
 from extproc.optimizer.monitor import ModelState
-from extproc.optimizer.planning import replan
+from extproc.optimizer.planning import HEADROOM, PlanSettings, replan
 from extproc.optimizer.service import REPLICA_UNITS
 from extproc.optimizer.traces import window_ends
 from extproc.optimizer.workload import parse_trace
@@ -44,6 +44,7 @@ class Timeline:
     cost_per_hour: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     factors: list[dict[str, float]] = field(default_factory=list)  # the feedback's, per re-plan
+    rps: list[float] = field(default_factory=list)  # the workload the optimizer read, per re-plan
 
 
 class Optimizer:
@@ -59,6 +60,9 @@ class Optimizer:
         self.state = ModelState(model, deployments={
             d: Deployment("default", d, model, g.min_replicas, g.initial) for d, g in self.groups.items()})
         self.timeline = Timeline()
+        self.plan_settings = PlanSettings(  # the autoscaler's maximum per deployment bounds the plan
+            HEADROOM if settings.headroom is None else settings.headroom,
+            limits={d: g.replicas for d, g in self.groups.items()})
         self.asked: list[tuple[float, dict[str, int]]] = []  # (time, counts) within the stabilization
         self.scaled_to: dict[str, int] = {}
 
@@ -77,11 +81,13 @@ class Optimizer:
             if raw is not None:
                 windows.append(parse_trace(end, json.loads(raw)))
         current = {d: self.state.reported(d) for d in self.groups}
-        result = replan(windows, wall, self.settings.window_s, self.profiles, current, self.state.feedback)
+        result = replan(windows, wall, self.settings.window_s, self.profiles, current, self.state.feedback,
+                        self.plan_settings)
         if result.error:
             self.timeline.errors.append(f"{now:.0f}s: {result.error}")
         self.timeline.factors.append({d: self.state.feedback.factor(d) for d in self.groups})
         demands, plan, error = result.demands, result.plan, result.error
+        self.timeline.rps.append(sum(d.rps for d in demands))
         self.state.apply(wall, demands, plan, error)
         now_asked = {}
         for d, g in self.groups.items():
@@ -194,5 +200,5 @@ def summary(timeline: Timeline, warmup_s: float, duration_s: float) -> dict[str,
         "plan_errors": timeline.errors[:5],
         "feedback_end": timeline.factors[-1] if timeline.factors else {},
         "series": {"t": timeline.times, "replicas": timeline.billed, "desired": timeline.desired,
-                   "cost_per_hour": timeline.cost_per_hour},
+                   "cost_per_hour": timeline.cost_per_hour, "rps": timeline.rps, "factors": timeline.factors},
     }

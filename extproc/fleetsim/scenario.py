@@ -80,6 +80,7 @@ class Autoscale:
     interval_s: float = 10.0
     window_s: float = 240.0
     stabilization_s: float = 300.0
+    headroom: float | None = None  # the optimizer's β (None: its default, planning.HEADROOM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,13 +195,14 @@ def parse(raw: Any, default_name: str = "scenario") -> Scenario:
     if unknown:
         raise ValueError(f"events: no stream named {sorted(unknown)}")
     auto = raw.get("autoscale")
-    keys = {"provision_s", "interval_s", "window_s", "stabilization_s"}
+    keys = {"provision_s", "interval_s", "window_s", "stabilization_s", "headroom"}
     if auto is not None and (not isinstance(auto, dict) or set(auto) - keys):
-        raise ValueError("autoscale: a mapping of provision_s, interval_s, window_s, stabilization_s")
+        raise ValueError("autoscale: a mapping of provision_s, interval_s, window_s, stabilization_s, headroom")
     autoscale = Autoscale(**{k: float(v) for k, v in auto.items()}) if auto is not None else None
-    if autoscale is not None and (min(autoscale.provision_s, autoscale.stabilization_s) < 0
+    if autoscale is not None and (min(autoscale.provision_s, autoscale.stabilization_s,
+                                      autoscale.headroom or 0.0) < 0
                                   or autoscale.interval_s <= 0 or autoscale.window_s < autoscale.interval_s):
-        raise ValueError("autoscale: provision_s, stabilization_s >= 0, interval_s > 0, "
+        raise ValueError("autoscale: provision_s, stabilization_s, headroom >= 0, interval_s > 0, "
                          "window_s >= interval_s")
     slo_raw = raw.get("slo") or {}
     slo = Slo(tpot_s=_opt_float(slo_raw.get("tpot_s")), ttft_s=_opt_float(slo_raw.get("ttft_s")))

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from extproc.optimizer.planning import HEADROOM
+
 log = logging.getLogger(__name__)
 
 SHUTDOWN_SECONDS = 5.0  # open HTTP requests get this long to finish on SIGTERM
@@ -38,6 +40,9 @@ def add_commands(sub: Any) -> None:
         help='{"rates": [{"input_tokens": 128, "output_tokens": 64, "rps": 5.0}, ...]}',
     )
     opt.add_argument("--json", action="store_true", help="print {replicas, cost, solve_seconds} as JSON")
+    opt.add_argument("--headroom", type=float, default=HEADROOM, metavar="BETA",
+                     help="replicas kept spare per GPU type, in standard deviations of its load, as the "
+                          "service plans (0: the mean load alone, as AIBrix plans). Default %(default)s")
     opt.set_defaults(func=optimize_command)
 
     svc = sub.add_parser(
@@ -59,6 +64,9 @@ def add_commands(sub: Any) -> None:
     svc.add_argument("--redis-url", help="default: REDIS_HOST/REDIS_PORT/REDIS_PASSWORD, else localhost:6379")
     svc.add_argument("--interval", type=float, default=10.0, help="re-plan period, seconds")
     svc.add_argument("--window", type=float, default=240.0, help="sliding workload window, seconds")
+    svc.add_argument("--headroom", type=float, default=HEADROOM, metavar="BETA",
+                     help="replicas kept spare per GPU type, in standard deviations of its load "
+                          "(square-root staffing; 0: plan for the mean load). Default %(default)s")
     svc.set_defaults(func=optimizer_command)
 
 
@@ -84,7 +92,9 @@ def optimize_command(args: argparse.Namespace) -> int:
     try:
         profiles = [load_profile(p) for p in args.profile]
         demands = load_workload(args.workload)
-        plan = solve(profiles, demands)
+        if args.headroom < 0:
+            raise PlanError(f"--headroom must be >= 0, not {args.headroom}")
+        plan = solve(profiles, demands, headroom=args.headroom)
     except (ProfileError, WorkloadError, PlanError) as e:
         print(f"extproc optimize: {e}", file=sys.stderr)
         return 2
@@ -129,7 +139,7 @@ async def _serve(args: argparse.Namespace) -> int:
         source,
         store,
         redis,
-        ServiceSettings(interval=args.interval, window_seconds=args.window),
+        ServiceSettings(interval=args.interval, window_seconds=args.window, headroom=args.headroom),
         profile_files=profile_files,
     )
     # A dashboard tab left open must not hold shutdown for aiohttp's default 60 s.

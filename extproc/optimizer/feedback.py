@@ -7,14 +7,16 @@ gateways record, per deployment and trace window, the time per output token of e
 completed (`meta_tpot`, a histogram; tracing.window). Each re-plan reads the last `span_s` of it and
 keeps one factor per deployment on its profile's throughput:
 
-  * attainment below `target` (99 %): the factor shrinks in proportion to the shortfall, so the plan
-    gives that type less of the mix and more replicas of the others;
-  * attainment at `recover` (99.8 %) or above with its P99 TPOT at most `headroom` (0.8) of the SLO: it
-    grows back by 10 %, up to 1 (the profile is the ceiling: a type never plans above its benchmark).
+  * attainment below `target` (99 %): the factor shrinks in proportion to the shortfall (by at most a
+    fifth a step), so the plan gives that type less of the mix and more replicas of the others;
+  * attainment at `recover` (99.5 %) or above: it grows back by a tenth, up to 1 (the profile is the
+    ceiling: a type never plans above its benchmark).
 
-After a change a deployment's factor waits `settle_s` and reads only windows that ended since, so it
-sees the fleet the change produced (the autoscaler and provisioning take that long), not the one before.
-Deployments with too few requests in the span keep their factor. Only a TPOT SLO is read this way.
+It moves only on evidence: `min_requests` in the span, and never in the first `span_s` it watches a
+deployment (a fleet just started, or just handed to the optimizer, is not the plan's doing). After a
+change a deployment's factor waits `settle_s` and reads only windows that ended since, so it sees the
+fleet the change produced (the autoscaler and provisioning take that long), not the one before. Only a
+TPOT SLO is read this way.
 """
 
 from __future__ import annotations
@@ -43,16 +45,16 @@ class Outcome:
 
 @dataclass(slots=True)
 class Feedback:
-    span_s: float = 60.0
+    span_s: float = 120.0
     settle_s: float = 60.0
-    min_requests: int = 50
+    min_requests: int = 200
     target: float = 0.99
-    recover: float = 0.998
-    headroom: float = 0.8
+    recover: float = 0.995
     floor: float = 0.2
-    gain: float = 10.0  # factor x (1 - gain x shortfall): 96.6 % attainment -> x0.76
+    gain: float = 5.0  # factor x (1 - gain x shortfall), at least x0.8: 97 % attainment -> x0.9
     factors: dict[str, float] = field(default_factory=dict)  # deployment -> factor on its throughput
     changed: dict[str, float] = field(default_factory=dict)  # deployment -> when its factor last moved
+    first_seen: dict[str, float] = field(default_factory=dict)  # deployment -> its first reading
     outcomes: dict[str, Outcome] = field(default_factory=dict)  # the last reading, for the dashboard
 
     def factor(self, deployment: str) -> float:
@@ -68,12 +70,13 @@ class Feedback:
             since = max(now - self.span_s, self.changed.get(p.gpu, -math.inf) + self.settle_s)
             seen = outcome(windows, p.gpu, since, now, slo)
             self.outcomes[p.gpu] = seen
-            if seen.completed < self.min_requests:
+            first = self.first_seen.setdefault(p.gpu, now)
+            if seen.completed < self.min_requests or now - first < self.span_s:
                 continue
             old = self.factor(p.gpu)
             if seen.attainment < self.target:
-                new = max(self.floor, old * max(0.5, 1.0 - self.gain * (self.target - seen.attainment)))
-            elif seen.attainment >= self.recover and seen.p99_s <= self.headroom * slo:
+                new = max(self.floor, old * max(0.8, 1.0 - self.gain * (self.target - seen.attainment)))
+            elif seen.attainment >= self.recover:
                 new = min(1.0, old * 1.1)
             else:
                 continue

@@ -11,6 +11,8 @@ from extproc.optimizer.feedback import Feedback
 from extproc.optimizer.solver import Demand, Plan, PlanError, solve
 from extproc.optimizer.workload import TraceWindow, trace_rates
 
+HEADROOM = 1.0  # docs/optimizer.md, "Headroom": the figure the fleet simulation's searches support
+
 
 @dataclass(frozen=True, slots=True)
 class Replan:
@@ -19,23 +21,32 @@ class Replan:
     error: str | None  # no plan, or cells left out of it
 
 
+@dataclass(frozen=True, slots=True)
+class PlanSettings:
+    headroom: float = HEADROOM  # β of the solver's square-root staffing
+    limits: Mapping[str, int] | None = None  # deployment -> most replicas its autoscaler runs
+    time_limit: float = 30.0
+
+
 def replan(windows: Sequence[TraceWindow], now: float, window_s: float, profiles: Sequence[GpuProfile],
-           current: Mapping[str, int], feedback: Feedback | None, time_limit: float = 30.0) -> Replan:
+           current: Mapping[str, int], feedback: Feedback | None,
+           settings: PlanSettings = PlanSettings()) -> Replan:
     """`current`: the replicas each deployment reports now (near-ties keep them). Blocking: the service
     runs it in a worker thread."""
     demands = trace_rates(windows, now, window_s)
     if feedback is not None:
         feedback.update(windows, now, profiles)
         profiles = feedback.apply(profiles)
-    return plan_demands(demands, profiles, current, time_limit)
+    return plan_demands(demands, profiles, current, settings)
 
 
 def plan_demands(demands: list[Demand], profiles: Sequence[GpuProfile], current: Mapping[str, int],
-                 time_limit: float = 30.0) -> Replan:
+                 settings: PlanSettings = PlanSettings()) -> Replan:
     if not demands:
         return Replan([], None, None)
     try:
-        plan = solve(profiles, demands, time_limit, skip_unservable=True, current=current)
+        plan = solve(profiles, demands, settings.time_limit, skip_unservable=True, current=current,
+                     headroom=settings.headroom, limits=settings.limits)
     except PlanError as e:
         return Replan(demands, None, str(e))
     return Replan(demands, plan, plan.unserved or None)

@@ -29,7 +29,7 @@ from extproc.openai import OpenAIError
 from extproc.optimizer.dashboard import dashboard_data, render_page
 from extproc.optimizer.deployments import ConfigError, DeploymentSource, parse_deployment
 from extproc.optimizer.monitor import Fleet, ModelState, NotMonitored
-from extproc.optimizer.planning import plan_demands, replan
+from extproc.optimizer.planning import HEADROOM, PlanSettings, plan_demands, replan
 from extproc.optimizer.traces import read_windows
 from extproc.optimizer.workload import DEFAULT_WINDOW_SECONDS
 
@@ -45,6 +45,10 @@ class ServiceSettings:
     profile_refresh: float = 10.0
     io_timeout: float = 5.0  # any one Redis or source call
     refresh_ms: int = 2000  # the dashboard's own refresh
+    headroom: float = HEADROOM  # the plan's β (square-root staffing; docs/optimizer.md "Headroom")
+
+    def plan(self) -> PlanSettings:
+        return PlanSettings(headroom=self.headroom)
 
 
 def metrics_text(model: str, value: int) -> str:
@@ -121,7 +125,8 @@ class OptimizerService:
         profiles = [p for p in self.profiles_of(state).values() if p is not None]
         running = {k: state.reported(k) for k in state.deployments}  # near-ties keep these
         if self.redis is None:  # no traces to read: the workload set on the state (tests)
-            result = await asyncio.to_thread(plan_demands, state.demands, profiles, running)
+            result = await asyncio.to_thread(plan_demands, state.demands, profiles, running,
+                                             self.settings.plan())
         else:
             try:
                 windows = await asyncio.wait_for(
@@ -136,7 +141,7 @@ class OptimizerService:
                 )
                 return
             result = await asyncio.to_thread(replan, windows, now, self.settings.window_seconds, profiles,
-                                             running, state.feedback)
+                                             running, state.feedback, self.settings.plan())
         demands, plan, error = result.demands, result.plan, result.error
         if not demands:
             state.apply(now, [], None, None)

@@ -27,6 +27,8 @@ from scipy.sparse import coo_array
 from extproc.gpu_profiles import GpuProfile
 
 
+SPREAD_FLOOR = 0.01  # the tangent's point is never below this (a type with next to no load)
+HEADROOM_PASSES = 3  # solves with the headroom's tangent moved to the last solve's spread
 CHANGE_COST = 0.05  # of a replica's hourly cost, per replica the plan adds or removes (with `current`)
 
 
@@ -74,6 +76,14 @@ class _Cell:
     log_in: float = 0.0  # rate-weighted sums of log2 tokens, for the representative shape
     log_out: float = 0.0
     tputs: tuple[float, ...] = field(default_factory=tuple)
+    slots: tuple[int, ...] = field(default_factory=tuple)  # per type: requests a replica holds at once
+
+
+def _slots(p: GpuProfile, o: int, i: int) -> int:
+    """The per-pod budget the SLO router admits for this cell, max(1, floor(tput x e2e)) (Little's law
+    on the benchmark); 1 (a whole replica each) when the profile has no latency for it."""
+    e2e = p.e2e[o][i] if p.e2e is not None else math.nan
+    return max(1, math.floor(p.tputs[o][i] * e2e)) if e2e > 0 else 1
 
 
 def _merge(profiles: Sequence[GpuProfile], demands: Iterable[Demand]) -> list[_Cell]:
@@ -84,7 +94,8 @@ def _merge(profiles: Sequence[GpuProfile], demands: Iterable[Demand]) -> list[_C
         sig = tuple(p.cell(d.input_tokens, d.output_tokens) for p in profiles)
         c = cells.get(sig)
         if c is None:
-            c = cells[sig] = _Cell(tputs=tuple(p.served[o][i] for p, (o, i) in zip(profiles, sig)))
+            c = cells[sig] = _Cell(tputs=tuple(p.served[o][i] for p, (o, i) in zip(profiles, sig)),
+                                   slots=tuple(_slots(p, o, i) for p, (o, i) in zip(profiles, sig)))
         c.rps += d.rps
         c.log_in += d.rps * math.log2(max(d.input_tokens, 1.0))
         c.log_out += d.rps * math.log2(max(d.output_tokens, 1.0))
@@ -96,12 +107,21 @@ def _shape(c: _Cell) -> tuple[float, float]:
 
 
 def solve(profiles: Sequence[GpuProfile], demands: Iterable[Demand], time_limit: float = 30.0,
-          skip_unservable: bool = False, current: Mapping[str, int] | None = None) -> Plan:
+          skip_unservable: bool = False, current: Mapping[str, int] | None = None,
+          headroom: float = 0.0, limits: Mapping[str, int] | None = None) -> Plan:
     """The cost-minimal plan. Raises PlanError when there are no profiles or a cell nobody can serve;
     with `skip_unservable` (the service: one odd request shape must not stop every re-plan) such cells
     are left out of the plan and named in `Plan.unserved`. With `current` (the replicas running now),
     each replica added or removed costs CHANGE_COST of its hourly cost: of plans within that of each
-    other the one closest to now wins, so near-ties between GPU types do not flip the mix every re-plan."""
+    other the one closest to now wins, so near-ties between GPU types do not flip the mix every re-plan.
+
+    `headroom` (β): a type's replicas keep β standard deviations of its load spare (square-root
+    staffing). Each cell's requests arrive at random and hold one of the k slots a replica admits of
+    that shape (`_slots`), so its load in replicas, L_c, varies by sqrt(L_c / k): a shape that takes a
+    whole replica (k = 1: long prompts served one at a time) needs sqrt(L) spare, chat that a replica
+    batches by the dozen almost none. The constraint L + β·sqrt(Σ_c L_c / k_c) ≤ n is linearised at the
+    previous solve's value (a tangent bounds sqrt from above, so the plan stays on the safe side) and
+    solved HEADROOM_PASSES times; the counts are then cut to the exact bound. `limits`: the most replicas each deployment may run (its autoscaler's maximum)."""
     if not profiles:
         raise PlanError("no GPU profiles: nothing to plan with")
     names = [p.gpu for p in profiles]
@@ -123,6 +143,51 @@ def solve(profiles: Sequence[GpuProfile], demands: Iterable[Demand], time_limit:
                     solve_seconds=time.perf_counter() - started, unserved=unserved)
 
     G = len(profiles)
+    # The headroom's sqrt is concave: the tangent starts where each type would serve alone everything
+    # it can, moves to each solve's outcome, and the cheapest of the passes (at its exact count) wins.
+    best: tuple[float, dict[str, int], dict[str, float], list[dict[str, float]], bool] | None = None
+    spread: list[float] | None = _spread(cells, [(c, g) for c in range(len(cells)) for g in range(G)
+                                                 if cells[c].tputs[g] > 0], None, G) if headroom > 0 else None
+    for _ in range(HEADROOM_PASSES if headroom > 0 else 1):
+        x, pairs, ok = _milp(profiles, cells, current, time_limit, headroom, spread, limits)
+        spread = _spread(cells, pairs, x, G)
+        load = dict.fromkeys(names, 0.0)
+        served: list[dict[str, float]] = [{} for _ in cells]
+        for k, (c, g) in enumerate(pairs):
+            share = min(max(float(x[G + k]), 0.0), 1.0)
+            if share > 1e-9:
+                load[names[g]] += cells[c].rps * share / cells[c].tputs[g]
+                served[c][names[g]] = cells[c].rps * share
+        # A replica beyond the work sent to it (and its headroom) costs something, or (cost 0) nothing:
+        # drop it either way
+        replicas = {n: min(int(round(x[g])), math.ceil(load[n] + headroom * math.sqrt(spread[g]) - 1e-6))
+                    for g, n in enumerate(names)}
+        total = round(math.fsum(p.cost * replicas[p.gpu] for p in profiles), 9)
+        if best is None or total < best[0] - 1e-9:
+            best = (total, replicas, load, served, ok)
+    assert best is not None
+    total, replicas, load, served, ok = best
+    splits = tuple(CellSplit(*_shape(cell), cell.rps, served[c]) for c, cell in enumerate(cells))
+    return Plan(replicas, total, load, splits, time.perf_counter() - started,
+                rps=sum(c.rps for c in cells), optimal=ok, unserved=unserved)
+
+
+def _spread(cells: list[_Cell], pairs: list[tuple[int, int]], x: np.ndarray | None, G: int) -> list[float]:
+    """Per type, Σ_c L_c / k_c: its load's variance in replicas² (x None: every pair served whole)."""
+    out = [0.0] * G
+    for k, (c, g) in enumerate(pairs):
+        share = 1.0 if x is None else max(float(x[G + k]), 0.0)
+        out[g] += cells[c].rps * share / cells[c].tputs[g] / cells[c].slots[g]
+    return out
+
+
+def _milp(profiles: Sequence[GpuProfile], cells: list[_Cell], current: Mapping[str, int] | None,
+          time_limit: float, headroom: float, spread: list[float] | None,
+          limits: Mapping[str, int] | None) -> tuple[np.ndarray, list[tuple[int, int]], bool]:
+    """One solve: (x, the (cell, type) pairs of the share variables, optimal). With `spread` (Σ_c L_c/k_c
+    per type at the previous solve), each type's capacity row carries the headroom's tangent there."""
+    names = [p.gpu for p in profiles]
+    G = len(profiles)
     pairs = [(c, g) for c, cell in enumerate(cells) for g in range(G) if cell.tputs[g] > 0]
     P = len(pairs)  # variables: n_0..n_{G-1}, one share per servable (cell, type) pair, then G changes
     D = G if current is not None else 0
@@ -132,52 +197,57 @@ def solve(profiles: Sequence[GpuProfile], demands: Iterable[Demand], time_limit:
         unit = math.fsum(p.cost for p in profiles) / G or 1.0  # zero-cost types still resist churn
         cost[G + P:] = [CHANGE_COST * (p.cost or unit) for p in profiles]
 
-    rows, cols, vals = [], [], []
-    for k, (c, g) in enumerate(pairs):
-        rows.append(c)  # Σ_g s_cg = 1
-        cols.append(G + k)
-        vals.append(1.0)
-        rows.append(len(cells) + g)  # Σ_c r_c s_cg / t_cg − n_g ≤ 0
-        cols.append(G + k)
-        vals.append(cells[c].rps / cells[c].tputs[g])
-    for g in range(G):
-        rows.append(len(cells) + g)
-        cols.append(g)
-        vals.append(-1.0)
+    # headroom: β·sqrt(S_g) ≤ β·(sqrt(S0)/2 + S_g/(2·sqrt(S0))), the tangent at the previous S0. Its
+    # constant applies only to a type in use: a binary u_g per type, s_cg ≤ u_g.
+    root = [math.sqrt(max(v, SPREAD_FLOOR)) for v in spread] if headroom > 0 and spread else [0.0] * G
+    U = G if headroom > 0 else 0
+    u0 = G + P + D
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    lower: list[float] = []
+    upper: list[float] = []
+
+    def add(entries: Iterable[tuple[int, float]], lo: float, hi: float) -> None:
+        for col, v in entries:
+            rows.append(len(lower))
+            cols.append(col)
+            vals.append(v)
+        lower.append(lo)
+        upper.append(hi)
+
+    for c in range(len(cells)):  # Σ_g s_cg = 1
+        add(((G + k, 1.0) for k, (cc, _) in enumerate(pairs) if cc == c), 1.0, 1.0)
+    for g in range(G):  # Σ_c r_c s_cg / t_cg (+ the headroom's tangent) − n_g ≤ 0
+        spare = headroom / (2 * root[g]) if root[g] else 0.0
+        load = [(G + k, cells[c].rps / cells[c].tputs[g] * (1.0 + spare / cells[c].slots[g]))
+                for k, (c, gg) in enumerate(pairs) if gg == g]
+        add([*load, (g, -1.0), *([(u0 + g, headroom * root[g] / 2)] if U else [])], -np.inf, 0.0)
+    if U:
+        for k, (_, g) in enumerate(pairs):  # s_cg ≤ u_g
+            add([(G + k, 1.0), (u0 + g, -1.0)], -np.inf, 0.0)
     now = [float((current or {}).get(n, 0)) for n in names]
-    base = len(cells) + G
     for g in range(D):  # |n_g - now_g| <= d_g as two rows: n_g - d_g <= now_g, -n_g - d_g <= -now_g
-        rows += [base + 2 * g, base + 2 * g, base + 2 * g + 1, base + 2 * g + 1]
-        cols += [g, G + P + g, g, G + P + g]
-        vals += [1.0, -1.0, -1.0, -1.0]
-    A = coo_array((vals, (rows, cols)), shape=(base + 2 * D, G + P + D)).tocsr()
-    lower = np.concatenate([np.ones(len(cells)), np.full(G + 2 * D, -np.inf)])
-    upper = np.concatenate([np.ones(len(cells)), np.zeros(G),
-                            np.ravel([[now[g], -now[g]] for g in range(D)]) if D else np.zeros(0)])
+        add([(g, 1.0), (G + P + g, -1.0)], -np.inf, now[g])
+        add([(g, -1.0), (G + P + g, -1.0)], -np.inf, -now[g])
+    A = coo_array((vals, (rows, cols)), shape=(len(lower), G + P + D + U)).tocsr()
 
     # n_g never needs to exceed the replicas g would need to serve alone everything it can serve
-    n_max = np.zeros(G)
+    work = np.zeros(G)
+    alone = np.zeros(G)
     for c, g in pairs:
-        n_max[g] += cells[c].rps / cells[c].tputs[g]
-    ub = np.concatenate([np.ceil(n_max + 1e-9), np.ones(P), np.full(D, np.inf)])
-    integrality = np.concatenate([np.ones(G), np.zeros(P + D)])
-    res = milp(cost, constraints=LinearConstraint(A, lower, upper), integrality=integrality,
-               bounds=Bounds(np.zeros(G + P + D), ub),
+        work[g] += cells[c].rps / cells[c].tputs[g]
+        alone[g] += cells[c].rps / cells[c].tputs[g] / cells[c].slots[g]
+    tangent = headroom * (np.asarray(root) / 2 + alone / (2 * np.maximum(np.asarray(root), 1e-9)))
+    n_max = np.ceil(work + np.where(np.asarray(root) > 0, tangent, 0.0) + 1e-9)
+    for g, name in enumerate(names):
+        if limits is not None and name in limits:
+            n_max[g] = min(n_max[g], max(0, limits[name]))
+    ub = np.concatenate([n_max, np.ones(P), np.full(D, np.inf), np.ones(U)])
+    integrality = np.concatenate([np.ones(G), np.zeros(P + D), np.ones(U)])
+    res = milp(np.concatenate([cost, np.zeros(U)]), constraints=LinearConstraint(A, lower, upper),
+               integrality=integrality, bounds=Bounds(np.zeros(G + P + D + U), ub),
                options={"mip_rel_gap": 0.0, "time_limit": time_limit, "presolve": True})
     if res.x is None:
         raise PlanError(f"the solver found no plan: {res.message}")
-
-    x = res.x
-    load = dict.fromkeys(names, 0.0)
-    served: list[dict[str, float]] = [{} for _ in cells]
-    for k, (c, g) in enumerate(pairs):
-        share = min(max(float(x[G + k]), 0.0), 1.0)
-        if share > 1e-9:
-            load[names[g]] += cells[c].rps * share / cells[c].tputs[g]
-            served[c][names[g]] = cells[c].rps * share
-    # A replica beyond the work sent to it costs something, or (cost 0) nothing: drop it either way
-    replicas = {n: min(int(round(x[g])), math.ceil(load[n] - 1e-6)) for g, n in enumerate(names)}
-    splits = tuple(CellSplit(*_shape(cell), cell.rps, served[c]) for c, cell in enumerate(cells))
-    total = round(math.fsum(p.cost * replicas[p.gpu] for p in profiles), 9)
-    return Plan(replicas, total, load, splits, time.perf_counter() - started,
-                rps=sum(c.rps for c in cells), optimal=res.status == 0, unserved=unserved)
+    return res.x, pairs, res.status == 0

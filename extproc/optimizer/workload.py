@@ -1,8 +1,9 @@
 """What the fleet is asked to serve: request rates per (input, output) shape.
 
 Two sources: a workload file for `extproc optimize`, and the gateway's request traces (AIBrix's Redis
-layout, see extproc.tracing) for the service. Traces become rates over a sliding window, each cell at
-max(window average, latest window) so the plan scales up within one window and down only slowly.
+layout, see extproc.tracing) for the service. Traces become rates over a sliding window: the average,
+or max(average, latest window) when the latest window is a burst, so the plan scales up within one
+window and down only slowly, and a steady load is read as itself.
 """
 
 from __future__ import annotations
@@ -146,15 +147,21 @@ def _tokens(b: int, precision: int) -> float:
     return 2.0 ** (b / precision) if b > 0 else 1.0
 
 
+BURST_SIGMAS = 2.0  # the latest window counts as a change only this many Poisson sigmas above the average
+
+
 def trace_rates(
     windows: Iterable[TraceWindow], now: float, window_seconds: float = DEFAULT_WINDOW_SECONDS
 ) -> list[Demand]:
-    """Per-cell requests/s at `now`: max(average over the window, rate in the latest window), scaled so
-    the total is the larger of the two totals.
+    """Per-cell requests/s at `now`: the average over the window, or, when the latest window shows a
+    burst, max(average, latest) per cell with the total held to the latest total.
 
     The latest window counts only if it ended within two intervals of `now` (the newest one may not be
     written yet). Its rate is scaled up by arrivals/completions when requests arrive faster than they
-    finish, so an overloaded fleet (completions capped by capacity) still scales up at once."""
+    finish, so an overloaded fleet (completions capped by capacity) still scales up at once. It is a
+    burst when its requests exceed what the average predicts for one window by more than BURST_SIGMAS
+    Poisson standard deviations: a steady load read as max(average, latest) (AIBrix's rule) over-reads
+    itself by about a tenth, every re-plan, and the plan buys that tenth."""
     recent = [w for w in windows if now - window_seconds < w.end <= now + 1e-9]
     if not recent:
         return []
@@ -170,16 +177,22 @@ def trace_rates(
         current = {
             (i, o, latest.precision): n * scale / latest.interval for (i, o), n in latest.counts.items()
         }
-    rates = {key: max(average.get(key, 0.0), current.get(key, 0.0)) for key in set(average) | set(current)}
-    # Per cell, the larger of two noisy figures: summed over hundreds of sparse cells that alone would ask
-    # for several times the load (2 req/s read as ~5 in the fleet simulation). The total is held to the
-    # larger of the two totals, so a burst still counts at once, cell by cell.
-    total = math.fsum(rates.values())
-    held = max(math.fsum(average.values()), math.fsum(current.values()))
-    scale = held / total if total > held > 0 else 1.0
+    mean_total = math.fsum(average.values())
+    expected = mean_total * latest.interval  # requests one window holds at the average rate
+    burst = math.fsum(current.values()) * latest.interval > expected + BURST_SIGMAS * math.sqrt(expected)
+    if not burst:
+        rates = average
+    else:
+        rates = {key: max(average.get(key, 0.0), current.get(key, 0.0)) for key in set(average) | set(current)}
+        # Per cell, the larger of two noisy figures: summed over hundreds of sparse cells that alone
+        # would ask for several times the load. The total is held to the latest window's.
+        total = math.fsum(rates.values())
+        held = math.fsum(current.values())
+        scale = held / total if total > held > 0 else 1.0
+        rates = {key: r * scale for key, r in rates.items()}
     out = []
     for key in sorted(rates):
         i, o, precision = key
         if rates[key] > 0:
-            out.append(Demand(_tokens(i, precision), _tokens(o, precision), rates[key] * scale))
+            out.append(Demand(_tokens(i, precision), _tokens(o, precision), rates[key]))
     return out

@@ -35,7 +35,8 @@ def scenario(**overrides):
                       "name": "slow"}],
            # the load triples at 200 s (a step), and stays
            "events": [{"kind": "rate", "at": 200, "until": 400, "factor": 3}],
-           "autoscale": {"provision_s": 30, "interval_s": 10, "window_s": 60}}
+           # headroom 0: these tests follow the autoscaler's mechanics on plain loads
+           "autoscale": {"provision_s": 30, "interval_s": 10, "window_s": 60, "headroom": 0}}
     raw.update(overrides)
     return small(**raw)
 
@@ -74,7 +75,8 @@ def test_same_seed_same_scaling():
 def test_a_stream_switched_off_scales_down_within_the_window():
     sc = scenario(events=[{"kind": "rate", "at": 200, "until": 400, "factor": 0, "stream": "chat"}],
                   streams=[CHAT, {**CHAT, "name": "other", "rate": 1}],
-                  autoscale={"provision_s": 30, "interval_s": 10, "window_s": 60, "stabilization_s": 30})
+                  autoscale={"provision_s": 30, "interval_s": 10, "window_s": 60, "stabilization_s": 30,
+                             "headroom": 0})
     res = run(sc, "least-request", generate(sc, 3), seed=3, optimizer=True, gpu_profiles=PROFILES)
     tl = res.autoscale
     at = {t: k for k, t in enumerate(tl.times)}
@@ -142,7 +144,8 @@ def test_the_autoscaler_holds_within_its_tolerance():
 
     group = Group("A100", 100, "fast", initial=1, min_replicas=1, cost=1.0)
     opt = Optimizer("m", {"fast": group}, {"fast": flat("fast", 1.0, 1.0)},
-                    Autoscale(provision_s=0, interval_s=10, window_s=10, stabilization_s=0), lambda: 0.0)
+                    Autoscale(provision_s=0, interval_s=10, window_s=10, stabilization_s=0, headroom=0),
+                    lambda: 0.0)
 
     def asked(t: float, rps: float) -> int:
         n = round(rps * 10)

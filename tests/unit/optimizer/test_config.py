@@ -104,6 +104,8 @@ def test_optimize_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
                 "--workload",
                 str(tmp_path / "w.json"),
                 "--json",
+                "--headroom",
+                "0",
             ]
         )
         == 0
@@ -116,10 +118,14 @@ def test_optimize_cli_on_aibrix_profile_table(tmp_path: Path, capsys: pytest.Cap
     (tmp_path / "w.json").write_text(
         json.dumps({"rates": [{"input_tokens": 128, "output_tokens": 8, "rps": 100}]})
     )
-    assert main(["optimize", "--profile", str(A40), "--workload", str(tmp_path / "w.json")]) == 0
+    args = ["optimize", "--profile", str(A40), "--workload", str(tmp_path / "w.json")]
+    assert main([*args, "--headroom", "0"]) == 0
     out = capsys.readouterr().out
     # cell [1][0] of AIBrix's A40 profile: 49.18 req/s per replica -> 3 replicas for 100 req/s at 0.3 each
     assert "simulator-llama2-7b-a40         3" in out and "total cost 0.9 " in out
+    # by default the service's headroom: 2.03 replicas' worth + sqrt(2.03) (no e2e: a replica each) -> 4
+    assert main(args) == 0
+    assert "simulator-llama2-7b-a40         4" in capsys.readouterr().out
 
 
 def test_optimize_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

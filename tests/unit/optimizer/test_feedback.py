@@ -10,7 +10,7 @@ import pytest
 
 from extproc.gpu_profiles import parse_profile
 from extproc.optimizer.feedback import Feedback, outcome, scaled
-from extproc.optimizer.planning import replan
+from extproc.optimizer.planning import PlanSettings, replan
 from extproc.optimizer.workload import WorkloadError, parse_trace
 from extproc.tracing.window import TPOT_KEY, TraceRecorder, tpot_bucket, tpot_of_bucket
 
@@ -67,38 +67,52 @@ def test_malformed_histograms_are_refused_naming_the_key(bad) -> None:
 
 
 def test_a_type_that_misses_gets_a_smaller_factor_and_the_plan_moves_off_it() -> None:
-    cheap, dear = profile("cheap", 2.0, 1.0), profile("dear", 3.0, 2.0)
-    fb = Feedback()
+    # 40 req/s: cheap 20 replicas ($20), then 25 at factor 0.8 ($25); dear 11 ($22)
+    cheap, dear = profile("cheap", 2.0, 1.0), profile("dear", 3.8, 2.0)
+    mean = PlanSettings(headroom=0.0)  # plain loads: the counts above by hand
+    fb = Feedback(first_seen={"cheap": EPOCH - 200, "dear": EPOCH - 200})
     now = EPOCH + 100
-    # cheap: 4 % of its requests over the 50 ms target (2 of the 50 a window); dear: all well inside it
-    ws = windows({"cheap": [0.030] * 19 + [0.070], "dear": [0.030]}, EPOCH + 40, 6)
-    before = replan(ws, now, 240, [cheap, dear], {}, None).plan
-    after = replan(ws, now, 240, [cheap, dear], {}, fb).plan
-    assert fb.outcomes["cheap"].attainment == pytest.approx(0.96)
-    assert fb.factor("cheap") == pytest.approx(0.7) and fb.factor("dear") == 1.0
+    # cheap: 5 % of its requests over the 50 ms target; dear: all well inside it
+    ws = windows({"cheap": [0.030] * 19 + [0.070], "dear": [0.030]}, EPOCH + 40, 6, rps=40)
+    before = replan(ws, now, 240, [cheap, dear], {}, None, mean).plan
+    after = replan(ws, now, 240, [cheap, dear], {}, fb, mean).plan
+    assert fb.outcomes["cheap"].attainment == pytest.approx(0.95)
+    assert fb.factor("cheap") == pytest.approx(0.8) and fb.factor("dear") == 1.0  # 1 - 5 x 4 %
     assert before is not None and after is not None
-    assert after.load["cheap"] < before.load["cheap"]  # each cheap replica is worth less now
+    assert before.replicas == {"cheap": 20, "dear": 0}
+    assert after.replicas == {"cheap": 0, "dear": 11}  # each cheap replica is worth less now
     # it waits for windows that ended `settle_s` after the change before it moves again
-    replan(ws, now + 10, 240, [cheap, dear], {}, fb)
-    assert fb.factor("cheap") == pytest.approx(0.7)
+    replan(ws, now + 10, 240, [cheap, dear], {}, fb, mean)
+    assert fb.factor("cheap") == pytest.approx(0.8)
 
 
-def test_a_factor_recovers_with_headroom_up_to_the_profile_only() -> None:
+def test_no_move_in_the_first_span_nor_more_than_a_fifth_a_step() -> None:
     p = profile("a10", 2.0, 1.0)
-    fb = Feedback(factors={"a10": 0.5}, changed={"a10": EPOCH})
+    ws = windows({"a10": [0.09]}, EPOCH, 12)  # every request late
+    fb = Feedback()
+    fb.update(ws, EPOCH + 60, [p])
+    assert fb.factor("a10") == 1.0  # a fleet just handed over is not the plan's doing
+    fb.update(ws, EPOCH + 200, [p])
+    assert fb.factor("a10") == pytest.approx(0.8)
+
+
+def test_a_factor_recovers_within_the_slo_up_to_the_profile_only() -> None:
+    p = profile("a10", 2.0, 1.0)
+    fb = Feedback(factors={"a10": 0.5}, changed={"a10": EPOCH}, first_seen={"a10": EPOCH - 500})
     ws = windows({"a10": [0.020]}, EPOCH + 100, 8)
     fb.update(ws, EPOCH + 180, [p])
     assert fb.factor("a10") == pytest.approx(0.55)
-    fb = Feedback()
+    fb = Feedback(first_seen={"a10": EPOCH - 500})
     fb.update(ws, EPOCH + 180, [p])
     assert fb.factor("a10") == 1.0  # never above the benchmark
 
 
 def test_few_requests_or_no_tpot_slo_leave_the_factor_alone() -> None:
     fb = Feedback()
-    ws = windows({"a10": [0.09]}, EPOCH, 1, rps=2)  # 20 requests, all late
+    fb.first_seen["a10"] = EPOCH - 500
+    ws = windows({"a10": [0.09]}, EPOCH, 1, rps=15)  # 150 requests, all late
     fb.update(ws, EPOCH + 20, [profile("a10", 2.0, 1.0)])
-    assert fb.factor("a10") == 1.0 and fb.outcomes["a10"].completed == 20
+    assert fb.factor("a10") == 1.0 and fb.outcomes["a10"].completed == 150
     e2e_only = parse_profile({"gpu": "a10", "cost": 1, "tputs": [[1.0]], "indexes": [[16], [128]],
                               "slos": {"percentile": 99, "e2e": 2.0}})
     fb.update(windows({"a10": [0.09]}, EPOCH, 6), EPOCH + 60, [e2e_only])

@@ -195,3 +195,39 @@ def test_near_ties_keep_the_running_mix() -> None:
     assert grown.replicas == {"a": 2, "b": 4}
     far = one_cell("c", 2.0, 1.0)
     assert solve([a, far], demand, current={"a": 0, "c": 4}).replicas == {"a": 4, "c": 0}
+
+
+def batched(gpu: str, cost: float, tput: float, e2e: float) -> GpuProfile:
+    """One cell whose replica holds floor(tput x e2e) requests at once (the SLO router's budget)."""
+    return GpuProfile(gpu=gpu, cost=cost, outputs=(16,), inputs=(128,), tputs=((tput,),), e2e=((e2e,),),
+                      ttft=None, slos={}, created=1.0)
+
+
+@pytest.mark.parametrize("beta", [0.5, 1.0, 2.0])
+def test_headroom_is_square_root_staffing_in_the_slots_a_replica_holds(beta: float) -> None:
+    """A shape served one at a time (tput x e2e < 1) keeps beta·sqrt(L) replicas spare; a shape a replica
+    batches 25 at once keeps beta·sqrt(L / 25)."""
+    demand = [Demand(128, 16, 16.0)]
+    whole = solve([batched("a", 1.0, 1.0, 0.5)], demand, headroom=beta)       # L = 16, k = 1
+    batch = solve([batched("a", 1.0, 1.0, 25.0)], demand, headroom=beta)      # L = 16, k = 25
+    assert whole.replicas["a"] == math.ceil(16 + beta * 4 - 1e-9)
+    assert batch.replicas["a"] == math.ceil(16 + beta * 4 / 5 - 1e-9)
+    assert solve([batched("a", 1.0, 1.0, 0.5)], demand).replicas["a"] == 16  # no headroom: the load
+
+
+def test_headroom_can_change_the_mix_toward_the_type_that_pools() -> None:
+    """Without headroom the cheaper-per-request type a wins; with it, a's one-at-a-time replicas pay a
+    large spare share while b batches, and b wins."""
+    a = batched("a", 1.0, 1.0, 0.5)   # $1 per req/s, one at a time
+    b = batched("b", 2.1, 2.0, 20.0)  # $1.05 per req/s, 40 at once
+    demand = [Demand(128, 16, 8.0)]
+    assert solve([a, b], demand).replicas == {"a": 8, "b": 0}
+    assert solve([a, b], demand, headroom=1.0).replicas == {"a": 0, "b": 5}  # 4 + sqrt(4/40) -> 5
+
+
+def test_limits_bound_a_type_and_the_rest_goes_elsewhere() -> None:
+    cheap, dear = one_cell("cheap", 1.0, 10.0), one_cell("dear", 3.0, 10.0)
+    plan = solve([cheap, dear], [Demand(128, 16, 50.0)], limits={"cheap": 3})
+    assert plan.replicas == {"cheap": 3, "dear": 2}
+    with pytest.raises(PlanError):
+        solve([cheap], [Demand(128, 16, 50.0)], limits={"cheap": 3})  # cannot serve it at all

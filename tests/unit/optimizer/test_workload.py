@@ -87,6 +87,19 @@ def test_rate_is_max_of_window_average_and_latest() -> None:
     assert rates[(1024, 64)] == pytest.approx(3.0)  # the latest 10 s wins at once (30 / 10 s)
 
 
+def test_a_steady_load_is_read_as_its_average() -> None:
+    """Windows of 100 +- 2 sigma requests: the latest one is noise, not a burst, so the rate is the
+    average (AIBrix's max(average, latest) would read this load 10 % high every other re-plan)."""
+    counts = [100, 90, 110, 95, 105, 100, 92, 108, 100, 97, 103, 100] * 2
+    ws = [window(1000 + 10 * k, {"70:30": n}) for k, n in enumerate(counts[:-1], start=1)]
+    ws.append(window(1240, {"70:30": 118}))  # +1.8 sigma over the average
+    [d] = trace_rates(ws, now=1241)
+    assert d.rps == pytest.approx((sum(counts[:-1]) + 118) / 240)
+    ws[-1] = window(1240, {"70:30": 125})  # +2.5 sigma: a burst, read at once
+    [d] = trace_rates(ws, now=1241)
+    assert d.rps == pytest.approx(12.5)
+
+
 def test_decays_slowly_after_a_burst() -> None:
     ws = [window(1010, {"100:60": 30})]
     rates = trace_rates(ws, now=1100)  # the burst is no longer the latest window: only the average
