@@ -87,6 +87,8 @@ def optimizer(log_dir: Path, redis_url: str) -> Iterator[int]:
             redis_url,
             "--interval",
             "0.2",
+            "--headroom",
+            "0",  # plans on the mean load: the counts below by hand
         ],
         log_dir,
     )
