@@ -63,7 +63,9 @@ class Optimizer:
         self.plan_settings = PlanSettings(  # the autoscaler's maximum per deployment bounds the plan
             HEADROOM if settings.headroom is None else settings.headroom,
             limits={d: g.replicas for d, g in self.groups.items()})
-        self.asked: list[tuple[float, dict[str, int]]] = []  # (time, counts) within the stabilization
+        # (time, counts) within the stabilization; the autoscaler has been running the initial fleet
+        self.asked: list[tuple[float, dict[str, int]]] = [
+            (0.0, {d: g.initial if g.initial is not None else g.replicas for d, g in self.groups.items()})]
         self.scaled_to: dict[str, int] = {}
 
     def hooks(self) -> TraceHooks:
@@ -82,7 +84,7 @@ class Optimizer:
                 windows.append(parse_trace(end, json.loads(raw)))
         current = {d: self.state.reported(d) for d in self.groups}
         result = replan(windows, wall, self.settings.window_s, self.profiles, current, self.state.feedback,
-                        self.plan_settings)
+                        self.plan_settings, self.state.changed_at)
         if result.error:
             self.timeline.errors.append(f"{now:.0f}s: {result.error}")
         self.timeline.factors.append({d: self.state.feedback.factor(d) for d in self.groups})

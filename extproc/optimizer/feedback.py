@@ -14,9 +14,9 @@ keeps one factor per deployment on its profile's throughput:
 
 It moves only on evidence: `min_requests` in the span, and never in the first `span_s` it watches a
 deployment (a fleet just started, or just handed to the optimizer, is not the plan's doing). After a
-change a deployment's factor waits `settle_s` and reads only windows that ended since, so it sees the
-fleet the change produced (the autoscaler and provisioning take that long), not the one before. Only a
-TPOT SLO is read this way.
+change a deployment's factor, or the plan's counts, it waits `settle_s` and reads only windows that
+ended since, so it sees the fleet the change produced (the autoscaler and provisioning take that long),
+not a fleet in transition. Only a TPOT SLO is read this way.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Outcome:
 @dataclass(slots=True)
 class Feedback:
     span_s: float = 120.0
-    settle_s: float = 60.0
+    settle_s: float = 90.0  # a replica's provisioning (60 s in the fleet simulation) and a window
     min_requests: int = 200
     target: float = 0.99
     recover: float = 0.995
@@ -60,14 +60,18 @@ class Feedback:
     def factor(self, deployment: str) -> float:
         return self.factors.get(deployment, 1.0)
 
-    def update(self, windows: Iterable[TraceWindow], now: float, profiles: Sequence[GpuProfile]) -> None:
-        """One re-plan's reading. `now` and window ends are unix seconds; profiles name deployments."""
+    def update(self, windows: Iterable[TraceWindow], now: float, profiles: Sequence[GpuProfile],
+               fleet_changed: float = -math.inf) -> None:
+        """One re-plan's reading. `now` and window ends are unix seconds; profiles name deployments.
+        `fleet_changed`: when the counts the optimizer reports last changed; windows before that
+        plus `settle_s` are a fleet in transition (replicas starting, others draining), not the plan."""
         windows = list(windows)
         for p in profiles:
             slo = p.slos.get("tpot")
             if not slo:
                 continue
-            since = max(now - self.span_s, self.changed.get(p.gpu, -math.inf) + self.settle_s)
+            since = max(now - self.span_s, self.changed.get(p.gpu, -math.inf) + self.settle_s,
+                        fleet_changed + self.settle_s)
             seen = outcome(windows, p.gpu, since, now, slo)
             self.outcomes[p.gpu] = seen
             first = self.first_seen.setdefault(p.gpu, now)

@@ -33,6 +33,7 @@ class ModelState:
     updated: float = 0.0
     history: deque[tuple[float, dict[str, int]]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     feedback: Feedback = field(default_factory=Feedback)  # how each type kept the SLO: the plan's correction
+    changed_at: float = float("-inf")  # when what the deployments report last changed
 
     @property
     def has_load(self) -> bool:
@@ -56,7 +57,10 @@ class ModelState:
             self.plan = plan
         self.error = error
         self.updated = now
-        self.history.append((now, {k: self.reported(k) for k in sorted(self.deployments)}))
+        counts = {k: self.reported(k) for k in sorted(self.deployments)}
+        if self.history and self.history[-1][1] != counts:
+            self.changed_at = now
+        self.history.append((now, counts))
 
 
 class Fleet:

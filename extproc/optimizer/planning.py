@@ -30,12 +30,13 @@ class PlanSettings:
 
 def replan(windows: Sequence[TraceWindow], now: float, window_s: float, profiles: Sequence[GpuProfile],
            current: Mapping[str, int], feedback: Feedback | None,
-           settings: PlanSettings = PlanSettings()) -> Replan:
-    """`current`: the replicas each deployment reports now (near-ties keep them). Blocking: the service
-    runs it in a worker thread."""
+           settings: PlanSettings = PlanSettings(), fleet_changed: float = float("-inf")) -> Replan:
+    """`current`: the replicas each deployment reports now (near-ties keep them); `fleet_changed`: when
+    they last changed (the feedback waits for the fleet to settle). Blocking: the service runs it in a
+    worker thread."""
     demands = trace_rates(windows, now, window_s)
     if feedback is not None:
-        feedback.update(windows, now, profiles)
+        feedback.update(windows, now, profiles, fleet_changed)
         profiles = feedback.apply(profiles)
     return plan_demands(demands, profiles, current, settings)
 

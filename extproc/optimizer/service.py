@@ -141,7 +141,7 @@ class OptimizerService:
                 )
                 return
             result = await asyncio.to_thread(replan, windows, now, self.settings.window_seconds, profiles,
-                                             running, state.feedback, self.settings.plan())
+                                             running, state.feedback, self.settings.plan(), state.changed_at)
         demands, plan, error = result.demands, result.plan, result.error
         if not demands:
             state.apply(now, [], None, None)
