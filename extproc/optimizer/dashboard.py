@@ -2,7 +2,9 @@
 
 The page carries its first data inline, so it renders at once, then refreshes from `/dash/<model>/data`.
 It shows the workload as a heatmap over (input, output) tokens in log2 cells, the plan and its cost, what
-each deployment reports, and replicas per GPU type over time.
+each deployment reports, the model's estimate (load: replicas' worth of work the plan sends it) next to
+what the gateways observed there (requests completed in the feedback's span, their TPOT SLO attainment
+and P99, and the factor the feedback keeps on its profile), and replicas per GPU type over time.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ def dashboard_data(state: ModelState, profiles: dict[str, GpuProfile | None], no
     plan = state.plan
     deployments = []
     reported_cost = 0.0
+    feedback = state.feedback
     for key, d in state.deployments.items():
         p = profiles.get(key)
         reported = state.reported(key)
+        seen = feedback.outcomes.get(key)
         if p is not None:
             reported_cost += p.cost * reported
         deployments.append({
@@ -35,6 +39,10 @@ def dashboard_data(state: ModelState, profiles: dict[str, GpuProfile | None], no
             "load": None if plan is None else round(plan.load.get(key, 0.0), 4),
             "override": state.overrides.get(key), "min_replicas": d.min_replicas,
             "cost": None if p is None else p.cost, "profiled": p is not None,
+            "observed": None if seen is None or not seen.completed else {
+                "completed": seen.completed, "attainment": round(seen.attainment, 5),
+                "p99_tpot_s": round(seen.p99_s, 5)},
+            "factor": round(feedback.factor(key), 4),
         })
     return {
         "model": state.model, "now": now, "updated": state.updated, "has_load": state.has_load,
@@ -92,7 +100,8 @@ _PAGE = """<!doctype html>
    <div class="kpi"><span>requests / s</span><b class="big" id="rps">–</b></div>
   </div>
   <table id="plan"><thead><tr><th>deployment</th><th>replicas</th><th>plan</th><th>load</th><th>min</th>
-   <th>cost/replica</th></tr></thead><tbody></tbody></table>
+   <th>cost/replica</th><th>seen</th><th>SLO %</th><th>P99 TPOT ms</th><th>factor</th></tr></thead>
+   <tbody></tbody></table>
   <div class="sub" id="solve"></div>
  </div>
  <div class="card"><h2>Workload (requests/s per cell)</h2><svg id="heatmap" width="100%" height="300"></svg></div>
@@ -117,8 +126,10 @@ function renderPlan(d){
   const body = document.querySelector("#plan tbody"); clear(body);
   d.deployments.forEach((x, i) => {
     const tr = document.createElement("tr"); tr.dataset.deployment = x.key;
+    const o = x.observed;
     const cells = [x.key, x.reported, x.planned === null ? "–" : x.planned, fmt(x.load, 2), x.min_replicas,
-                   x.cost === null ? "no profile" : fmt(x.cost, 2)];
+                   x.cost === null ? "no profile" : fmt(x.cost, 2), o ? o.completed : "–",
+                   o ? fmt(o.attainment * 100, 1) : "–", o ? fmt(o.p99_tpot_s * 1000, 1) : "–", fmt(x.factor, 2)];
     cells.forEach((c, j) => { const td = document.createElement("td"); td.textContent = c;
       if (j === 0) td.style.color = COLORS[i % COLORS.length];
       if (j === 1) { td.className = "replicas"; if (x.override !== null) { const s = document.createElement("span");

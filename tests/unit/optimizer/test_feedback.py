@@ -129,3 +129,18 @@ def test_scaled_profile_keeps_aibrix_fields() -> None:
     p = profile("a10", 2.0, 1.0)
     s = scaled(p, 0.5)
     assert s.tputs == p.tputs and s.served[0][0] == 1.0 and scaled(p, 1.0) is p
+
+
+def test_the_dashboard_shows_what_the_gateways_observed_beside_the_plan() -> None:
+    from extproc.optimizer.dashboard import dashboard_data, render_page
+    from extproc.optimizer.deployments import Deployment
+    from extproc.optimizer.monitor import ModelState
+
+    state = ModelState("m", deployments={"default/a10": Deployment("default", "a10", "m", 1)})
+    p = profile("default/a10", 2.0, 1.0)
+    state.feedback.first_seen["default/a10"] = EPOCH - 500
+    state.feedback.update(windows({"a10": [0.03] * 9 + [0.06]}, EPOCH, 12), EPOCH + 120, [p])
+    [row] = dashboard_data(state, {"default/a10": p}, EPOCH + 120)["deployments"]
+    assert row["observed"] == {"completed": 1200, "attainment": 0.9, "p99_tpot_s": pytest.approx(0.06, rel=0.02)}
+    assert row["factor"] == pytest.approx(0.8)
+    assert "P99 TPOT ms" in render_page(dashboard_data(state, {"default/a10": p}, EPOCH + 120))
