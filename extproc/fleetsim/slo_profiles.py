@@ -19,7 +19,7 @@ from extproc.fleetsim.scenario import Scenario
 from extproc.gpu_profiles import GpuProfile, Matrix
 from extproc.profiling.gen_profile import build_profile
 from extproc.profiling.records import MetricLine
-from extproc.profiling.selection import SLOs, select
+from extproc.profiling.selection import ADMITTED_KEY, SLOs, admission_budget, admitted, select
 from extproc.profiling.stats import Summary
 from extproc.sim.virtual import LoadResult, run_admitted, run_open_loop
 from extproc.slo.state import SloState, learned
@@ -87,24 +87,23 @@ ADMITTED_MIN_REQUESTS = 40
 
 
 def admitted_tputs(scenario: Scenario, gpu: str, profile: GpuProfile, slos: SLOs) -> Matrix:
-    """Per cell, requests/s of one replica held at the router's per-pod budget within the SLO (at
-    least `tputs`: where the budget run misses the SLO the Poisson figure stands)."""
-    rows = []
+    """Per cell, one replica held at the router's per-pod budget (profiling.selection.admitted)."""
+    lines: list[MetricLine] = []
     for o, out in enumerate(profile.outputs):
-        row = []
         for i, inp in enumerate(profile.inputs):
-            tput = profile.tputs[o][i]
             e2e = profile.e2e[o][i] if profile.e2e is not None else math.nan
             engine = build_engine(scenario, gpu)
             if inp + out > engine.max_model_len or not e2e > 0:
-                row.append(tput)
                 continue
-            limit = max(1, math.floor(tput * e2e))
+            limit = admission_budget(profile.tputs[o][i], e2e)
             res = run_admitted(engine, limit, inp, out, max(ADMITTED_MIN_REQUESTS, 8 * limit),
                                stagger=e2e / limit)
-            row.append(max(tput, _steady_rate(res, limit)) if _meets(res, slos) else tput)
-        rows.append(tuple(row))
-    return tuple(rows)
+            if res.failed or not res.finished:
+                continue
+            for line in _lines(inp, out, float(limit), res):
+                rate = line.stats if line.metric != "TPUT" else {"mean": _steady_rate(res, limit)}
+                lines.append(MetricLine(inp, out, float(limit), line.metric, rate, {ADMITTED_KEY: limit}))
+    return admitted(lines, slos, profile.outputs, profile.inputs, profile.tputs)
 
 
 def _steady_rate(res: LoadResult, limit: int) -> float:
@@ -113,13 +112,6 @@ def _steady_rate(res: LoadResult, limit: int) -> float:
     if len(ends) <= limit + 1:
         return len(ends) / res.duration if res.duration > 0 else 0.0
     return (len(ends) - limit - 1) / (ends[-1] - ends[limit])
-
-
-def _meets(res: LoadResult, slos: SLOs) -> bool:
-    if res.failed or not res.finished:
-        return False
-    by = {line.metric: line for line in _lines(0, 0, 0.0, res)}
-    return all(slos.passes(m, by.get(m)) for m in ("TPOT", "TTFT") if slos.is_set(m))
 
 
 def _measure(scenario: Scenario, gpu: str, slos: SLOs, i: int, o: int, rate: float,

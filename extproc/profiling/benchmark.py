@@ -1,6 +1,12 @@
 """`extproc benchmark`: open-loop Poisson load per (input, output, rate) cell against an OpenAI endpoint,
 written as AIBrix's benchmark JSONL, one finished cell at a time.
 
+With `admitted` (a profile made from such a run), each of the profile's cells is run instead with the
+replica held at the SLO router's per-pod budget: max(1, floor(tput x e2e)) requests in flight, the first
+ones staggered, the next sent as one ends. Its lines carry `"concurrency": k` and `"request_rate": k`
+(what `gen-profile --admitted` reads into the profile's `tputs_admitted`); they go to a file of their own,
+since AIBrix's gen_profile would read them as rates.
+
 A cell that cannot keep up is cut off — too many requests in flight (`max_backlog`), or requests still
 running `drain_timeout` seconds after the last arrival — and recorded with `"overloaded": <why>`; the higher
 rates of the same (input, output) are then skipped, since they can only be worse.
@@ -14,16 +20,18 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
+from extproc.gpu_profiles import GpuProfile
 from extproc.profiling.client import RequestResult, send
 from extproc.profiling.measure import CellOutcome, cell_lines
 from extproc.profiling.records import write_lines
+from extproc.profiling.selection import ADMITTED_KEY, admission_budget
 from extproc.profiling.workload import Cell, arrival_times, request_body
 
 API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -50,11 +58,25 @@ class BenchmarkOptions:
     temperature: float = 0.0
     max_backlog: int = 1000
     drain_timeout: float = 600.0
+    admitted: GpuProfile | None = None  # run each of its cells at the router's budget instead
 
     def cells(self) -> list[Cell]:
-        """AIBrix's order: input lengths, then output lengths, then rates, each ascending."""
+        """AIBrix's order: input lengths, then output lengths, then rates, each ascending. Admitted: the
+        profile's cells, `rate` the requests in flight."""
+        p = self.admitted
+        if p is not None:
+            return [Cell(i, o, float(admission_budget(p.tputs[oi][ii], p.e2e[oi][ii] if p.e2e else 0.0)))
+                    for ii, i in enumerate(p.inputs) for oi, o in enumerate(p.outputs)]
         return [Cell(i, o, r) for i in sorted(set(self.input_lens)) for o in sorted(set(self.output_lens))
                 for r in sorted(set(self.rates))]
+
+    def stagger(self, cell: Cell) -> float:
+        """Admitted: seconds between the first requests, the profile's e2e over the budget."""
+        p = self.admitted
+        if p is None or p.e2e is None:
+            return 0.0
+        o, i = p.cell(cell.input_tokens, cell.output_tokens)
+        return p.e2e[o][i] / cell.rate
 
     def url(self) -> str:
         base = self.endpoint.rstrip("/")
@@ -155,6 +177,38 @@ async def run_cell(session: aiohttp.ClientSession, opts: BenchmarkOptions, cell:
                        overloaded, errors)
 
 
+async def run_admitted_cell(session: aiohttp.ClientSession, opts: BenchmarkOptions, cell: Cell,
+                            on_sent: Callable[[], None] = lambda: None) -> CellOutcome:
+    """`cell.rate` clients, the k-th starting k x stagger seconds in, each sending its next request when
+    its last one ends, `num_prompts` in all: the replica held at the router's per-pod budget."""
+    rng = random.Random(opts.seed)
+    start = time.perf_counter()
+    results: list[RequestResult] = []
+    left = opts.num_prompts
+
+    async def client(delay: float) -> None:
+        nonlocal left
+        await asyncio.sleep(delay)
+        while left > 0:
+            left -= 1
+            on_sent()
+            body = request_body(opts.api, opts.model, cell.input_tokens, cell.output_tokens, rng,
+                                opts.exact_length, opts.temperature)
+            results.append(await send(session, opts.url(), body, opts.headers()))
+
+    limit = max(1, int(cell.rate))
+    overloaded = ""
+    try:
+        await asyncio.wait_for(asyncio.gather(*(client(k * opts.stagger(cell)) for k in range(limit))),
+                               opts.drain_timeout)
+    except asyncio.TimeoutError:
+        overloaded = f"not done {opts.drain_timeout:g}s in"
+    end = max((r.end for r in results), default=time.perf_counter())
+    errors = Counter(opts.redact(r.error) for r in results if not r.ok)
+    return CellOutcome(cell, opts.num_prompts, results, end - start, opts.num_prompts - len(results),
+                       overloaded, errors)
+
+
 def describe(outcome: CellOutcome) -> str:
     ok = outcome.ok
     text = f"{outcome.cell.label()}: {len(ok)} ok, {outcome.failed} failed"
@@ -217,12 +271,16 @@ async def run_benchmark(opts: BenchmarkOptions, stop: asyncio.Event, stream: Tex
                         sent += 1
                         progress.advance(1 / cell.rate)
 
-                    outcome = await _unless_stopped(run_cell(session, opts, cell, on_sent), stop)
+                    run = run_cell if opts.admitted is None else run_admitted_cell
+                    outcome = await _unless_stopped(run(session, opts, cell, on_sent), stop)
                     if outcome is None:
                         report.interrupted = True
                         break
                     progress.advance((opts.num_prompts - sent) / cell.rate)
-                    write_lines(out, cell_lines(outcome, opts.model, opts.seed, opts.temperature))
+                    lines = cell_lines(outcome, opts.model, opts.seed, opts.temperature)
+                    if opts.admitted is not None:
+                        lines = [replace(x, extra={**x.extra, ADMITTED_KEY: int(cell.rate)}) for x in lines]
+                    write_lines(out, lines)
                     report.cells_written += 1
                     report.failed_requests += outcome.failed
                     if outcome.overloaded:

@@ -56,6 +56,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                    help="do not send min_tokens/ignore_eos (for APIs that reject vLLM's extensions)")
     b.add_argument("--max-backlog", type=int, default=1000,
                    help="cut a cell off as overloaded when this many requests are in flight (0: no limit)")
+    b.add_argument("--admitted", type=Path, default=None, metavar="PROFILE.json",
+                   help="instead of the rate grid: each cell of this profile (made from a rate run) with the "
+                        "replica held at the SLO router's per-pod budget, for gen-profile --admitted; write "
+                        "it to a file of its own")
     b.add_argument("--drain-timeout", type=float, default=600.0,
                    help="cut a cell off as overloaded when requests still run this long after its last "
                         "arrival (seconds, default 600)")
@@ -73,6 +77,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     g.add_argument("-o", dest="output", default=None,
                    help="output file, or redis://[user:pass@]host:port/db?model=MODEL (default: stdout)")
     g.add_argument("--plot", type=Path, default=None, help="also draw heatmaps into this PNG")
+    g.add_argument("--admitted", type=Path, default=None, metavar="JSONL",
+                   help="the benchmark --admitted run of this profile: recorded as tputs_admitted (what a "
+                        "replica serves behind the router's admission; the SLO router and optimizer use it)")
     g.set_defaults(func=_gen_profile)
 
 
@@ -85,14 +92,20 @@ def _benchmark(args: argparse.Namespace) -> int:
     """Open-loop Poisson load per (input, output, rate) cell; one AIBrix JSONL line per metric per cell."""
     from extproc.profiling.benchmark import BenchmarkOptions, EndpointError, public_url, run_benchmark
 
+    from extproc.gpu_profiles import ProfileError, load_profile
+
     if args.num_prompts < 1:
         return _error("benchmark", "--num-prompts must be at least 1")
+    try:
+        admitted = load_profile(args.admitted) if args.admitted is not None else None
+    except ProfileError as exc:
+        return _error("benchmark", str(exc))
     opts = BenchmarkOptions(
         model=args.model, endpoint=args.endpoint, output=args.output, append=args.append,
         input_lens=_flatten(args.input_lens), output_lens=_flatten(args.output_lens),
         rates=_flatten(args.rates), num_prompts=args.num_prompts, seed=args.seed, api=args.api,
         api_key=args.api_key, exact_length=args.exact_length, temperature=args.temperature,
-        max_backlog=args.max_backlog, drain_timeout=args.drain_timeout)
+        max_backlog=args.max_backlog, drain_timeout=args.drain_timeout, admitted=admitted)
     cells = opts.cells()
     sys.stderr.write(f"benchmark {opts.model} at {public_url(opts.url())}: {len(cells)} cells × "
                      f"{opts.num_prompts} requests, at least "
@@ -142,7 +155,8 @@ def _gen_profile(args: argparse.Namespace) -> int:
             parse_redis_url(args.output)  # a bad URL fails before any work
         slos = SLOs(args.percentile, {m.lower(): getattr(args, m.lower()) for m in SLO_METRICS
                                       if getattr(args, m.lower()) is not None})
-        profile, grid = generate(args.deployment, args.benchmark, args.cost, slos, created=time.time())
+        profile, grid = generate(args.deployment, args.benchmark, args.cost, slos, created=time.time(),
+                                 admitted_benchmark=args.admitted)
         for warning in grid.warnings:
             sys.stderr.write(f"warning: {warning}\n")
         if args.plot:

@@ -164,3 +164,30 @@ def select(lines: Sequence[MetricLine], slos: SLOs, source: str = "benchmark") -
     return Grid(outputs, inputs, tuple(tputs), tuple(e2es), tuple(ttfts) if slos.is_set("TTFT") else None,
                 tuple(chosen), tuple(warnings))
 
+
+
+ADMITTED_KEY = "concurrency"  # our benchmark lines of a replica held at its per-pod budget carry this
+
+
+def admission_budget(tput: float, e2e: float) -> int:
+    """Requests the SLO router lets one replica hold of a shape: max(1, floor(tput x e2e)) (Little's law
+    on the benchmark's rate at the SLO; one at a time where even the lowest rate missed it)."""
+    return max(1, math.floor(tput * e2e)) if tput > 0 and e2e > 0 else 1
+
+
+def admitted(lines: Iterable[MetricLine], slos: SLOs, outputs: Sequence[int], inputs: Sequence[int],
+             tputs: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], ...]:
+    """The profile's `tputs_admitted`: per cell, the requests/s of the replica held at its budget (lines
+    carrying ADMITTED_KEY) where every SLO passes, never below `tputs`; `tputs` where none was run."""
+    table = index_lines(line for line in lines if ADMITTED_KEY in line.extra)
+    rows = []
+    for o_idx, o in enumerate(outputs):
+        row = []
+        for i_idx, i in enumerate(inputs):
+            base = tputs[o_idx][i_idx]
+            runs = sorted({r for (ii, oo, r, _) in table if (ii, oo) == (i, o)})
+            got = [table[(i, o, r, "TPUT")].stat("mean") or 0.0 for r in runs
+                   if all(slos.passes(m, table.get((i, o, r, m))) for m in SLO_METRICS)]
+            row.append(max([base, *got]))
+        rows.append(tuple(row))
+    return tuple(rows)

@@ -4,6 +4,7 @@ loader; Redis output to a real redis-server; the errors users meet. Kept to a fe
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -251,3 +252,37 @@ def test_aibrix_files_parse_and_turn_into_profiles(log_dir: Path) -> None:
     assert profile.e2e is not None and profile.slos == {"percentile": 0, "e2e": 2.0}
     values = [v for row in profile.tputs for v in row]
     assert 0 in values and any(v > 0 for v in values)
+
+
+def test_admitted_run_records_what_a_routed_replica_serves(benchmarks: dict[str, tuple[Path, str]],
+                                                          log_dir: Path, slow_sim: SimProcess) -> None:
+    """benchmark --admitted holds the replica at the router's per-pod budget for each cell of a profile;
+    gen-profile --admitted records it as tputs_admitted (never below tputs), and refuses the file as the
+    rate run itself."""
+    path, _ = benchmarks["slow"]
+    base = log_dir / "slow-base.json"
+    tpot = ["--tpot", "1.0", "--percentile", "99"]
+    assert extproc("gen-profile", "llama2-7b-slow", "--benchmark", str(path), "--cost", "1", *tpot,
+                   "-o", str(base)).returncode == 0
+    runs = log_dir / "slow-admitted.jsonl"
+    result = extproc("benchmark", "-m", MODEL, "--endpoint", slow_sim.url, "-o", str(runs), "--admitted",
+                     str(base), "--num-prompts", "12")
+    assert result.returncode == 0, result.stderr
+    lines = jsonl(runs)
+    profile = load_profile(base)
+    assert {(x["input_tokens"], x["output_tokens"]) for x in lines} == {(128, 16), (512, 16)}
+    for x in lines:
+        o, i = profile.cell(x["input_tokens"], x["output_tokens"])
+        budget = max(1, math.floor(profile.tputs[o][i] * profile.e2e[o][i]))
+        assert x["concurrency"] == budget and x["request_rate"] == budget
+    out = log_dir / "slow-with-admitted.json"
+    result = extproc("gen-profile", "llama2-7b-slow", "--benchmark", str(path), "--cost", "1", *tpot,
+                     "--admitted", str(runs), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    p = load_profile(out)
+    assert p.tputs == profile.tputs and p.tputs_admitted is not None
+    assert all(a >= t > 0 for ra, rt in zip(p.tputs_admitted, p.tputs) for a, t in zip(ra, rt))
+    raw = json.loads(out.read_text())
+    assert set(raw) >= {"gpu", "cost", "tputs", "indexes", "created", "e2e", "slos", "tputs_admitted"}
+    wrong = extproc("gen-profile", "x", "--benchmark", str(runs), "--cost", "1", *tpot)
+    assert wrong.returncode != 0 and "--admitted" in wrong.stderr
