@@ -11,7 +11,7 @@ from extproc.optimizer.feedback import Feedback
 from extproc.optimizer.solver import Demand, Plan, PlanError, solve
 from extproc.optimizer.workload import TraceWindow, trace_rates
 
-HEADROOM = 1.0  # docs/optimizer.md, "Headroom": the figure the fleet simulation's searches support
+HEADROOM = 0.5  # docs/optimizer.md, "Headroom": the figure the fleet simulation's runs support
 
 
 @dataclass(frozen=True, slots=True)
