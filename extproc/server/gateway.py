@@ -10,7 +10,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
@@ -19,7 +19,8 @@ import extproc.strategies  # noqa: F401  (every strategy registered: a config ma
 from extproc.config import Config, ConfigError
 from extproc.envoy_contract import CLIENT_DESTINATION_HEADERS
 from extproc.openai import Request
-from extproc.pool import Pod, Pool
+from extproc.pool import Pool
+from extproc.pool.pod import PodKey
 from extproc.routing import Profile, Router, SettingError, StrategySpec, StrategySpecError
 from extproc.routing.framework import Hooks
 from extproc.routing.outcome import Outcome, Routed
@@ -30,6 +31,7 @@ from extproc.state.inflight import OpenRequest, OpenRequests
 from extproc.state.reconcile import Reconciler
 from extproc.state.record import PodView, RequestRecord
 from extproc.state.shared import LocalState, SharedState
+from extproc.telemetry.engine_metrics import EngineSample
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,7 @@ class Gateway:
         # ("", "") and (model, ""): requests refused before a model or a pod was known
         self._drop_series({(m, n) for m, n, _ in live} | {(m, "") for m in ("", *config.models)})
         self.accounting.forget(live)
+        self.reconciler.forget(live)
         settings = config.routing_settings
         self.accounting.default_mode = settings.load_balance.capacity
         self.accounting.capacity_modes = {m: r.load_balance.capacity for m, r in settings.models.items()}
@@ -235,31 +238,26 @@ class Gateway:
     # -- background ---------------------------------------------------------------------------------
 
     def refresh(self) -> None:
-        now = self.clock()
-        pods = self.pool.all_pods()
-        self.accounting.refresh(pods, now)
-        self.reconcile(pods, now)
+        self.accounting.refresh(self.pool.all_pods(), self.clock())
 
-    def reconcile(self, pods: Sequence[Pod], now: float) -> int:
-        """Release this gateway's requests that the engines no longer hold (extproc/state/reconcile.py):
-        their Envoy died with the access-log records. A record that still arrives later finds nothing
-        open and only credits its tokens (`complete`), so nothing is counted twice."""
-        shared, reconciler, n = self.accounting.shared, self.reconciler, 0
-        samples = {pod.key: self.accounting.samples(pod.key, now) for pod in pods}
-        suspects = {key: sample for key, sample in samples.items()
-                    if reconciler.suspect(key, shared.running(key), sample)}
-        if suspects:  # rare: one pass over the open requests for every suspect pod at once
-            cutoffs = {key: reconciler.cutoff(sample) for key, sample in suspects.items()}  # type: ignore[arg-type]
-            for pod_key, keys in self.open.started_before(cutoffs).items():
-                others = max(0, shared.running(pod_key) - shared.local_running(pod_key))
-                for key in keys[:reconciler.excess(pod_key, len(keys), others, suspects[pod_key])]:  # type: ignore[arg-type]
-                    entry = self.open.close(key)
-                    if entry is not None:
-                        log.warning("request %s on %s: the engine no longer holds it (its access-log "
-                                    "record is lost), released", entry.request_id, entry.pod.name)
-                        self._finish(entry, status=0, aborted=True)
-                        n += 1
-        reconciler.forget(samples)
+    def reconcile(self, key: PodKey, sample: EngineSample | None) -> int:
+        """Release this gateway's requests on a pod that its engine no longer holds
+        (extproc/state/reconcile.py): their Envoy died with the access-log records. Called with each
+        scrape as it arrives. A record that still arrives later finds nothing open and only credits
+        its tokens (`complete`), so nothing is counted twice."""
+        shared, reconciler = self.accounting.shared, self.reconciler
+        if sample is None or not reconciler.suspect(key, shared.running(key), sample):
+            return 0
+        keys = self.open.started_before({key: reconciler.cutoff(sample)})[key]
+        others = max(0, shared.running(key) - shared.local_running(key))
+        n = 0
+        for request_key in keys[:reconciler.excess(key, len(keys), others, sample)]:
+            entry = self.open.close(request_key)
+            if entry is not None:
+                log.warning("request %s on %s: the engine no longer holds it (its access-log "
+                            "record is lost), released", entry.request_id, entry.pod.name)
+                self._finish(entry, status=0, aborted=True)
+                n += 1
         if n:
             self.released_requests.labels("engine_count").inc(n)
         return n

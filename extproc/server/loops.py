@@ -55,6 +55,8 @@ def start(gateway: Gateway, scraper: MetricsScraper, prober: HealthProber) -> li
     def on_scrape(key, ok: bool, refused: bool) -> None:
         health.observe_scrape(key, ok, refused, gateway.clock())
 
+    scraper.on_sample = gateway.reconcile
+
     tasks = [
         # `lambda`, not `gateway.pool.all_pods`: a reload replaces the pool, and the loops must follow
         asyncio.create_task(scraper.run(lambda: gateway.pool.all_pods(),

@@ -3,12 +3,18 @@
 The gateway releases a request when Envoy's access-log record for it arrives. When the Envoy that
 routed it dies (SIGKILL, OOM, a rollout), those records never come and the request would stay
 counted until `gateway.request_timeout_seconds`. The engines know better: vLLM's
-`num_requests_running + num_requests_waiting` is every request it holds. When the gateway's count
-for a pod (across gateways) stays above the engine's for `scrapes` consecutive scrapes, the smallest
-excess seen over them is released, oldest first, from this gateway's own requests that started
-well before the scrape (`grace_s`: a request still on its way to the engine is not in its count).
-Only this gateway's own requests are released, so the count never drops below what other gateways
-hold. Pure and clock-free: the gateway feeds it one sample per pod per refresh.
+`num_requests_running + num_requests_waiting` is every request it holds.
+
+Each scrape is compared, the moment it comes back, with this gateway's requests on the pod that were
+routed before the scrape was *sent*: unless lost, every one of those is in the engine's count (a
+request reaches the engine milliseconds after its decision), whatever the load. (Counting only
+requests older than a grace of seconds, as before, let requests routed during the grace hide as
+many phantoms under continuing load: after an Envoy restart the counts stayed double for as long
+as the load went on.) When the gateways' count stays above the engine's for `scrapes` consecutive
+scrapes, the smallest excess seen over them is released, oldest first (phantoms predate the restart),
+from this gateway's own requests; with other gateways on the pod, only this gateway's share of it
+(its part of the pod's count), so two gateways never both release the same excess. Pure and
+clock-free: the gateway feeds it each sample as it arrives.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ class Reconciler:
         than that by more than a tolerance: any at all when the engine was idle, else the larger of
         2 and a quarter of the count (a request whose record is still on its way, or another
         gateway's that has not reached the engine yet, is not a phantom). Then the smallest excess
-        seen."""
+        seen, or with other gateways' requests on a busy pod this gateway's share of it."""
         streak = self._streaks.setdefault(key, _Streak())
         if sample.at <= streak.at:
             return 0  # the same scrape as last time: no new evidence
@@ -65,11 +71,14 @@ class Reconciler:
             return 0
         n = min(streak.excess[-self.scrapes:])
         streak.excess.clear()  # the next release needs a fresh run of scrapes
+        if held > 0 and others > 0:  # the excess may be other gateways' phantoms too: our share
+            n = min(n, math.floor(n * ours / (ours + others) + 0.5))
         return n
 
     def cutoff(self, sample: EngineSample) -> float:
-        """Requests started after this may not have reached the engine when it was scraped."""
-        return sample.at - self.grace_s
+        """Requests routed before this are in the engine's count unless lost: the scrape's send
+        time, or (a sample that does not know it) its arrival less the grace."""
+        return sample.sent if sample.sent is not None else sample.at - self.grace_s
 
     def forget(self, live: Iterable[PodKey]) -> None:
         live = set(live)
