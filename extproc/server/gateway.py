@@ -251,7 +251,8 @@ class Gateway:
         keys = self.open.started_before({key: reconciler.cutoff(sample)})[key]
         others = max(0, shared.running(key) - shared.local_running(key))
         n = 0
-        for request_key in keys[:reconciler.excess(key, len(keys), others, sample)]:
+        for request_key in keys[:reconciler.excess(key, len(keys), others, sample,
+                                                   shared.local_running(key))]:
             entry = self.open.close(request_key)
             if entry is not None:
                 log.warning("request %s on %s: the engine no longer holds it (its access-log "

@@ -27,6 +27,11 @@ from extproc.pool.pod import PodKey
 from extproc.telemetry.engine_metrics import EngineSample
 
 
+# An excess of phantoms under this part of the pod's count is left (once the engine idles, none):
+# the records in flight and other gateways' counts a Redis sync behind stay well under it.
+TOLERANCE = 0.05
+
+
 @dataclass(slots=True)
 class _Streak:
     at: float = -1.0  # time of the last scrape counted
@@ -34,10 +39,10 @@ class _Streak:
 
 
 class Reconciler:
-    def __init__(self, scrapes: int = 3, grace_s: float = 3.0) -> None:
-        if scrapes < 1 or grace_s < 0:
-            raise ValueError("scrapes must be >= 1 and grace_s >= 0")
-        self.scrapes, self.grace_s = scrapes, grace_s
+    def __init__(self, scrapes: int = 3, grace_s: float = 3.0, patience: int = 5) -> None:
+        if scrapes < 1 or patience < scrapes or grace_s < 0:
+            raise ValueError("scrapes must be >= 1, patience >= scrapes and grace_s >= 0")
+        self.scrapes, self.grace_s, self.patience = scrapes, grace_s, patience
         self._streaks: dict[PodKey, _Streak] = {}
 
     def suspect(self, key: PodKey, counted: int, sample: EngineSample | None) -> bool:
@@ -48,31 +53,38 @@ class Reconciler:
         self._streaks.pop(key, None)
         return False
 
-    def excess(self, key: PodKey, ours: int, others: int, sample: EngineSample) -> int:
+    def excess(self, key: PodKey, ours: int, others: int, sample: EngineSample,
+               counted: int | None = None) -> int:
         """How many of this gateway's requests on a suspect pod to release now: `ours` is how many
-        it routed there before `cutoff(sample)` and still holds open, `others` what other gateways
-        hold there. Returns 0 unless, on each of the last `scrapes` scrapes, the engine held fewer
-        than that by more than a tolerance: any at all when the engine was idle, else the larger of
-        2 and a quarter of the count (a request whose record is still on its way, or another
-        gateway's that has not reached the engine yet, is not a phantom). Then the smallest excess
-        seen, or with other gateways' requests on a busy pod this gateway's share of it."""
+        it routed there before `cutoff(sample)` and still holds open, `counted` all it holds there
+        (`ours` when not given), `others` what other gateways hold there. Returns 0 unless, on each
+        of the last `scrapes` scrapes, the engine held fewer than that by more than a tolerance: any
+        at all when the engine was idle, else the larger of 2 and a twentieth of the count (a request
+        whose record is still on its way, or another gateway's whose count in Redis is a sync
+        behind, is not a phantom). Then the smallest excess seen, or with other gateways' requests
+        on a busy pod this gateway's share of it (`counted` of the count)."""
         streak = self._streaks.setdefault(key, _Streak())
         if sample.at <= streak.at:
             return 0  # the same scrape as last time: no new evidence
         streak.at = sample.at
         held = _held(sample)
         over = int(ours - max(0.0, held - others))
-        tolerance = 1 if held <= 0 else max(2, math.ceil(0.25 * (ours + others)))
-        if over < tolerance:
+        tolerance = 1 if held <= 0 else max(2, math.ceil(TOLERANCE * (ours + others)))
+        if over < 1:
             streak.excess.clear()
             return 0
         streak.excess.append(over)
-        if len(streak.excess) < self.scrapes:
+        recent = streak.excess[-self.scrapes:]
+        if len(recent) == self.scrapes and min(recent) >= tolerance:
+            n = min(recent)
+        elif len(streak.excess) >= self.patience:  # a small excess that never goes: phantoms too
+            n = min(streak.excess[-self.patience:])
+        else:
             return 0
-        n = min(streak.excess[-self.scrapes:])
         streak.excess.clear()  # the next release needs a fresh run of scrapes
         if held > 0 and others > 0:  # the excess may be other gateways' phantoms too: our share
-            n = min(n, math.floor(n * ours / (ours + others) + 0.5))
+            mine = ours if counted is None else max(ours, counted)
+            n = min(n, math.floor(n * mine / (mine + others) + 0.5))
         return n
 
     def cutoff(self, sample: EngineSample) -> float:
