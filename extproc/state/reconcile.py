@@ -5,16 +5,19 @@ routed it dies (SIGKILL, OOM, a rollout), those records never come and the reque
 counted until `gateway.request_timeout_seconds`. The engines know better: vLLM's
 `num_requests_running + num_requests_waiting` is every request it holds.
 
-Each scrape is compared, the moment it comes back, with this gateway's requests on the pod that were
-routed before the scrape was *sent*: unless lost, every one of those is in the engine's count (a
-request reaches the engine milliseconds after its decision), whatever the load. (Counting only
-requests older than a grace of seconds, as before, let requests routed during the grace hide as
-many phantoms under continuing load: after an Envoy restart the counts stayed double for as long
-as the load went on.) When the gateways' count stays above the engine's for `scrapes` consecutive
-scrapes, the smallest excess seen over them is released, oldest first (phantoms predate the restart),
-from this gateway's own requests; with other gateways on the pod, only this gateway's share of it
-(its part of the pod's count), so two gateways never both release the same excess. Pure and
-clock-free: the gateway feeds it each sample as it arrives.
+Each scrape is held against this gateway's requests on the pod that were routed before the scrape
+was *sent* and had not ended when it was read (still open, or ended after it was sent by Envoy's
+duration): unless lost, every one of those is in the engine's count, whatever the load. The gateway
+judges a scrape at the next one, once the records of requests that ended just before it have come
+in (server/gateway.py). (Counting only requests older than a grace of seconds, as before, let the
+requests routed during the grace hide as many phantoms: under continuing load the counts stayed
+double after an Envoy restart for as long as the load went on.)
+
+A release needs the excess on several scrapes in a row: `scrapes` (3) above a tolerance, or
+`patience` (5) of at least one; the smallest excess of the run is released, oldest first (phantoms
+predate the fault), from this gateway's own requests; with other gateways on a busy pod only this
+gateway's share (its part of the pod's count), so two gateways never both release one excess.
+Pure and clock-free.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from dataclasses import dataclass, field
 
 from extproc.pool.pod import PodKey
 from extproc.telemetry.engine_metrics import EngineSample
-
 
 # An excess of phantoms under this part of the pod's count is left (once the engine idles, none):
 # the records in flight and other gateways' counts a Redis sync behind stay well under it.

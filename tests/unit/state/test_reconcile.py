@@ -216,7 +216,8 @@ def test_short_requests_whose_records_come_after_the_scrape_are_not_phantoms():
     profile = gw.profile("least-request", "m")
     key = gw.pool.all_pods()[0].key
     for scrape in range(10):
-        keys = [gw.route(Request("m", "/v1/chat/completions"), profile, f"r{scrape}.{i}").key for i in range(3)]
+        keys = [gw.route(Request("m", "/v1/chat/completions"), profile, f"r{scrape}.{i}").key
+                for i in range(3)]
         clock.now += 0.01
         sent = clock.now
         clock.now += 0.002
