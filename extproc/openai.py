@@ -61,6 +61,16 @@ def error_body(message: str, *, type: str, param: str | None = None, code: str |
     return json.dumps({"error": {"message": message, "type": type, "param": param, "code": code}}).encode()
 
 
+ECHO_CHARS = 256  # of a client's value that an error message repeats
+
+
+def quoted(value: str) -> str:
+    """A client's value in an error message: quoted, and cut to ECHO_CHARS characters, saying so."""
+    if len(value) <= ECHO_CHARS:
+        return repr(value)
+    return f"{value[:ECHO_CHARS]!r}... (cut: {len(value)} characters)"
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
     return OpenAIError(400, message, param=param, code=code)
 

@@ -28,6 +28,7 @@ from extproc import openai
 from extproc.envoy_contract import ENVOY_MAX_HEADERS, EXTPROC_SERVICE, STRATEGY_HEADER
 from extproc.openai import OpenAIError, Request
 from extproc.routing import StrategySpec, StrategySpecError, strategy_names
+from extproc.routing.framework import UnknownStrategy
 from extproc.routing.outcome import Queued, Rejected, Routed
 from extproc.routing.session_affinity import MAX_SESSION_KEY_BYTES, SESSION_HEADER
 from extproc.server import attributes, responses
@@ -204,7 +205,8 @@ class Stream:
             return responses.immediate(200, openai.models_body(gw.pool.models()), self._reply_headers())
         if path not in gw.config.model_paths:
             # Only inference endpoints reach the engines; their admin endpoints stay out of reach.
-            raise OpenAIError(404, f"{path} is not served by this gateway", code="unknown_route")
+            raise OpenAIError(404, f"{openai.quoted(path)} is not served by this gateway",
+                              code="unknown_route")
         if method != "POST":
             raise OpenAIError(405, f"{method} {path}: only POST is allowed", code="method_not_allowed")
         if end_of_stream:
@@ -212,8 +214,10 @@ class Stream:
         try:
             spec = gw.strategy(headers.get(STRATEGY_HEADER))
         except StrategySpecError as exc:
-            raise openai.bad_request(f"{exc}; valid strategies: {', '.join(strategy_names())}",
-                                     param=STRATEGY_HEADER, code="unknown_routing_strategy") from None
+            message = str(exc) if isinstance(exc, UnknownStrategy) else (  # it lists them already
+                f"{exc}; valid strategies: {', '.join(strategy_names())}")
+            raise openai.bad_request(message, param=STRATEGY_HEADER,
+                                     code="unknown_routing_strategy") from None
         # Only now: metric labels and reply headers carry known names (sorted, no weights), never raw
         # client input.
         self._spec = spec
@@ -247,8 +251,8 @@ class Stream:
         if isinstance(request, OpenAIError):
             raise request
         if not gw.pool.has_model(request.model):
-            raise OpenAIError(404, f"the model {request.model!r} does not exist", param="model",
-                              code="model_not_found")
+            raise OpenAIError(404, f"the model {openai.quoted(request.model)} does not exist",
+                              param="model", code="model_not_found")
         if self._session is not None:
             request = replace(request, session_key=self._session)
         profile = gw.profile(self._spec, request.model)
