@@ -72,6 +72,9 @@ bench: setup
 bench-memory: setup
 	$(VENV)/bin/extproc bench memory --png docs/bench-memory.png
 
+bench-memory-large: setup
+	$(VENV)/bin/extproc bench memory --large-bodies
+
 bench-sim: setup
 	$(PY) -m extproc.sim.bench
 

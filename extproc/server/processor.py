@@ -33,6 +33,7 @@ from extproc.routing.outcome import Queued, Rejected, Routed
 from extproc.routing.session_affinity import MAX_SESSION_KEY_BYTES, SESSION_HEADER
 from extproc.server import attributes, responses
 from extproc.server.gateway import Gateway
+from extproc.server.heap import HeapTrimmer
 from extproc.slo.server import SloRoom
 
 log = logging.getLogger(__name__)
@@ -325,9 +326,10 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
     """The gRPC face of the gateway: one ext_proc stream per HTTP request."""
 
     def __init__(self, gateway: Gateway, parser_pool: Executor | None = None,
-                 room: SloRoom | None = None) -> None:
+                 room: SloRoom | None = None, heap: HeapTrimmer | None = None) -> None:
         self._gw = gateway
         self._pool = parser_pool
+        self.heap = heap if heap is not None else HeapTrimmer()
         self.room = room if room is not None else SloRoom(gateway)  # the SLO waiting room
         self.offloaded = Counter("extproc_bodies_parsed_off_loop", "Request bodies large enough to be "
                                  "parsed in a worker process, off the event loop", registry=gateway.registry)
@@ -335,12 +337,13 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
     async def Process(self, request_iterator, context):  # noqa: N802 (gRPC method name)
         stream = Stream(self._gw, self.room)
         self._gw.open_streams += 1
-        cancelled = False
+        cancelled, large = False, 0
         try:
             async for msg in request_iterator:
                 parsed = None
                 if self._pool is not None and stream.needs_offload(msg):
                     self.offloaded.inc()
+                    large = len(msg.request_body.body)
                     parsed = await asyncio.get_running_loop().run_in_executor(
                         self._pool, parse_body, *stream.parse_args(msg))
                 reply = stream.handle(msg, parsed)
@@ -357,3 +360,4 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
         finally:
             stream.close(cancelled)
             self._gw.open_streams -= 1
+            self.heap.saw_body(large)  # once its buffers are let go: worth a trim if large
