@@ -46,7 +46,6 @@ CLIENT_FORBIDDEN_HEADERS = frozenset(CLIENT_DESTINATION_HEADERS)
 GRACE_MARGIN_SECONDS = 1.0
 
 
-
 @dataclass(slots=True)
 class _Pending:
     """A scrape that found fewer requests in the engine than counted, waiting to be judged."""
