@@ -46,6 +46,7 @@ class _Loader(yaml.SafeLoader):
 
 
 _Loader.add_constructor("tag:yaml.org,2002:map", _Loader.construct_located)
+yaml.SafeDumper.add_representer(Located, yaml.representer.SafeRepresenter.represent_dict)  # dumps as a dict
 
 
 def read_yaml(text: str) -> Any:
