@@ -215,9 +215,10 @@ async def test_envoy_killed_and_back_in_half_a_second_under_load_counts_true_wit
     # it: a real request released.
     wrong = sum(g.sample("extproc_unmatched_access_logs_total")
                 - g.sample("extproc_peer_access_logs_total", direction="released") for g in gateways)
-    # The 20 streams open at the kill are the phantoms released (a request that ended just before the
-    # kill may have lost its record too).
-    assert CLIENTS <= released <= CLIENTS + 3 and wrong <= 2, (released, wrong)
+    # Released: the 20 streams open at the kill, and any request whose record died with Envoy too (one
+    # that had ended, its record still in Envoy's buffer, or a client's next one routed but not yet
+    # sent on): at most one more per client. None of them a real one.
+    assert CLIENTS <= released <= 2 * CLIENTS and wrong <= 2, (released, wrong)
     assert outcomes["done"] > 0 and set(outcomes) <= {"done", "cut", "refused"}, outcomes
     print(f"{len(gateways)} gateway(s): counts true {settled:.1f} s after Envoy was back; mean excess "
           f"from {SETTLED_S:g} s {mean:+.2f} (before the kill {baseline:+.2f}); released {released:g}, "
