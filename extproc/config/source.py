@@ -16,6 +16,7 @@ import yaml
 class DuplicateKey(ValueError):
     """Two equal keys in one mapping of the file (the config loader refuses it as a ConfigError)."""
 
+
 MERGE_TAG = "tag:yaml.org,2002:merge"  # `<<: *defaults`: a YAML merge, not a key of its own
 
 
@@ -30,7 +31,7 @@ class Located(dict):
 
 
 def line_of(mapping: Mapping[Any, Any], key: Any) -> str:
-    """" (line N)" for a key of a mapping read from the file, else nothing."""
+    """`" (line N)"` for a key of a mapping read from the file, else nothing."""
     line = mapping.lines.get(key) if isinstance(mapping, Located) else None
     return f" (line {line})" if line is not None else ""
 

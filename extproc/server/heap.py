@@ -18,10 +18,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import gc
-import logging
 from collections.abc import Callable
-
-log = logging.getLogger(__name__)
 
 LARGE_BODY_BYTES = 1 << 20  # a body this large leaves enough behind to be worth a trim
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from extproc.pool.pod import PodKey
 from extproc.telemetry.engine_metrics import EngineSample
 
-# An excess of phantoms under this part of the pod's count is left (once the engine idles, none):
-# the records in flight and other gateways' counts a Redis sync behind stay well under it.
+# An excess under this part of the pod's count (at least 2) needs `patience` scrapes, not `scrapes`:
+# other gateways' counts a Redis sync behind, or a record on its way, are rarely larger.
 TOLERANCE = 0.05
 
 
@@ -60,11 +60,12 @@ class Reconciler:
         """How many of this gateway's requests on a suspect pod to release now: `ours` is how many
         it routed there before `cutoff(sample)` and still holds open, `counted` all it holds there
         (`ours` when not given), `others` what other gateways hold there. Returns 0 unless, on each
-        of the last `scrapes` scrapes, the engine held fewer than that by more than a tolerance: any
-        at all when the engine was idle, else the larger of 2 and a twentieth of the count (a request
+        of the last `scrapes` scrapes, the engine held fewer than that by at least a tolerance (1
+        when the engine was idle, else the larger of 2 and a twentieth of the count: a request
         whose record is still on its way, or another gateway's whose count in Redis is a sync
-        behind, is not a phantom). Then the smallest excess seen, or with other gateways' requests
-        on a busy pod this gateway's share of it (`counted` of the count)."""
+        behind, is not a phantom), or on each of the last `patience` by at least one. Then the
+        smallest excess of those scrapes, or with other gateways' requests on a busy pod this
+        gateway's share of it (`counted` of the count)."""
         streak = self._streaks.setdefault(key, _Streak())
         if sample.at <= streak.at:
             return 0  # the same scrape as last time: no new evidence
