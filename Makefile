@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup redis chromium kubectl test unit integration reliability soak fuzz demo bench bench-memory bench-sim validate-sim sim-fleet envoy-config clean
+.PHONY: setup redis chromium kubectl test unit integration reliability soak fuzz demo bench bench-memory bench-memory-large bench-sim validate-sim sim-fleet envoy-config clean
 
 setup: $(STAMP)
 
@@ -71,6 +71,9 @@ bench: setup
 
 bench-memory: setup
 	$(VENV)/bin/extproc bench memory --png docs/bench-memory.png
+
+bench-memory-large: setup
+	$(VENV)/bin/extproc bench memory --large-bodies
 
 bench-sim: setup
 	$(PY) -m extproc.sim.bench

@@ -25,6 +25,8 @@ from extproc.envoy_contract import (
     CLIENT_DESTINATION_HEADERS,
     DEFAULT_DESTINATION_HEADER,
     ENVOY_BUFFER_BYTES,
+    ENVOY_MAX_HEADERS,
+    ENVOY_MAX_REQUEST_HEADERS_KB,
     EXTPROC_CLUSTER,
     EXTPROC_SERVICE,
     GATEWAY_METADATA_NAMESPACE,
@@ -140,6 +142,8 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         "value": {"present_match": False}}}}
     too_large = {"status_code_filter": {"comparison": {"op": "EQ", "value": {
         "default_value": 413, "runtime_key": "extproc.too_large"}}}}
+    headers_too_large = {"status_code_filter": {"comparison": {"op": "EQ", "value": {
+        "default_value": 431, "runtime_key": "extproc.headers_too_large"}}}}
     gateway_down = {"and_filter": {"filters": [
         {"status_code_filter": {"comparison": {"op": "EQ", "value": {
             "default_value": 500, "runtime_key": "extproc.gateway_down"}}}},
@@ -155,6 +159,9 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                       "upstream_error", "%RESPONSE_CODE_DETAILS%", "%LOCAL_REPLY_BODY%"),
         _openai_reply({"and_filter": {"filters": [too_large, not_answered]}}, "invalid_request_error",
                       "request_too_large", f"request body exceeds {BUFFER_LIMIT_BYTES} bytes"),
+        _openai_reply({"and_filter": {"filters": [headers_too_large, not_answered]}}, "invalid_request_error",
+                      "request_header_fields_too_large", f"request headers exceed "
+                      f"{ENVOY_MAX_REQUEST_HEADERS_KB} KiB or {ENVOY_MAX_HEADERS} headers"),
         _openai_reply(not_answered, "gateway_error", "%RESPONSE_CODE_DETAILS%",
                       "the gateway could not process this request"),
     ]
@@ -169,6 +176,7 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         "normalize_path": True,
         "merge_slashes": True,
         "local_reply_config": {"mappers": mappers},
+        "max_request_headers_kb": ENVOY_MAX_REQUEST_HEADERS_KB,
         "access_log": [{"name": "envoy.access_loggers.stdout", "typed_config": {
             "@type": TYPE + "envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
             "log_format": {"text_format_source": {"inline_string": ACCESS_LOG_FORMAT}}}},

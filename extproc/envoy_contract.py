@@ -35,3 +35,8 @@ EXTPROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"  # the gRPC heal
 # bodies reach the gateway and get an OpenAI-style 413 instead of Envoy's plain-text one.
 ENVOY_BUFFER_BYTES = 16 * 1024 * 1024
 ENVOY_MAX_HEADERS = 100  # Envoy's default header count limit, also applied after the gateway's mutation
+# The request's header block Envoy accepts (its default is 60 KiB). Engines take less: aiohttp (the
+# simulator, many tools) refuses a header line over 8 KiB, h11 (uvicorn) a block over 16 KiB, each in
+# plain text. Envoy refuses more than this itself, in the OpenAI JSON shape, before any engine sees
+# it, with room below 16 KiB for the headers Envoy adds; the simulator takes lines up to this size.
+ENVOY_MAX_REQUEST_HEADERS_KB = 12

@@ -16,6 +16,9 @@ MODELS_PATH = "/v1/models"
 
 # A rough tokenizer estimate: routing needs prompt size, not exact token ids.
 CHARS_PER_TOKEN = 4
+# Of a prompt, routing keeps what it reads (prefix hashing takes the first 32k tokens by default,
+# ~128 K characters): a request holds this much for its whole generation, not an 8 MB prompt.
+ROUTED_PROMPT_CHARS = 1 << 20
 
 
 @dataclass(slots=True, frozen=True)
@@ -59,6 +62,16 @@ def _rebuild_error(status: int, message: str, type: str, param: str | None, code
 
 def error_body(message: str, *, type: str, param: str | None = None, code: str | None = None) -> bytes:
     return json.dumps({"error": {"message": message, "type": type, "param": param, "code": code}}).encode()
+
+
+ECHO_CHARS = 256  # of a client's value that an error message repeats
+
+
+def quoted(value: str) -> str:
+    """A client's value in an error message: quoted, and cut to ECHO_CHARS characters, saying so."""
+    if len(value) <= ECHO_CHARS:
+        return repr(value)
+    return f"{value[:ECHO_CHARS]!r}... (cut: {len(value)} characters)"
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
@@ -128,7 +141,7 @@ def parse_request(path: str, body: bytes, header_model: str | None = None) -> Re
     prompt = _prompt_text(path, data)
     options = data.stream_options
     return Request(model=model, path=path, stream=data.stream, prompt_tokens=estimate_tokens(prompt),
-                   max_tokens=max_tokens, user=data.user, prompt=prompt,
+                   max_tokens=max_tokens, user=data.user, prompt=prompt[:ROUTED_PROMPT_CHARS],
                    include_usage=bool(options and options.include_usage),
                    has_stream_options=options is not None)
 

@@ -28,6 +28,7 @@ from extproc.config.schema import (
     ConfigError,
     check_known,
 )
+from extproc.config.source import DuplicateKey, read_yaml
 from extproc.envoy_contract import DEFAULT_DESTINATION_HEADER, ENVOY_BUFFER_BYTES
 from extproc.routing.settings import RoutingSettings
 
@@ -39,7 +40,9 @@ MODEL_PATH = re.compile(r"/v1(/[a-z0-9_.-]+)+")  # OpenAI-style inference endpoi
 
 def load(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        raw = read_yaml(Path(path).read_text())
+    except DuplicateKey as exc:
+        raise ConfigError(str(exc)) from None
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from None
     if raw is None:  # an empty file, or one caught half-written

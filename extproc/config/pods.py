@@ -6,6 +6,7 @@ import ipaddress
 from typing import Any
 
 from extproc.config.schema import ConfigError, check_known
+from extproc.config.source import line_of
 from extproc.pool.pod import ENGINE_LABEL, ENGINES, METRIC_PORT_LABEL, Pod
 
 MODEL_KEYS = frozenset({"pods", "routingConfig"})
@@ -20,16 +21,22 @@ def model_pods(model: str, spec: Any) -> list[Pod]:
     entries = spec.get("pods") or []
     if not isinstance(entries, list):
         raise ConfigError(f"models.{model}.pods must be a list")
-    pods, seen = [], set()
+    pods: list[Pod] = []
+    names: dict[str, int] = {}      # name -> index of the pod that has it
+    addresses: dict[str, int] = {}  # address -> index
     for i, entry in enumerate(entries):
         where = f"models.{model}.pods[{i}]"
-        if not isinstance(entry, dict) or "name" not in entry or "address" not in entry:
-            raise ConfigError(f"{where} needs a name and an address")
-        check_known(where, entry, POD_KEYS)
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where} must be a mapping with a name and an address")
+        check_known(where, entry, POD_KEYS)  # first: `adress:` is named as misspelt, not as missing
+        missing = [k for k in ("name", "address") if k not in entry]
+        if missing:
+            raise ConfigError(f"{where} needs a name and an address (no {' and no '.join(missing)})")
         name = str(entry["name"])
-        if name in seen:
-            raise ConfigError(f"{where}: duplicate pod name {name!r}")
-        seen.add(name)
+        if name in names:
+            raise ConfigError(f"{where}.name {name!r}{line_of(entry, 'name')} is also pods[{names[name]}]'s: "
+                              "a pod's name must be unique in its model")
+        names[name] = i
         labels = entry.get("labels") or {}
         if not isinstance(labels, dict):
             raise ConfigError(f"{where}.labels must be a mapping")
@@ -48,7 +55,12 @@ def model_pods(model: str, spec: Any) -> list[Pod]:
                     raise ValueError
             except (TypeError, ValueError):
                 raise ConfigError(f"{where}.metrics_port {metrics_port!r} is not a port") from None
-        pods.append(Pod(model=model, name=name, address=_address(str(entry["address"]), where),
+        address = _address(str(entry["address"]), where)
+        if address in addresses:
+            raise ConfigError(f"{where}.address {address}{line_of(entry, 'address')} is also "
+                              f"pods[{addresses[address]}]'s: one engine would be counted as two pods")
+        addresses[address] = i
+        pods.append(Pod(model=model, name=name, address=address,
                         deployment=str(entry.get("deployment", "")), labels=labels, ready=ready,
                         namespace=str(entry.get("namespace", "default")), engine=engine,
                         metrics_port=metrics_port))

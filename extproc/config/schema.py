@@ -13,10 +13,12 @@ A `Config` is what `serve` runs and `check-config` prints: the file with the env
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from extproc.config.source import line_of
 from extproc.envoy_contract import DEFAULT_DESTINATION_HEADER
 from extproc.pool.pod import Pod
 from extproc.pool.settings import DISCOVERY_KEYS, DiscoverySettings
@@ -80,7 +82,12 @@ class Config:
 
 
 def check_known(where: str, mapping: Mapping[str, Any], allowed: frozenset[str]) -> None:
-    unknown = sorted(str(k) for k in mapping if k not in allowed)
+    """Refuse a key the section does not know, naming it, its line and the key it is closest to."""
+    unknown = sorted((k for k in mapping if k not in allowed), key=str)
     if unknown:
+        key = unknown[0]
         prefix = f"{where}." if where else ""
-        raise ConfigError(f"unknown key {prefix}{unknown[0]} (known: {', '.join(sorted(allowed))})")
+        close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise ConfigError(f"unknown key {prefix}{key}{line_of(mapping, key)}{hint} "
+                          f"(known: {', '.join(sorted(allowed))})")

@@ -61,6 +61,12 @@ def add_parser(sub: Any) -> None:
     m.add_argument("--png", type=Path, default=Path("bench-memory.png"),
                    help="plot here when matplotlib is installed")
     m.add_argument("--json", type=Path, help="write the curve here")
+    m.add_argument("--large-bodies", action="store_true",
+                   help="instead: the live gateway's RSS after large bodies through Envoy, one after "
+                        "another, then several at once (extproc/perf/large_bodies.py)")
+    m.add_argument("--body-mib", type=float, default=7.0, help="--large-bodies: each body's size")
+    m.add_argument("--sequential", type=int, default=80, help="--large-bodies: bodies one after another")
+    m.add_argument("--concurrent", type=int, default=8, help="--large-bodies: bodies at once, per round")
     m.set_defaults(func=_memory)
 
     f = kinds.add_parser("floor", help="server CPU per ext_proc stream of a trivial server (no routing)")
@@ -164,6 +170,13 @@ def _floor(args: argparse.Namespace) -> int:
 
 
 def _memory(args: argparse.Namespace) -> int:
+    if args.large_bodies:
+        from extproc.perf import large_bodies
+
+        report = large_bodies.run(int(args.body_mib * large_bodies.MIB), args.sequential, args.concurrent,
+                                  progress=lambda line: print(line, flush=True))
+        print("\n".join(report.lines()))
+        return 0
     from extproc.perf.memory import plot, run
 
     curve = run(args.requests, args.every, progress=lambda line: print(line, flush=True))

@@ -27,6 +27,7 @@ from extproc.server.access_log import AccessLogService
 from extproc.server.admin import admin_app
 from extproc.server.discovery import start_discovery
 from extproc.server.gateway import Gateway
+from extproc.server.heap import HeapTrimmer
 from extproc.server.processor import Processor, parse_body
 from extproc.server.tls import ReloadingCredentials, TlsError, TlsSettings
 from extproc.server.traces import run_tracing
@@ -146,7 +147,8 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
                                       ("grpc.keepalive_timeout_ms", 10_000),
                                       ("grpc.http2.max_pings_without_data", 0),
                                       ("grpc.keepalive_permit_without_calls", 1)])
-    processor.add_to_server(Processor(gateway, parser_pool), server)
+    heap = HeapTrimmer()
+    processor.add_to_server(Processor(gateway, parser_pool, heap=heap), server)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(AccessLogService(gateway), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -170,7 +172,8 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     await server.start()
     discovery, overlay = start_discovery(gateway, config)
     watcher = asyncio.create_task(ConfigWatcher(path, gateway, gateway.registry, overlay).run())
-    background = loops.start(gateway, scraper, prober)
+    background = loops.start(gateway, scraper, prober, heap)
+    heap.freeze_start()  # what the start allocated is never scanned again by the trims' collections
     if discovery is not None:
         background.append(discovery)
     # SLO routing's profiles: files named in routing.slo.profiles and Redis aibrix:profile_* (every 10 s)

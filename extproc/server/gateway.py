@@ -10,7 +10,8 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
@@ -19,7 +20,8 @@ import extproc.strategies  # noqa: F401  (every strategy registered: a config ma
 from extproc.config import Config, ConfigError
 from extproc.envoy_contract import CLIENT_DESTINATION_HEADERS
 from extproc.openai import Request
-from extproc.pool import Pod, Pool
+from extproc.pool import Pool
+from extproc.pool.pod import PodKey
 from extproc.routing import Profile, Router, SettingError, StrategySpec, StrategySpecError
 from extproc.routing.framework import Hooks
 from extproc.routing.outcome import Outcome, Routed
@@ -30,6 +32,7 @@ from extproc.state.inflight import OpenRequest, OpenRequests
 from extproc.state.reconcile import Reconciler
 from extproc.state.record import PodView, RequestRecord
 from extproc.state.shared import LocalState, SharedState
+from extproc.telemetry.engine_metrics import EngineSample
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,16 @@ CLIENT_FORBIDDEN_HEADERS = frozenset(CLIENT_DESTINATION_HEADERS)
 # Requests routed this long before a scrape (beyond its timeout) are in the engine's count when
 # the reconciler compares (extproc/state/reconcile.py).
 GRACE_MARGIN_SECONDS = 1.0
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A scrape that found fewer requests in the engine than counted, waiting to be judged."""
+    sample: EngineSample
+    others: int     # what other gateways held on the pod then
+    counted: int    # what this gateway held there then
+    requests: list[tuple[str, OpenRequest]]  # this gateway's, routed before the scrape was sent
+
 
 disable_created_metrics()  # *_created series double the scrape for no routing value
 
@@ -80,6 +93,7 @@ class Gateway:
             "segment: sent by this gateway, or received and their requests released here", ["direction"],
             registry=self.registry)
         self.reconciler = Reconciler()
+        self._pending: dict[PodKey, _Pending] = {}
         self.registry.register(PodMetricsCollector(self))
         self.open_streams = 0
         # Envoy's bootstrap names the header ORIGINAL_DST follows; changing only ours on a reload would
@@ -118,6 +132,8 @@ class Gateway:
         # ("", "") and (model, ""): requests refused before a model or a pod was known
         self._drop_series({(m, n) for m, n, _ in live} | {(m, "") for m in ("", *config.models)})
         self.accounting.forget(live)
+        self.reconciler.forget(live)
+        self._pending = {k: v for k, v in self._pending.items() if k in live}
         settings = config.routing_settings
         self.accounting.default_mode = settings.load_balance.capacity
         self.accounting.capacity_modes = {m: r.load_balance.capacity for m, r in settings.models.items()}
@@ -212,6 +228,7 @@ class Gateway:
                 ttfb_s: float | None = None, e2e_s: float | None = None, connect_failure: bool = False,
                 aborted: bool = False) -> None:
         now = self.clock()
+        entry.ended = now if e2e_s is None else min(now, entry.started + e2e_s)
         record = RequestRecord(
             request_id=entry.request_id, model=entry.request.model, pod=entry.pod, strategy=entry.strategy,
             status=status, prompt_tokens=prompt_tokens if prompt_tokens is not None
@@ -235,34 +252,41 @@ class Gateway:
     # -- background ---------------------------------------------------------------------------------
 
     def refresh(self) -> None:
-        now = self.clock()
-        pods = self.pool.all_pods()
-        self.accounting.refresh(pods, now)
-        self.reconcile(pods, now)
+        self.accounting.refresh(self.pool.all_pods(), self.clock())
 
-    def reconcile(self, pods: Sequence[Pod], now: float) -> int:
-        """Release this gateway's requests that the engines no longer hold (extproc/state/reconcile.py):
-        their Envoy died with the access-log records. A record that still arrives later finds nothing
-        open and only credits its tokens (`complete`), so nothing is counted twice."""
-        shared, reconciler, n = self.accounting.shared, self.reconciler, 0
-        samples = {pod.key: self.accounting.samples(pod.key, now) for pod in pods}
-        suspects = {key: sample for key, sample in samples.items()
-                    if reconciler.suspect(key, shared.running(key), sample)}
-        if suspects:  # rare: one pass over the open requests for every suspect pod at once
-            cutoffs = {key: reconciler.cutoff(sample) for key, sample in suspects.items()}  # type: ignore[arg-type]
-            for pod_key, keys in self.open.started_before(cutoffs).items():
-                others = max(0, shared.running(pod_key) - shared.local_running(pod_key))
-                for key in keys[:reconciler.excess(pod_key, len(keys), others, suspects[pod_key])]:  # type: ignore[arg-type]
-                    entry = self.open.close(key)
-                    if entry is not None:
-                        log.warning("request %s on %s: the engine no longer holds it (its access-log "
-                                    "record is lost), released", entry.request_id, entry.pod.name)
-                        self._finish(entry, status=0, aborted=True)
-                        n += 1
-        reconciler.forget(samples)
+    def reconcile(self, key: PodKey, sample: EngineSample | None) -> int:
+        """Release this gateway's requests on a pod that its engine no longer holds
+        (extproc/state/reconcile.py): their Envoy died with the access-log records. Called with each
+        scrape as it arrives; a scrape is judged at the next one, once the records of requests that
+        had ended before it was read have come in. A record that still arrives after its request was
+        released finds nothing open and only credits its tokens (`complete`): nothing counts twice."""
+        n = self._judge(key, self._pending.pop(key, None))
+        shared, reconciler = self.accounting.shared, self.reconciler
+        if sample is not None and reconciler.suspect(key, shared.running(key), sample):
+            self._pending[key] = _Pending(sample, shared.running(key) - shared.local_running(key),
+                                          shared.local_running(key),
+                                          self.open.on_pod(key, reconciler.cutoff(sample)))
         if n:
             self.released_requests.labels("engine_count").inc(n)
         return n
+
+    def _judge(self, key: PodKey, pending: _Pending | None) -> int:
+        if pending is None:
+            return 0
+        sent = self.reconciler.cutoff(pending.sample)
+        # in the engine when it was read, unless lost: still open, or ended after the scrape was sent
+        held = [(k, e) for k, e in pending.requests if e.ended is None or e.ended > sent]
+        n = self.reconciler.excess(key, len(held), max(0, pending.others), pending.sample, pending.counted)
+        released = 0
+        for request_key, entry in held:  # oldest first: phantoms predate the fault
+            if released == n:
+                break
+            if self.open.close(request_key) is not None:
+                log.warning("request %s on %s: the engine no longer holds it (its access-log "
+                            "record is lost), released", entry.request_id, entry.pod.name)
+                self._finish(entry, status=0, aborted=True)
+                released += 1
+        return released
 
     def sample_busy(self) -> None:
         self.accounting.sample_busy(self.clock())

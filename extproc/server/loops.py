@@ -14,12 +14,14 @@ from prometheus_client import Gauge
 
 from extproc.cancellation import raise_if_cancelled
 from extproc.server.gateway import Gateway
+from extproc.server.heap import HeapTrimmer
 from extproc.telemetry.scraper import HealthProber, MetricsScraper
 
 log = logging.getLogger(__name__)
 EXPIRY_INTERVAL_SECONDS = 10.0
 BUSY_SAMPLE_SECONDS = 0.1  # as often as the Redis sync, so every gateway sees the same busy time
 LAG_PROBE_SECONDS = 0.05
+HEAP_TRIM_SECONDS = 1.0
 
 
 async def watch_loop_lag(gauge: Gauge) -> None:
@@ -49,11 +51,14 @@ async def every(interval: Callable[[], float], step: Callable[[], None | Awaitab
         await asyncio.sleep(interval())
 
 
-def start(gateway: Gateway, scraper: MetricsScraper, prober: HealthProber) -> list[asyncio.Task]:
+def start(gateway: Gateway, scraper: MetricsScraper, prober: HealthProber,
+          heap: HeapTrimmer | None = None) -> list[asyncio.Task]:
     health = gateway.accounting.health
 
     def on_scrape(key, ok: bool, refused: bool) -> None:
         health.observe_scrape(key, ok, refused, gateway.clock())
+
+    scraper.on_sample = gateway.reconcile
 
     tasks = [
         # `lambda`, not `gateway.pool.all_pods`: a reload replaces the pool, and the loops must follow
@@ -73,6 +78,9 @@ def start(gateway: Gateway, scraper: MetricsScraper, prober: HealthProber) -> li
             "extproc_event_loop_max_lag_seconds", "Largest delay seen in waking the event loop",
             registry=gateway.registry)), name="loop-lag"),
     ]
+    if heap is not None:  # what large bodies left in malloc's arenas, back to the system
+        tasks.append(asyncio.create_task(every(lambda: HEAP_TRIM_SECONDS, heap.trim_if_due, "heap trim"),
+                                         name="heap-trim"))
     run = getattr(gateway.accounting.shared, "run", None)
     if run is not None:
         tasks.append(asyncio.create_task(run(), name="shared-state"))

@@ -28,10 +28,12 @@ from extproc import openai
 from extproc.envoy_contract import ENVOY_MAX_HEADERS, EXTPROC_SERVICE, STRATEGY_HEADER
 from extproc.openai import OpenAIError, Request
 from extproc.routing import StrategySpec, StrategySpecError, strategy_names
+from extproc.routing.framework import UnknownStrategy
 from extproc.routing.outcome import Queued, Rejected, Routed
 from extproc.routing.session_affinity import MAX_SESSION_KEY_BYTES, SESSION_HEADER
 from extproc.server import attributes, responses
 from extproc.server.gateway import Gateway
+from extproc.server.heap import HeapTrimmer
 from extproc.slo.server import SloRoom
 
 log = logging.getLogger(__name__)
@@ -204,7 +206,8 @@ class Stream:
             return responses.immediate(200, openai.models_body(gw.pool.models()), self._reply_headers())
         if path not in gw.config.model_paths:
             # Only inference endpoints reach the engines; their admin endpoints stay out of reach.
-            raise OpenAIError(404, f"{path} is not served by this gateway", code="unknown_route")
+            raise OpenAIError(404, f"{openai.quoted(path)} is not served by this gateway",
+                              code="unknown_route")
         if method != "POST":
             raise OpenAIError(405, f"{method} {path}: only POST is allowed", code="method_not_allowed")
         if end_of_stream:
@@ -212,8 +215,10 @@ class Stream:
         try:
             spec = gw.strategy(headers.get(STRATEGY_HEADER))
         except StrategySpecError as exc:
-            raise openai.bad_request(f"{exc}; valid strategies: {', '.join(strategy_names())}",
-                                     param=STRATEGY_HEADER, code="unknown_routing_strategy") from None
+            message = str(exc) if isinstance(exc, UnknownStrategy) else (  # it lists them already
+                f"{exc}; valid strategies: {', '.join(strategy_names())}")
+            raise openai.bad_request(message, param=STRATEGY_HEADER,
+                                     code="unknown_routing_strategy") from None
         # Only now: metric labels and reply headers carry known names (sorted, no weights), never raw
         # client input.
         self._spec = spec
@@ -247,8 +252,8 @@ class Stream:
         if isinstance(request, OpenAIError):
             raise request
         if not gw.pool.has_model(request.model):
-            raise OpenAIError(404, f"the model {request.model!r} does not exist", param="model",
-                              code="model_not_found")
+            raise OpenAIError(404, f"the model {openai.quoted(request.model)} does not exist",
+                              param="model", code="model_not_found")
         if self._session is not None:
             request = replace(request, session_key=self._session)
         profile = gw.profile(self._spec, request.model)
@@ -321,9 +326,10 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
     """The gRPC face of the gateway: one ext_proc stream per HTTP request."""
 
     def __init__(self, gateway: Gateway, parser_pool: Executor | None = None,
-                 room: SloRoom | None = None) -> None:
+                 room: SloRoom | None = None, heap: HeapTrimmer | None = None) -> None:
         self._gw = gateway
         self._pool = parser_pool
+        self.heap = heap if heap is not None else HeapTrimmer()
         self.room = room if room is not None else SloRoom(gateway)  # the SLO waiting room
         self.offloaded = Counter("extproc_bodies_parsed_off_loop", "Request bodies large enough to be "
                                  "parsed in a worker process, off the event loop", registry=gateway.registry)
@@ -331,12 +337,13 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
     async def Process(self, request_iterator, context):  # noqa: N802 (gRPC method name)
         stream = Stream(self._gw, self.room)
         self._gw.open_streams += 1
-        cancelled = False
+        cancelled, large = False, 0
         try:
             async for msg in request_iterator:
                 parsed = None
                 if self._pool is not None and stream.needs_offload(msg):
                     self.offloaded.inc()
+                    large = len(msg.request_body.body)
                     parsed = await asyncio.get_running_loop().run_in_executor(
                         self._pool, parse_body, *stream.parse_args(msg))
                 reply = stream.handle(msg, parsed)
@@ -353,3 +360,4 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
         finally:
             stream.close(cancelled)
             self._gw.open_streams -= 1
+            self.heap.saw_body(large)  # once its buffers are let go: worth a trim if large

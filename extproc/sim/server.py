@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from extproc.sim.admin import Admin
+from extproc.sim.http_limits import JsonErrorRunner
 from extproc.sim.live import LiveReplica
 from extproc.sim.openai_http import OpenAIHandlers, openai_http_errors
 from extproc.sim.replica import ReplicaSpec
@@ -45,7 +46,7 @@ class ReplicaServer:
     async def start(self) -> None:
         self.replica.start()
         mode = self.replica.faults.refuse_connections
-        self._runner = web.AppRunner(
+        self._runner = JsonErrorRunner(
             self._app(), handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
         )
         await self._runner.setup()

@@ -22,6 +22,10 @@ class OpenRequest:
     strategy: str
     request_id: str   # the client-visible id (x-request-id), for logs and headers
     started: float    # monotonic time of the routing decision
+    # When it ended, as far as the gateway knows (set when closed): the routing decision plus
+    # Envoy's duration from its record, else the time it was released. Reconciliation asks
+    # whether a request closed since a scrape was still in the engine when it was read.
+    ended: float | None = None
 
 
 class OpenRequests:
@@ -43,17 +47,14 @@ class OpenRequests:
             del self._open[key]
             yield key, request
 
-    def started_before(self, cutoffs: dict[object, float]) -> dict[object, list[str]]:
-        """Keys of the requests on each pod of `cutoffs` started before that pod's cutoff, oldest
-        first: one pass over the open requests whatever the number of pods."""
-        out: dict[object, list[str]] = {k: [] for k in cutoffs}
-        latest = max(cutoffs.values(), default=0.0)
+    def on_pod(self, pod: object, before: float) -> list[tuple[str, OpenRequest]]:
+        """The requests on one pod started before `before`, with their keys, oldest first."""
+        out = []
         for key, request in self._open.items():
-            if request.started >= latest:
-                break  # start order: nothing later can be before any cutoff
-            pod = request.pod.key
-            if pod in cutoffs and request.started < cutoffs[pod]:
-                out[pod].append(key)
+            if request.started >= before:
+                break  # start order
+            if request.pod.key == pod:
+                out.append((key, request))
         return out
 
     def __len__(self) -> int:

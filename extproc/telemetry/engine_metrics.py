@@ -18,7 +18,8 @@ class EngineSample:
     waiting: float | None        # requests queued in the engine
     kv_usage: float | None       # GPU KV-cache usage fraction 0..1; None when not reported or NaN
     cpu_kv_usage: float | None
-    at: float = 0.0              # clock time of the scrape
+    at: float = 0.0              # clock time the scrape's answer came back
+    sent: float | None = None    # clock time the scrape was sent: the count is from between the two
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +43,7 @@ ENGINE_NAMES: dict[str, EngineNames] = {
 }
 
 
-def parse_metrics(text: str, engine: str, at: float) -> EngineSample:
+def parse_metrics(text: str, engine: str, at: float, sent: float | None = None) -> EngineSample:
     """Several series of one metric (several served models, several engines behind one port) are
     summed for counts and averaged for usage fractions."""
     names = ENGINE_NAMES.get(engine, ENGINE_NAMES["vllm"])
@@ -68,4 +69,4 @@ def parse_metrics(text: str, engine: str, at: float) -> EngineSample:
         kv /= 100.0
     return EngineSample(running=first(names.running, False), waiting=first(names.waiting, False),
                         kv_usage=None if kv is None else min(1.0, max(0.0, kv)),
-                        cpu_kv_usage=first(names.cpu_kv_usage, True), at=at)
+                        cpu_kv_usage=first(names.cpu_kv_usage, True), at=at, sent=sent)

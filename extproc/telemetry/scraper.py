@@ -39,6 +39,9 @@ class MetricsScraper:
         self.stale_after = stale_after
         self.max_backoff = max_backoff
         self._samples: dict[PodKey, EngineSample] = {}
+        # Called with each sample as it arrives: the in-flight reconciliation compares the engine's
+        # count with the requests open at that moment, not a second later (extproc/state/reconcile.py).
+        self.on_sample: Callable[[PodKey, EngineSample], object] | None = None
         self._backoff: dict[PodKey, _Backoff] = {}
         self._session: aiohttp.ClientSession | None = None
         self.errors = Counter("extproc_metrics_scrape_errors", "Failed engine /metrics scrapes",
@@ -59,6 +62,7 @@ class MetricsScraper:
 
     async def _scrape(self, pod: Pod) -> tuple[bool, bool]:
         """(ok, connect refused)"""
+        sent = self.clock()
         try:
             async with self._http().get(pod.metrics_url) as resp:
                 if resp.status != 200:
@@ -66,13 +70,18 @@ class MetricsScraper:
                 raw = await resp.content.read(MAX_METRICS_BYTES + 1)
                 if len(raw) > MAX_METRICS_BYTES:
                     raise MetricsParseError("metrics body too large")
-            now = self.clock()
-            self._samples[pod.key] = parse_metrics(raw.decode("utf-8", "replace"), pod.engine, now)
-            return True, False
+            sample = parse_metrics(raw.decode("utf-8", "replace"), pod.engine, self.clock(), sent)
         except Exception as exc:  # timeouts, refusals, garbage: a stale signal, never an error upstream
             self.errors.labels(pod.model, pod.name).inc()
             self._samples.pop(pod.key, None)
             return False, _refused(exc)
+        self._samples[pod.key] = sample
+        if self.on_sample is not None:
+            try:
+                self.on_sample(pod.key, sample)
+            except Exception:
+                log.exception("handling the metrics of %s failed", pod.name)
+        return True, False
 
     async def scrape_once(self, pods: Sequence[Pod]) -> dict[PodKey, tuple[bool, bool]]:
         """Scrape every pod not in backoff, concurrently; returns (ok, refused) per scraped pod."""

@@ -121,3 +121,28 @@ async def test_one_broken_transport_does_not_stop_the_engine_loop(server: Replic
                 await rest_of_stream(bad)  # dropped, not finished
     assert server._task is not None and not server._task.done()
     await until(lambda: not server.engine.has_work(), "the broken stream's request left the engine")
+
+
+async def _raw_post(port: int, header_value: str) -> tuple[bytes, bytes]:
+    """(status line and headers, body) of a chat request carrying one `x-big` header."""
+    body = json.dumps({"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\n"
+                 f"x-big: {header_value}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}"
+                 .encode())
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(), DEADLINE_S)
+    writer.close()
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return head, rest
+
+
+async def test_header_limits_the_simulator_takes_and_refuses_in_json(server: ReplicaServer) -> None:
+    # Up to 16 KiB a line (aiohttp's default is 8 KiB): anything Envoy lets through (12 KiB in all).
+    head, _ = await _raw_post(server.port, "a" * 12_000)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    # Over it: a 400 in the OpenAI JSON shape that repeats nothing of the header, not aiohttp's text.
+    head, body = await _raw_post(server.port, "secret" * 5_000)
+    assert b" 400 " in head.split(b"\r\n")[0] and b"application/json" in head, head
+    error = json.loads(body)["error"]
+    assert error["code"] == 400 and "secret" not in body.decode(), body

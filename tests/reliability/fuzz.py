@@ -25,6 +25,7 @@ import yaml
 with atheris.instrument_imports():
     from extproc import openai
     from extproc.config import ConfigError, parse
+    from extproc.config.source import DuplicateKey, read_yaml
     from extproc.openai import OpenAIError
     from extproc.routing import Router, RoutingSettings, StrategySpecError
 
@@ -62,8 +63,8 @@ def strategy(data: bytes) -> None:
 
 def config(data: bytes) -> None:
     try:
-        raw = yaml.safe_load(data.decode("utf-8", "replace"))
-    except yaml.YAMLError:
+        raw = read_yaml(data.decode("utf-8", "replace"))
+    except (yaml.YAMLError, DuplicateKey):
         return
     try:
         parse(raw, {})

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-import yaml
 
-from extproc.envoy_bootstrap import BootstrapOptions, bootstrap
-from extproc.localstack import LocalStack, Proc, free_port, port_open, start_envoy, wait_until
+from extproc.localstack import LocalStack, Proc, wait_until
 from tests.integration.sim_fixtures import SimProcess, start_sim
 from tests.support.redis_server import RedisServer
+from tests.support.stack import envoy_in_front_of, start_envoy_at
 from tests.support.traffic import Load, chat, engine_tokens, request
 
 MODEL, LOAD_MODEL = "llama2-7b", "load"
@@ -52,17 +51,8 @@ def replicas(tmp_path: Path, sims) -> Iterator[tuple[list[LocalStack], Proc, str
                 "telemetry": {"refresh_seconds": 0.5}})
             gateways.append(g)
             g.start_gateway()
-        listen = free_port()
-        admin = free_port()
-        config = bootstrap(BootstrapOptions(listen_port=listen, extproc_port=gateways[0].extproc_port,
-                                            admin_port=admin))
-        (cluster,) = [c for c in config["static_resources"]["clusters"] if c["name"] == "extproc"]
-        endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
-        endpoints.append({"endpoint": {"address": {"socket_address": {
-            "address": "127.0.0.1", "port_value": gateways[1].extproc_port}}}})
-        envoy = start_envoy("envoy", yaml.safe_dump(config), tmp_path)
-        envoy.wait_ready(lambda: port_open(listen))
-        envoy.admin_port = admin  # type: ignore[attr-defined]
+        bootstrap, listen = envoy_in_front_of(gateways)
+        envoy = start_envoy_at(bootstrap, listen, tmp_path)
         yield gateways, envoy, f"http://127.0.0.1:{listen}"
     finally:
         if envoy is not None:

@@ -9,10 +9,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from extproc.localstack import LocalStack as Stack
-from extproc.localstack import Proc, free_port, http_get, port_open
+import yaml
 
-__all__ = ["Stack", "running_stack", "running_upstreams", "start_upstream", "upstream_stats"]
+from extproc.envoy_bootstrap import BootstrapOptions, bootstrap
+from extproc.localstack import LocalStack as Stack
+from extproc.localstack import Proc, free_port, http_get, port_open, start_envoy
+
+__all__ = ["Stack", "envoy_in_front_of", "running_stack", "running_upstreams", "start_envoy_at",
+           "start_upstream", "upstream_stats"]
 
 
 def start_upstream(name: str, log_dir: Path) -> tuple[Proc, int]:
@@ -50,3 +54,25 @@ def running_upstreams(log_dir: Path, names: tuple[str, ...] = ("a", "b")) -> Ite
     finally:
         for proc, _ in procs.values():
             proc.stop()
+
+
+
+def envoy_in_front_of(gateways: list[Stack]) -> tuple[str, int]:
+    """The bootstrap of one Envoy in front of several gateway processes (its ext_proc cluster with
+    one endpoint per gateway; its access-log stream goes to one of them) and its listener's port:
+    start it, and again after a kill, with `start_envoy_at`."""
+    listen = free_port()
+    config = bootstrap(BootstrapOptions(listen_port=listen, extproc_port=gateways[0].extproc_port,
+                                        admin_port=free_port()))
+    (cluster,) = [c for c in config["static_resources"]["clusters"] if c["name"] == "extproc"]
+    endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    for g in gateways[1:]:
+        endpoints.append({"endpoint": {"address": {"socket_address": {
+            "address": "127.0.0.1", "port_value": g.extproc_port}}}})
+    return yaml.safe_dump(config), listen
+
+
+def start_envoy_at(bootstrap: str, listen: int, log_dir: Path) -> Proc:
+    envoy = start_envoy("envoy", bootstrap, log_dir)
+    envoy.wait_ready(lambda: port_open(listen))
+    return envoy

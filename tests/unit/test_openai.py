@@ -67,3 +67,15 @@ def test_invalid_utf8_in_a_skipped_member_is_refused():
     with pytest.raises(OpenAIError) as err:
         parse_request("/v1/completions", body)
     assert err.value.status == 400 and err.value.code == "invalid_json"
+
+
+def test_a_request_keeps_only_the_prompt_routing_reads():
+    """An 8 MB prompt is counted whole but kept to ROUTED_PROMPT_CHARS: a request holds it for its
+    whole generation (and it crosses from the parser process)."""
+    from extproc.openai import ROUTED_PROMPT_CHARS
+
+    text = "y" * (8 * ROUTED_PROMPT_CHARS)
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}]}).encode()
+    request = parse_request("/v1/chat/completions", body)
+    assert request.prompt_tokens >= estimate_tokens(text)
+    assert len(request.prompt) == ROUTED_PROMPT_CHARS

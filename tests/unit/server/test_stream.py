@@ -366,3 +366,15 @@ def test_a_header_value_that_is_not_utf8_is_a_400_not_a_failed_stream(gw: Gatewa
     status, error = error_of(Stream(gw).handle(decode(bad)))
     assert status == 400 and error["code"] == "invalid_header"
     assert in_flight(gw) == 0
+
+
+def test_error_bodies_list_the_strategies_once_and_cut_what_the_client_sent(gw: Gateway):
+    status, error = error_of(Stream(gw).handle(body_first(CHAT, **{"routing-strategy": "nope"})))
+    assert status == 400 and error["message"].count("least-request") == 1, error["message"]
+    status, error = error_of(Stream(gw).handle(body_first({**CHAT, "model": "m" * 600})))
+    assert status == 404 and error["code"] == "model_not_found"
+    assert "m" * 256 in error["message"] and "m" * 257 not in error["message"]
+    assert "(cut: 600 characters)" in error["message"] and len(error["message"]) < 400
+    status, error = error_of(Stream(gw).handle(body_first({**CHAT, "model": "gpt-nope"})))
+    assert error["message"] == "the model 'gpt-nope' does not exist"  # short names whole, not marked
+    assert in_flight(gw) == 0 and running(gw) == 0

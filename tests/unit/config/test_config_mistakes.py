@@ -1,0 +1,116 @@
+"""Configs that are wrong are refused whole, naming the key and its line, with the same message from
+`extproc check-config` and from a reload (issue 33: these were accepted, or named vaguely)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from extproc.cli import main
+from extproc.config import ConfigError, load
+from extproc.server.app import ConfigWatcher
+
+GOOD = "models: {m: {pods: [{name: p, address: '10.0.0.1:80'}]}}\n"
+
+MISTAKES = [
+    ("models twice: the first block's pods were dropped", """\
+models:
+  a: {pods: [{name: a0, address: '10.0.0.1:80'}]}
+routing: {default_strategy: random}
+models:
+  b: {pods: [{name: b0, address: '10.0.0.2:80'}]}
+""", "duplicate key models (line 4; first at line 1): YAML would keep only the last"),
+    ("a pod with two addresses", """\
+models:
+  m:
+    pods:
+      - name: p0
+        address: 10.0.0.1:80
+        address: 10.0.0.2:80
+""", "duplicate key models.m.pods[0].address (line 6; first at line 5)"),
+    ("routing twice at the top", """\
+routing: {default_strategy: random}
+models: {m: {pods: [{name: p0, address: '10.0.0.1:80'}]}}
+routing: {default_strategy: least-request}
+""", "duplicate key routing (line 3; first at line 1)"),
+    ("a repeated key deep in a flow mapping", """\
+models: {m: {pods: [{name: p0, address: '10.0.0.1:80', labels: {gpu: A100, gpu: L20}}]}}
+""", "duplicate key models.m.pods[0].labels.gpu (line 1; first at line 1)"),
+    ("two pods, one address", """\
+models:
+  m:
+    pods:
+      - {name: p0, address: '10.0.0.1:80'}
+      - {name: p1, address: '10.0.0.1:80'}
+""", "models.m.pods[1].address 10.0.0.1:80 (line 5) is also pods[0]'s: one engine would be counted as "
+     "two pods"),
+    ("two pods, one address written two ways", """\
+models:
+  m:
+    pods:
+      - {name: p0, address: '[::1]:80'}
+      - {name: p1, address: '[0:0::1]:80'}
+""", "models.m.pods[1].address [::1]:80 (line 5) is also pods[0]'s"),
+    ("two pods, one name", """\
+models:
+  m:
+    pods:
+      - {name: p0, address: '10.0.0.1:80'}
+      - {name: p0, address: '10.0.0.2:80'}
+""", "models.m.pods[1].name 'p0' (line 5) is also pods[0]'s: a pod's name must be unique in its model"),
+    ("a misspelt pod key", """\
+models:
+  m:
+    pods:
+      - {name: l20-0, adress: '10.0.0.1:80'}
+""", "unknown key models.m.pods[0].adress (line 4); did you mean address? (known: address, deployment, "),
+    ("a misspelt flag", """\
+models:
+  m:
+    pods:
+      - name: p0
+        address: 10.0.0.1:80
+        raedy: false
+""", "unknown key models.m.pods[0].raedy (line 6); did you mean ready?"),
+    ("a misspelt section", """\
+modles: {m: {pods: [{name: p0, address: '10.0.0.1:80'}]}}
+""", "unknown key modles (line 1); did you mean models?"),
+    ("a key like nothing known", """\
+models: {m: {pods: [{name: p0, address: '10.0.0.1:80', zzz: 1}]}}
+""", "unknown key models.m.pods[0].zzz (line 1) (known: "),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), [(t, m) for _, t, m in MISTAKES],
+                         ids=[what for what, _, _ in MISTAKES])
+def test_a_wrong_config_is_refused_with_one_message_from_check_config_and_reload(
+        text: str, message: str, tmp_path: Path, capsys, caplog):
+    path = tmp_path / "gateway.yaml"
+    with pytest.raises(ConfigError) as refused:
+        path.write_text(text)
+        load(path, {})
+    error = str(refused.value)
+    assert message in error
+
+    assert main(["check-config", str(path)]) == 1
+    assert capsys.readouterr().err.strip() == f"{path}: {error}"
+
+    applied: list = []
+    gateway = type("G", (), {"apply": lambda self, config: applied.append(config)})()
+    _write(path, GOOD, 1)
+    watcher = ConfigWatcher(path, gateway, CollectorRegistry())  # serving GOOD
+    _write(path, text, 2)
+    with caplog.at_level(logging.ERROR):
+        assert watcher.check() is False and watcher.check() is False  # held still, then refused
+    assert applied == []  # the old config keeps serving
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(logged) == 1 and logged[0].endswith(f"keeping the previous one: {error}"), logged
+
+
+def _write(path: Path, text: str, second: int) -> None:
+    path.write_text(text)
+    os.utime(path, ns=(second * 10**9, second * 10**9))
