@@ -168,7 +168,8 @@ def parse_profile(data: Mapping[str, Any]) -> GpuProfile:
         raise ProfileError(f"slos: expected an object, got {slos_raw!r}")
     slos = {str(k): _number(v, f"slos.{k}") for k, v in slos_raw.items()}
     return GpuProfile(gpu=gpu, cost=_number(data["cost"], "cost"), outputs=outputs, inputs=inputs,
-                   tputs=_matrix(data["tputs"], "tputs", *shape, unknown=0.0), e2e=optional["e2e"], ttft=optional["ttft"],
+                   tputs=_matrix(data["tputs"], "tputs", *shape, unknown=0.0), e2e=optional["e2e"],
+                   ttft=optional["ttft"],
                    slos=slos, created=_number(data.get("created", 0.0), "created"),
                    tputs_admitted=optional["tputs_admitted"])
 

@@ -4,7 +4,8 @@ The simulated gateways write request traces as live ones do (`TraceHooks` -> `Tr
 keyed by wall-clock time, here virtual time from EPOCH); a dict stands in for Redis. Every `interval_s`
 the optimizer's own code re-plans from them: `window_ends` + `parse_trace` (what `read_windows` reads),
 then `planning.replan` (rates, the feedback's correction, the MILP) exactly as the live service runs it,
-`ModelState.apply`/`reported` (overrides none, no load: min_replicas). A PodAutoscaler then scales each deployment to ceil(metric / targetValue) with the
+`ModelState.apply`/`reported` (overrides none, no load: min_replicas). A PodAutoscaler then scales
+each deployment to ceil(metric / targetValue) with the
 metric in hundredths of a replica and targetValue 100, within [min_replicas, the replicas it may run],
 down only to the highest count of the last `stabilization_s` (the HPA's scale-down stabilization), and
 not at all within 10 % of where it is (the HPA's tolerance).

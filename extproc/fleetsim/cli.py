@@ -37,8 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also search the highest arrival rate that meets the scenario's SLO, per strategy, "
                         "and the fleet's upper bound (bound_rps: each GPU type alone at its limit, summed)")
     p.add_argument("--find-min-fleet", action="store_true",
-                   help="instead of one run: per strategy, the cheapest fixed count per deployment that meets "
-                        "the scenario's SLO (attainment >= 99 %%, nothing rejected), and each type alone "
+                   help="instead of one run: per strategy, the cheapest fixed count per deployment that "
+                        "meets the scenario's SLO (attainment >= 99 %%, nothing rejected), and each type alone "
                         "(\"what fleet do I need before I buy\"); --jobs runs searches in parallel")
     p.add_argument("--capacity", choices=("learned", "oracle"), default="learned",
                    help="diagnostic: 'oracle' gives routing each replica's true saturated throughput "

@@ -159,7 +159,8 @@ def find_min_fleet(scenario: Scenario, strategy: str, seed: int = 0, jobs: int =
             n, trials = f.result()
             alone_counts.append(n)
             tested += trials
-        alone = {g.name: (n, None if n is None else round(n * g.cost, 9)) for g, n in zip(groups, alone_counts)}
+        alone = {g.name: (n, None if n is None else round(n * g.cost, 9))
+                 for g, n in zip(groups, alone_counts)}
         budget = min((c for _, c in alone.values() if c is not None), default=math.inf) + 1e-9
         if size >= 2:
             tested += _pairs(pool, scenario, strategy, seed, alone_counts, budget, jobs)

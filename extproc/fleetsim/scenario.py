@@ -197,7 +197,8 @@ def parse(raw: Any, default_name: str = "scenario") -> Scenario:
     auto = raw.get("autoscale")
     keys = {"provision_s", "interval_s", "window_s", "stabilization_s", "headroom"}
     if auto is not None and (not isinstance(auto, dict) or set(auto) - keys):
-        raise ValueError("autoscale: a mapping of provision_s, interval_s, window_s, stabilization_s, headroom")
+        raise ValueError("autoscale: a mapping of provision_s, interval_s, window_s, stabilization_s, "
+                         "headroom")
     autoscale = Autoscale(**{k: float(v) for k, v in auto.items()}) if auto is not None else None
     if autoscale is not None and (min(autoscale.provision_s, autoscale.stabilization_s,
                                       autoscale.headroom or 0.0) < 0

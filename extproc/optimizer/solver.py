@@ -26,7 +26,6 @@ from scipy.sparse import coo_array
 
 from extproc.gpu_profiles import GpuProfile
 
-
 SPREAD_FLOOR = 0.01  # the tangent's point is never below this (a type with next to no load)
 HEADROOM_PASSES = 3  # solves with the headroom's tangent moved to the last solve's spread
 CHANGE_COST = 0.05  # of a replica's hourly cost, per replica the plan adds or removes (with `current`)
@@ -119,9 +118,11 @@ def solve(profiles: Sequence[GpuProfile], demands: Iterable[Demand], time_limit:
     staffing). Each cell's requests arrive at random and hold one of the k slots a replica admits of
     that shape (`_slots`), so its load in replicas, L_c, varies by sqrt(L_c / k): a shape that takes a
     whole replica (k = 1: long prompts served one at a time) needs sqrt(L) spare, chat that a replica
-    batches by the dozen almost none. The constraint L + β·sqrt(Σ_c L_c / k_c) ≤ n is linearised at the
-    previous solve's value (a tangent bounds sqrt from above, so the plan stays on the safe side) and
-    solved HEADROOM_PASSES times; the counts are then cut to the exact bound. `limits`: the most replicas each deployment may run (its autoscaler's maximum)."""
+    batches by the dozen almost none. The constraint L + β·sqrt(Σ_c L_c / k_c) ≤ n is concave in the
+    shares, so it is solved at its tangent (an upper bound of sqrt: the plan stays on the safe side),
+    HEADROOM_PASSES times with the tangent moved to the last solution; the counts are then cut to the
+    exact bound and the cheapest pass wins. `limits`: the most replicas each deployment may run (its
+    autoscaler's maximum)."""
     if not profiles:
         raise PlanError("no GPU profiles: nothing to plan with")
     names = [p.gpu for p in profiles]

@@ -183,7 +183,8 @@ def trace_rates(
     if not burst:
         rates = average
     else:
-        rates = {key: max(average.get(key, 0.0), current.get(key, 0.0)) for key in set(average) | set(current)}
+        rates = {key: max(average.get(key, 0.0), current.get(key, 0.0))
+                 for key in set(average) | set(current)}
         # Per cell, the larger of two noisy figures: summed over hundreds of sparse cells that alone
         # would ask for several times the load. The total is held to the latest window's.
         total = math.fsum(rates.values())

@@ -90,9 +90,8 @@ def _error(command: str, message: str) -> int:
 
 def _benchmark(args: argparse.Namespace) -> int:
     """Open-loop Poisson load per (input, output, rate) cell; one AIBrix JSONL line per metric per cell."""
-    from extproc.profiling.benchmark import BenchmarkOptions, EndpointError, public_url, run_benchmark
-
     from extproc.gpu_profiles import ProfileError, load_profile
+    from extproc.profiling.benchmark import BenchmarkOptions, EndpointError, public_url, run_benchmark
 
     if args.num_prompts < 1:
         return _error("benchmark", "--num-prompts must be at least 1")

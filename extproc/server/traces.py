@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 from extproc.cancellation import raise_if_cancelled
 from extproc.openai import Request
+from extproc.pool.pod import deployment_of
 from extproc.routing.framework import PodView
 from extproc.server.gateway import Gateway
-from extproc.pool.pod import deployment_of
 from extproc.state.record import RequestRecord
 from extproc.tracing.flusher import TraceFlusher
 from extproc.tracing.window import TraceRecorder
@@ -34,8 +34,8 @@ class TraceHooks:
 
     def post_response(self, record: RequestRecord, now: float) -> None:
         if record.ok and record.output_tokens is not None:
-            self.recorder.completed(record.model, record.prompt_tokens or 0, record.output_tokens, self.wall(),
-                                    deployment_of(record.pod), tpot(record))
+            self.recorder.completed(record.model, record.prompt_tokens or 0, record.output_tokens,
+                                    self.wall(), deployment_of(record.pod), tpot(record))
 
 
 def tpot(record: RequestRecord) -> float | None:

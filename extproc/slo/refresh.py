@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 from extproc.cancellation import raise_if_cancelled
 from extproc.gpu_profiles import ProfileStore
-from extproc.slo.assignment import assign
 from extproc.pool.pod import deployment_of
+from extproc.slo.assignment import assign
 from extproc.slo.state import SloState, learned
 
 log = logging.getLogger(__name__)

@@ -23,12 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from extproc.openai import Request
+from extproc.pool.pod import deployment_of
 from extproc.routing.framework import BuildContext, PodView, Profile, build, register
 from extproc.routing.outcome import Queued, Rejected
 from extproc.slo.model import PER_TOKEN
 from extproc.slo.queue import REJECT_BREACHED, Entry
 from extproc.slo.settings import PARAMS
-from extproc.pool.pod import deployment_of
 from extproc.slo.state import STORE_KEY, SloState
 
 EPS = 1e-9

@@ -121,7 +121,8 @@ class TraceRecorder:
         value.update(meta_v=TRACE_VERSION, meta_interval_sec=self.interval, meta_precision=self.precision,
                      meta_total_reqs=w.arrived, meta_pending_reqs=pending, meta_queueing_reqs=queueing)
         if w.tpot:
-            value[TPOT_KEY] = {d: {str(b): n for b, n in sorted(h.items())} for d, h in sorted(w.tpot.items())}
+            value[TPOT_KEY] = {d: {str(b): n for b, n in sorted(h.items())}
+                               for d, h in sorted(w.tpot.items())}
         return value
 
     def __len__(self) -> int:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from extproc.fleetsim.minfleet import _trial, find_min_fleet, fewest, fixed, markdown
+from extproc.fleetsim.minfleet import _trial, fewest, find_min_fleet, fixed, markdown
 from tests.unit.fleetsim.conftest import small
 
 CHAT = {"name": "chat", "rate": 60, "prompt": {"mean": 400, "sigma": 0.8, "max": 3000},

@@ -123,7 +123,13 @@ def test_optimize_cli_on_aibrix_profile_table(tmp_path: Path, capsys: pytest.Cap
     out = capsys.readouterr().out
     # cell [1][0] of AIBrix's A40 profile: 49.18 req/s per replica -> 3 replicas for 100 req/s at 0.3 each
     assert "simulator-llama2-7b-a40         3" in out and "total cost 0.9 " in out
-    # by default the service's headroom: 2.03 replicas' worth + sqrt(2.03) (no e2e: a replica each) -> 4
+    # by default the service's headroom, 0.5 x sqrt(load) (no e2e: one request per replica at a time):
+    # 120 req/s is 2.44 replicas' worth, 3 at the mean, 2.44 + 0.78 -> 4 with headroom
+    (tmp_path / "w.json").write_text(
+        json.dumps({"rates": [{"input_tokens": 128, "output_tokens": 8, "rps": 120}]})
+    )
+    assert main([*args, "--headroom", "0"]) == 0
+    assert "simulator-llama2-7b-a40         3" in capsys.readouterr().out
     assert main(args) == 0
     assert "simulator-llama2-7b-a40         4" in capsys.readouterr().out
 

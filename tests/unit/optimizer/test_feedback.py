@@ -141,6 +141,7 @@ def test_the_dashboard_shows_what_the_gateways_observed_beside_the_plan() -> Non
     state.feedback.first_seen["default/a10"] = EPOCH - 500
     state.feedback.update(windows({"a10": [0.03] * 9 + [0.06]}, EPOCH, 12), EPOCH + 120, [p])
     [row] = dashboard_data(state, {"default/a10": p}, EPOCH + 120)["deployments"]
-    assert row["observed"] == {"completed": 1200, "attainment": 0.9, "p99_tpot_s": pytest.approx(0.06, rel=0.02)}
+    assert row["observed"] == {"completed": 1200, "attainment": 0.9,
+                               "p99_tpot_s": pytest.approx(0.06, rel=0.02)}
     assert row["factor"] == pytest.approx(0.8)
     assert "P99 TPOT ms" in render_page(dashboard_data(state, {"default/a10": p}, EPOCH + 120))

@@ -14,10 +14,10 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, HttpHeade
 from extproc.config import parse
 from extproc.gpu_profiles import ProfileStore
 from extproc.pool import Pod
+from extproc.pool.pod import deployment_of
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor
 from extproc.slo.refresh import SloRefresh
-from extproc.pool.pod import deployment_of
 from extproc.slo.state import learned
 
 
