@@ -9,8 +9,10 @@ keeps one factor per deployment on its profile's throughput:
 
   * attainment below `target` (99 %): the factor shrinks in proportion to the shortfall (by at most a
     fifth a step), so the plan gives that type less of the mix and more replicas of the others;
-  * attainment at `recover` (99.5 %) or above: it grows back by a tenth, up to 1 (the profile is the
-    ceiling: a type never plans above its benchmark).
+  * attainment at `recover` (99.5 %) or above: it grows back by a tenth, up to 1; beyond 1 (up to
+    `ceiling`, twice the benchmark) only while the type's P99 TPOT is at most `headroom` (0.8) of the
+    SLO, by sqrt(that room) a step (a tenth to a quarter): the profile undercounts it (a coarse rate
+    grid, gen-profile's "kept up" rule on long answers), and its replicas show room the plan can use.
 
 It moves only on evidence: `min_requests` in the span, and never in the first `span_s` it watches a
 deployment (a fleet just started, or just handed to the optimizer, is not the plan's doing). After a
@@ -28,6 +30,9 @@ from dataclasses import dataclass, field, replace
 from extproc.gpu_profiles import GpuProfile
 from extproc.optimizer.workload import TraceWindow
 from extproc.tracing.window import tpot_of_bucket
+
+
+MAX_STEP_UP = 1.25  # growth per step with room: sqrt(room), between a tenth and a quarter
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,8 @@ class Feedback:
     target: float = 0.99
     recover: float = 0.995
     floor: float = 0.2
+    ceiling: float = 2.0  # a type with room may plan at up to twice its benchmark
+    headroom: float = 0.8  # ... while its P99 TPOT is at most this share of the SLO
     gain: float = 5.0  # factor x (1 - gain x shortfall), at least x0.8: 97 % attainment -> x0.9
     factors: dict[str, float] = field(default_factory=dict)  # deployment -> factor on its throughput
     changed: dict[str, float] = field(default_factory=dict)  # deployment -> when its factor last moved
@@ -81,7 +88,10 @@ class Feedback:
             if seen.attainment < self.target:
                 new = max(self.floor, old * max(0.8, 1.0 - self.gain * (self.target - seen.attainment)))
             elif seen.attainment >= self.recover:
-                new = min(1.0, old * 1.1)
+                # back to the benchmark; beyond it only while the P99 shows room (the profile undercounts)
+                room = self.headroom * slo / max(seen.p99_s, 1e-6)  # > 1: its P99 is well inside
+                step = min(MAX_STEP_UP, math.sqrt(room)) if room >= 1.0 else 1.1
+                new = max(old, min(self.ceiling if room >= 1.0 else 1.0, old * max(1.1, step)))
             else:
                 continue
             if new != old:
