@@ -81,7 +81,7 @@ def test_a_type_that_misses_gets_a_smaller_factor_and_the_plan_moves_off_it() ->
     assert fb.factor("dear") == pytest.approx((40 / 30) ** 0.5, rel=0.01)  # P99 30 of 50 ms: sqrt(40 / 30)
     assert before is not None and after is not None
     assert before.replicas == {"cheap": 20, "dear": 0}
-    assert after.replicas == {"cheap": 0, "dear": 10}  # each cheap replica is worth less, each dear more
+    assert after.replicas == {"cheap": 1, "dear": 9}  # each cheap replica is worth less, each dear more
     # it waits for windows that ended `settle_s` after the change before it moves again
     replan(ws, now + 10, 240, [cheap, dear], {}, fb, mean)
     assert fb.factor("cheap") == pytest.approx(0.8)
