@@ -40,12 +40,12 @@ def instance(types: int, cells: int, rng: random.Random) -> tuple[list[GpuProfil
     return profiles, servable
 
 
-def run(types: int, cells: int, runs: int, seed: int) -> dict[str, float]:
+def run(types: int, cells: int, runs: int, seed: int, headroom: float = 0.0) -> dict[str, float]:
     rng = random.Random(seed)
     times, replicas = [], []
     for _ in range(runs):
         profiles, demands = instance(types, cells, rng)
-        plan = solve(profiles, demands)
+        plan = solve(profiles, demands, headroom=headroom)
         times.append(plan.solve_seconds)
         replicas.append(sum(plan.replicas.values()))
     return {"types": types, "cells": cells, "runs": runs, "median_s": statistics.median(times),
@@ -59,9 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--cells", type=int, default=40)
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--headroom", type=float, default=0.0, help="the plan's beta (the service's default: 0.5)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    result = run(args.types, args.cells, args.runs, args.seed)
+    result = run(args.types, args.cells, args.runs, args.seed, args.headroom)
     if args.json:
         print(json.dumps(result))
     else:
