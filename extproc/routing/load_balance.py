@@ -36,9 +36,11 @@ from extproc.openai import Request
 from extproc.routing.framework import BuildContext, PodView, Profile, capacities, register
 from extproc.routing.settings import LoadBalanceSettings
 from extproc.routing.snapshot import derived
-from extproc.state.speed import Speed
+from extproc.state.speed import UNKNOWN_SPREAD, Speed
 
 INF = math.inf
+# Scores within this many standard errors of the best (the speed estimates' spreads, combined) tie.
+TIE_Z = 2.0
 
 
 def load_balance_score(load: float, capacity: float, kv_free: float | None, alpha: float,
@@ -72,10 +74,12 @@ class LoadBalanceScorer:
         if c.speed is not None:
             base, shape, penalty = c.speed
             if c.folded:  # a KV-critical pod's base is +Inf and its shape 0: +Inf whatever its load
-                return [b * (1.0 + k * (load + 1.0)) * p
-                        for b, k, p, load in zip(base, shape, penalty, loads)]
-            return [INF if x else b * (1.0 + k * (load + 1.0)) * p
-                    for x, b, k, p, load in zip(c.critical, base, shape, penalty, loads)]
+                scores = [b * (1.0 + k * (load + 1.0)) * p
+                          for b, k, p, load in zip(base, shape, penalty, loads)]
+            else:
+                scores = [INF if x else b * (1.0 + k * (load + 1.0)) * p
+                          for x, b, k, p, load in zip(c.critical, base, shape, penalty, loads)]
+            return tie_within_spread(scores, c.spread)
         caps, penalty = c.caps, c.penalty
         if c.reported:  # every pod reports a number: idle needs no case of its own (0 / cap = 0)
             return [INF if x else load / cap * p for x, load, cap, p in zip(c.critical, loads, caps, penalty)]
@@ -96,7 +100,8 @@ class LoadBalanceScorer:
             shape = [0.0 if x else sp.shape for x, sp in zip(flags, speeds)]
             # the fold holds while every load is finite (INF x (1 + 0 x inf) would be NaN)
             folded = queued is None or all(map(math.isfinite, queued))
-            return _Columns(queued, flags, (base, shape, penalty), folded)
+            spread = [TIE_Z * sp.spread for sp in speeds]
+            return _Columns(queued, flags, (base, shape, penalty), folded, spread=spread)
         reported = None not in kvs and (t := sum(kvs)) == t  # type: ignore[operator]  # no None, no NaN
         # 1 + α·(1 − kvFree)², computed as load_balance_score does (unreported: fully free)
         penalty = [1.0 + alpha * (u := 1.0 - (1.0 if k is None or k != k else k)) * u for k in kvs]
@@ -114,11 +119,27 @@ class _Columns:
     caps: list[float] = field(default_factory=list)     # capacity: observed (or no speed fitted yet)
     penalty: list[float] = field(default_factory=list)
     reported: bool = False            # every pod reports its KV usage
+    spread: list[float] = field(default_factory=list)  # TIE_Z × each speed's spread (log scale)
 
 
 _kv_free = attrgetter("kv_free")
 _speed = attrgetter("speed")
 _is_none = partial(is_, None)
+
+
+def tie_within_spread(scores: list[float], spread: Sequence[float]) -> list[float]:
+    """Scores the estimates cannot tell from the best set equal to it (the spec's tie rule then
+    decides: least KV usage, then at random): two pods whose speeds are known from a few requests each
+    share the traffic that re-measures them instead of the one measured faster by chance taking all."""
+    best = min(scores)
+    if not 0.0 < best < INF:
+        return scores
+    i = scores.index(best)
+    mine = spread[i] * spread[i]
+    if mine == 0.0 and not any(spread):
+        return scores
+    return [best if s != best and math.log(s / best) <= math.sqrt(mine + d * d) else s
+            for s, d in zip(scores, spread)]
 
 
 def kv_penalty(kv_free: float | None, alpha: float) -> float:
@@ -140,7 +161,7 @@ def _speeds(pods: Sequence[PodView]) -> list[Speed] | None:
         return None
     base = len(known) / sum(1.0 / sp.base for sp in known)
     shape = sum(sp.shape for sp in known) / len(known)
-    fill = Speed(base, shape, 0.0, 0.0)
+    fill = Speed(base, shape, 0.0, 0.0, UNKNOWN_SPREAD)  # unmeasured: tied until measured
     return [fill if sp is None else sp for sp in speeds]
 
 

@@ -52,17 +52,33 @@ MAX_SHAPE = 1.0  # a request slowing each other one by more than its base: a fit
 # a slope from a batch that stayed within a request or two is noise, and the type's or model's is used.
 MIN_SPREAD = 2.0
 MIN_PROMPT_SPREAD = 32.0  # likewise for prefill time against prompt length (tokens)
+# How much a pod's own base is to be trusted (see `_posteriors`): the spread of bases among pods of one
+# GPU type (log scale: 0.1 is ±10 %), and among GPU types of one model (a pod with no siblings).
+TYPE_SPREAD = 0.10
+MODEL_SPREAD = 0.50
+# Per-token noise of a request's time per token (relative variance × tokens), before any is measured,
+# and its weight in requests: a 4-token request's figure is ±50 %, a 400-token one's ±5 %.
+NOISE_PRIOR = 1.0
+NOISE_PRIOR_REQUESTS = 4.0
+# A pod's speed can change while nothing measures it (a co-tenant arrives, a clock throttles): its own
+# figure loses this much certainty (variance of the log base) per second since its last request.
+# A minute unmeasured weighs it like its type's figure; ten minutes, a third as much.
+DRIFT_PER_SECOND = TYPE_SPREAD * TYPE_SPREAD / 60.0
+UNKNOWN_SPREAD = 1.0  # a pod known only from nothing: every score within e^2 of the best ties
 
 
 @dataclass(slots=True, frozen=True)
 class Speed:
     """One replica's fitted speed. `saturated`: output tokens/s with `batch` requests in flight,
-    the batch the replica saturates at (engine limit or KV cache), for dashboards and the gate."""
+    the batch the replica saturates at (engine limit or KV cache), for dashboards and the gate.
+    `spread`: the standard error of `base` on a log scale (0.05: ±5 %): scores closer than the
+    estimates' spreads are ties (routing/load_balance.py)."""
 
     base: float           # seconds per output token with no other request in flight
     shape: float          # relative slowdown per request in flight
     saturated: float
     batch: float
+    spread: float = 0.0
 
     def tpot(self, batch: float) -> float:
         return self.base * (1.0 + self.shape * batch)
@@ -73,12 +89,12 @@ class Speed:
 
 
 class _Sums:
-    """Exponentially forgotten weighted sums for y = tpot against x = batch."""
+    """Exponentially forgotten weighted sums for y = tpot against x = batch (n: observations)."""
 
-    __slots__ = ("w", "x", "y", "xx", "xy", "t")
+    __slots__ = ("w", "x", "y", "xx", "xy", "yy", "n", "t")
 
     def __init__(self, now: float) -> None:
-        self.w = self.x = self.y = self.xx = self.xy = 0.0
+        self.w = self.x = self.y = self.xx = self.xy = self.yy = self.n = 0.0
         self.t = now
 
     def decay(self, now: float, tau: float) -> None:
@@ -89,6 +105,8 @@ class _Sums:
             self.y *= f
             self.xx *= f
             self.xy *= f
+            self.yy *= f
+            self.n *= f
             self.t = now
 
     def add(self, x: float, y: float, w: float) -> None:
@@ -97,6 +115,8 @@ class _Sums:
         self.y += w * y
         self.xx += w * x * x
         self.xy += w * x * y
+        self.yy += w * y * y
+        self.n += 1.0
 
     def line(self, min_spread: float) -> tuple[float, float, float] | None:
         """Least squares y = a + b·x: (a, b, information w·var(x)); None without spread in x."""
@@ -117,13 +137,21 @@ class _Sums:
         a, b, info = fit
         return min(MAX_SHAPE, max(0.0, b / a)), info
 
-    def base(self, shape: float) -> float | None:
+    def base(self, shape: float, min_tokens: float = MIN_BASE_TOKENS) -> float | None:
         """Least-squares `base` of y = base × (1 + shape × x)."""
         den = self.w + 2 * shape * self.x + shape * shape * self.xx
-        if self.w < MIN_BASE_TOKENS or den <= 0:
+        if self.w < min_tokens or self.w <= 0 or den <= 0:
             return None
         value = (self.y + shape * self.xy) / den
         return value if value > 0 else None
+
+    def noise(self, base: float, shape: float) -> float:
+        """Σ over observations of tokens × (relative residual)²: each request's time per token is a
+        mean over its tokens, so its variance falls as 1/tokens and this sum estimates n × the
+        per-token relative variance."""
+        fitted_y = self.y + shape * self.xy                      # Σ w·y·(1 + k·x)
+        fitted_sq = self.w + 2 * shape * self.x + shape * shape * self.xx  # Σ w·(1 + k·x)²
+        return max(0.0, self.yy - 2 * base * fitted_y + base * base * fitted_sq) / (base * base)
 
 
 @dataclass(slots=True)
@@ -133,6 +161,7 @@ class _Pod:
     kv: _Sums      # x: engine running count, y: KV usage (their ratio: KV per request)
     prefill: _Sums  # per streamed request: x = prompt tokens, y = time to first token (w = 1)
     mix: _Sums      # per request: x = output tokens, y = prompt tokens (their ratio: the mix)
+    measured: float = 0.0  # when its last time per token was observed
 
     def prompt_per_output(self) -> float | None:
         m = self.mix
@@ -163,6 +192,7 @@ class SpeedEstimator:
         if not (tpot > 0 and batch > 0 and tokens > 0) or not math.isfinite(tpot + batch):
             return
         pod = self._pod(key, now)
+        pod.measured = max(pod.measured, now)
         for sums, tau in ((pod.recent, self.base_tau), (pod.long, self.shape_tau)):
             sums.decay(now, tau)
             sums.add(batch, tpot, tokens)
@@ -222,23 +252,24 @@ class SpeedEstimator:
                 num += k * info
                 den += info
             shapes[group] = num / den
-        bases: dict[PodKey, float] = {}
+        own: dict[PodKey, _Own] = {}
         for p in pods:
             state = self._pods.get(p.key)
             if state is not None:
                 shape = shapes[(p.model, p.gpu)]
-                b = state.recent.base(shape)
-                if b is None:
-                    b = state.long.base(shape)  # quiet lately: its older record, not a stranger's
+                sums = state.recent if state.recent.w >= MIN_BASE_TOKENS else state.long
+                b = sums.base(shape, min_tokens=0.0)  # quiet lately: its older record, not a stranger's
                 if b is not None:
-                    bases[p.key] = b
-        fill = _means(pods, bases)
+                    own[p.key] = _Own(p, math.log(b), sums.noise(b, shape), sums.w, sums.n,
+                                      max(0.0, now - state.measured))
+        posteriors = _posteriors(pods, own)
         prefill, mixes = self._pooled(pods, now)
         self._speeds = {}
         for p in pods:
-            base = bases.get(p.key) or fill.get((p.model, p.gpu)) or fill.get((p.model, ""))
-            if base is None:
+            posterior = posteriors.get(p.key)
+            if posterior is None:
                 continue
+            base, spread = posterior
             shape = shapes[(p.model, p.gpu)]
             # Past the batches a type was seen at the curve only steepens (steps turn compute-bound),
             # so the saturated figure extrapolates with the steepest slope seen on the model.
@@ -254,7 +285,7 @@ class SpeedEstimator:
             if mix is None:  # served nothing lately: valued on the mix its siblings see
                 mix = mixes.get(p.model, 0.0)
             per_token = max(base * (1.0 + steep * batch) / batch, (1.0 + mix) * per_prompt)
-            self._speeds[p.key] = Speed(base, shape, 1.0 / per_token, batch)
+            self._speeds[p.key] = Speed(base, shape, 1.0 / per_token, batch, spread)
 
     def _pooled(self, pods: list[Pod], now: float) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
         """Seconds of prefill per prompt token per (model, GPU type), and prompt tokens per output
@@ -296,20 +327,78 @@ class SpeedEstimator:
                 del table[key]
 
 
-def _means(pods: list[Pod], bases: Mapping[PodKey, float]) -> dict[tuple[str, str], float]:
-    """Mean base per (model, GPU type) and per (model, "") over the pods that have one: a new pod
-    competes as an average replica of its type, else of its model (the spec's rule for new pods).
-    Means of tokens/s, as the spec averages capacities, then turned back into seconds per token."""
-    sums: dict[tuple[str, str], list[float]] = {}
+@dataclass(slots=True, frozen=True)
+class _Own:
+    """A pod's own fit: log base, its noise sum (`_Sums.noise`), tokens and requests behind it."""
+
+    pod: Pod
+    log_base: float
+    noise: float
+    tokens: float
+    requests: float
+    age: float  # seconds since its last request was measured
+
+
+def _posteriors(pods: list[Pod], own: Mapping[PodKey, _Own]) -> dict[PodKey, tuple[float, float]]:
+    """(base, spread) per pod: its own fit weighed against its GPU type's, by the evidence behind each.
+
+    A pod's own base from a few short requests is noise beside its siblings' many; one from many
+    requests stands on its own (a noisy neighbour, a throttled GPU stays seen as slower). On a log
+    scale: the pod's own estimate has variance (per-token noise of its type) / (its tokens); its prior
+    is the precision-weighted mean of its siblings' (the other pods of its type, each widened by
+    TYPE_SPREAD), else of the model's other types (MODEL_SPREAD). The posterior is their precision-
+    weighted mean. While nothing measures a pod its own figure loses certainty (DRIFT_PER_SECOND):
+    its estimate drifts back to its type's and its spread widens, until its scores tie with the best
+    and a request re-measures it.
+    """
+    noise: dict[tuple[str, str], list[float]] = {}
+    for o in own.values():
+        acc = noise.setdefault((o.pod.model, o.pod.gpu), [NOISE_PRIOR * NOISE_PRIOR_REQUESTS,
+                                                           NOISE_PRIOR_REQUESTS])
+        acc[0] += o.noise
+        acc[1] += o.requests
+    variance = {}  # of each pod's own log base
+    for k, o in own.items():
+        total, requests = noise[(o.pod.model, o.pod.gpu)]
+        variance[k] = total / requests / o.tokens + DRIFT_PER_SECOND * o.age
+    groups: dict[tuple[str, str], list[float]] = {}  # Σ precision × log base, Σ precision
+    for k, o in own.items():
+        for group, spread in (((o.pod.model, o.pod.gpu), TYPE_SPREAD), ((o.pod.model, ""), MODEL_SPREAD)):
+            precision = 1.0 / (variance[k] + spread * spread)
+            acc = groups.setdefault(group, [0.0, 0.0])
+            acc[0] += precision * o.log_base
+            acc[1] += precision
+    out: dict[PodKey, tuple[float, float]] = {}
     for p in pods:
-        b = bases.get(p.key)
-        if b is None:
+        o = own.get(p.key)
+        prior = _prior(p, o, variance.get(p.key, 0.0), groups)
+        if o is None and prior is None:
             continue
-        for group in {(p.model, p.gpu), (p.model, "")}:
-            acc = sums.setdefault(group, [0.0, 0])
-            acc[0] += 1.0 / b
-            acc[1] += 1
-    return {g: n / total for g, (total, n) in sums.items()}
+        mean = precision = 0.0
+        if o is not None:  # its variance is > 0: the noise sums start at the prior's
+            mean, precision = o.log_base / variance[p.key], 1.0 / variance[p.key]
+        if prior is not None:
+            mean += prior[0] / prior[1]
+            precision += 1.0 / prior[1]
+        out[p.key] = (math.exp(mean / precision), math.sqrt(1.0 / precision))
+    return out
+
+
+def _prior(pod: Pod, own: _Own | None, variance: float,
+           groups: Mapping[tuple[str, str], list[float]]) -> tuple[float, float] | None:
+    """(log base, variance) the pod's siblings say it has: its type's other pods, else the model's
+    other types'; None when no other pod has a fit."""
+    for group, spread in (((pod.model, pod.gpu), TYPE_SPREAD), ((pod.model, ""), MODEL_SPREAD)):
+        acc = groups.get(group)
+        if acc is None:
+            continue
+        total, precision = acc
+        if own is not None:  # leave the pod itself out
+            mine = 1.0 / (variance + spread * spread)
+            total, precision = total - mine * own.log_base, precision - mine
+        if precision > 1e-9:
+            return total / precision, 1.0 / precision + spread * spread
+    return None
 
 
 class LoadIntegral:
