@@ -82,6 +82,8 @@ class Accounting:
 
     def _health_changed(self, key: PodKey, healthy: bool) -> None:
         """A pod left or rejoined routing (a response, scrape or probe): the cached view follows now."""
+        if healthy:
+            self.speed.restarted(key)
         view = self._live.get(key)
         if view is not None:
             view.healthy = healthy

@@ -320,6 +320,13 @@ class SpeedEstimator:
     def speeds(self) -> Mapping[PodKey, Speed]:
         return self._speeds
 
+    def restarted(self, key: PodKey) -> None:
+        """The pod answers again after being out of routing: likely a new engine process, so what was
+        measured before says little. Its own figures go; until re-measured it competes at its type's
+        (and ties with its siblings, so it is re-measured at once)."""
+        self._pods.pop(key, None)
+        self._speeds.pop(key, None)
+
     def forget(self, live: Iterable[PodKey]) -> None:
         live = set(live)
         for table in (self._pods, self._speeds):
