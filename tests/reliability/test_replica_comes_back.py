@@ -115,7 +115,6 @@ async def test_a_restarted_replica_serves_again_within_10_s(stack: LocalStack, s
         set_faults(sims["a1"], {})
         for _ in range(30):
             await ask(session, stack)
-        print({p: stack.sample("extproc_pod_time_per_output_token_seconds", pod=p) for p in GPUS})
         healthy, served, seen = await restart(stack, sims, log_dir, "a1", session, workers)
         print(f"workers={workers}: healthy after {healthy:.2f} s, first request after {served:.2f} s, "
               f"{len(seen)} requests")
