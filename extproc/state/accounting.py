@@ -124,6 +124,16 @@ class Accounting:
         if span > 0 and tpot > 0:
             self.speed.observe(record.pod.key, tpot, (load_now - load_then) / span, out - 1, now)
 
+    def _share_speed(self) -> None:
+        """Publish this gateway's speed evidence and fold in the other gateways' (state/speed.py)."""
+        peers = self.shared.peer_speed()
+        for pod in self._tracked:
+            key = pod.key
+            evidence = self.speed.export(key)
+            if evidence is not None:
+                self.shared.share_speed(key, evidence)
+            self.speed.merge_peers(key, peers.get(key, ()))
+
     def credit(self, pod: Pod, tokens: int | None) -> None:
         """Completed output tokens of one request (also for a request this gateway did not route,
         e.g. one that outlived a restart: the pod still did the work)."""
@@ -156,6 +166,7 @@ class Accounting:
             sample = self.samples(pod.key, now)
             if sample is not None:
                 self.speed.observe_kv(pod.key, sample.running, sample.kv_usage, now)
+        self._share_speed()
         self.speed.refresh(self._tracked, now)
 
     def forget(self, live: Iterable[PodKey]) -> None:

@@ -13,9 +13,10 @@ few requests at any batch, and the slope it cannot see comes from its siblings.
 
 Observations come from what the gateway already has for every streamed request: its time per output
 token from the access-log timings ((e2e − ttfb) / (tokens − 1)), and the mean in-flight count on its pod
-over its life (a `LoadIntegral` of the cross-gateway running count). Each gateway fits from its own
-records; every record measures the same pod, so gateways agree without sharing, whatever share of
-the traffic each routes (the spec's 1/N limitation of counted tokens does not arise).
+over its life (a `LoadIntegral` of the cross-gateway running count). Each record reaches one gateway;
+gateways share the sums they fit from (`export` / `merge_peers`, through Redis or the workers'
+segment), so every gateway fits on the fleet's records: one that has routed little, or just started,
+routes on what the others measured. Without the sharing (Redis down) each fits on its own records.
 
 Statistics are exponentially forgotten: `base` over a short horizon (`base_tau`, seconds: a replica
 that slows is seen within a few refreshes), the slope over a long one (`shape_tau`: it needs spread
@@ -37,7 +38,7 @@ has served nothing lately). Without the floor a short-output mix seen at low loa
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from extproc.pool.pod import Pod, PodKey
@@ -88,6 +89,10 @@ class Speed:
         return batch / self.tpot(batch) if batch > 0 else 0.0
 
 
+_SUMS_LEN = 8  # _Sums.vector()
+SPEED_VALUES = 1 + 4 * _SUMS_LEN  # SpeedEstimator.export: when measured, the four shared sums
+
+
 class _Sums:
     """Exponentially forgotten weighted sums for y = tpot against x = batch (n: observations)."""
 
@@ -108,6 +113,22 @@ class _Sums:
             self.yy *= f
             self.n *= f
             self.t = now
+
+    def vector(self) -> tuple[float, ...]:
+        return self.t, self.w, self.x, self.y, self.xx, self.xy, self.yy, self.n
+
+    def merge(self, vector: Sequence[float], now: float, tau: float) -> None:
+        """Add another gateway's sums (`vector`), both forgotten to `now` (decay is linear)."""
+        self.decay(now, tau)
+        t, *values = vector
+        f = math.exp(-(now - t) / tau) if now > t else 1.0
+        self.w += f * values[0]
+        self.x += f * values[1]
+        self.y += f * values[2]
+        self.xx += f * values[3]
+        self.xy += f * values[4]
+        self.yy += f * values[5]
+        self.n += f * values[6]
 
     def add(self, x: float, y: float, w: float) -> None:
         self.w += w
@@ -163,6 +184,11 @@ class _Pod:
     mix: _Sums      # per request: x = output tokens, y = prompt tokens (their ratio: the mix)
     measured: float = 0.0  # when its last time per token was observed
 
+    def shared(self) -> tuple[_Sums, _Sums, _Sums, _Sums]:
+        """The sums gateways share: each counts the records that gateway received. Not `kv`: every
+        gateway scrapes every engine itself."""
+        return self.recent, self.long, self.prefill, self.mix
+
     def prompt_per_output(self) -> float | None:
         m = self.mix
         return m.y / m.x if m.x > 0 else None
@@ -179,6 +205,7 @@ class SpeedEstimator:
         self.base_tau, self.shape_tau, self.kv_tau = base_tau, shape_tau, kv_tau
         self._pods: dict[PodKey, _Pod] = {}
         self._speeds: dict[PodKey, Speed] = {}
+        self._peers: dict[PodKey, list[list[float]]] = {}  # other gateways' `export`s
 
     def _pod(self, key: PodKey, now: float) -> _Pod:
         pod = self._pods.get(key)
@@ -224,9 +251,10 @@ class SpeedEstimator:
     def refresh(self, pods: Iterable[Pod], now: float, max_batch: float = 256.0) -> None:
         """Refit every pod: the shapes per GPU type and model, then each pod's base."""
         pods = list(pods)
+        states = self._evidence(pods, now)
         slopes: dict[tuple[str, str], list[tuple[float, float]]] = {}
         for p in pods:
-            state = self._pods.get(p.key)
+            state = states.get(p.key)
             if state is None:
                 continue
             state.recent.decay(now, self.base_tau)
@@ -254,7 +282,7 @@ class SpeedEstimator:
             shapes[group] = num / den
         own: dict[PodKey, _Own] = {}
         for p in pods:
-            state = self._pods.get(p.key)
+            state = states.get(p.key)
             if state is not None:
                 shape = shapes[(p.model, p.gpu)]
                 sums = state.recent if state.recent.w >= MIN_BASE_TOKENS else state.long
@@ -263,7 +291,7 @@ class SpeedEstimator:
                     own[p.key] = _Own(p, math.log(b), sums.noise(b, shape), sums.w, sums.n,
                                       max(0.0, now - state.measured))
         posteriors = _posteriors(pods, own)
-        prefill, mixes = self._pooled(pods, now)
+        prefill, mixes = self._pooled(pods, states, now)
         self._speeds = {}
         for p in pods:
             posterior = posteriors.get(p.key)
@@ -276,7 +304,7 @@ class SpeedEstimator:
             prior_k, prior_info = model_shape.get(p.model, (0.0, 0.0))
             steep = max(shape, prior_k / prior_info if prior_info > 0 else 0.0)
             batch = max_batch
-            state = self._pods.get(p.key)
+            state = states.get(p.key)
             kv = state.kv_per_request() if state is not None else None
             if kv:
                 batch = max(1.0, min(batch, 1.0 / kv))
@@ -287,7 +315,8 @@ class SpeedEstimator:
             per_token = max(base * (1.0 + steep * batch) / batch, (1.0 + mix) * per_prompt)
             self._speeds[p.key] = Speed(base, shape, 1.0 / per_token, batch, spread)
 
-    def _pooled(self, pods: list[Pod], now: float) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
+    def _pooled(self, pods: list[Pod], states: Mapping[PodKey, _Pod],
+                now: float) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
         """Seconds of prefill per prompt token per (model, GPU type), and prompt tokens per output
         token per model. Prefill: the slope of time to first token against prompt length, pooled
         over the type's pods by information; where no pod has spread in its prompts, the type's mean
@@ -295,7 +324,7 @@ class SpeedEstimator:
         prefill: dict[tuple[str, str], list[float]] = {}  # Σb·info, Σinfo, Σttft, Σprompt
         mix: dict[str, list[float]] = {}  # Σprompt, Σoutput
         for p in pods:
-            state = self._pods.get(p.key)
+            state = states.get(p.key)
             if state is None:
                 continue
             state.prefill.decay(now, self.shape_tau)
@@ -320,16 +349,58 @@ class SpeedEstimator:
     def speeds(self) -> Mapping[PodKey, Speed]:
         return self._speeds
 
+    # -- what other gateways measured ----------------------------------------------------------------
+
+    def export(self, key: PodKey) -> list[float] | None:
+        """This gateway's own evidence on a pod, for the others (`merge_peers`): every record reaches
+        one gateway, so the gateways' sums add up to the fleet's."""
+        pod = self._pods.get(key)
+        if pod is None:
+            return None
+        return [pod.measured, *(v for sums in pod.shared() for v in sums.vector())]
+
+    def merge_peers(self, key: PodKey, vectors: Iterable[list[float]]) -> None:
+        """Other gateways' evidence on a pod (their `export`), replacing what they said before;
+        nothing when they are not heard from (Redis down): this gateway fits on its own records."""
+        peers = [v for v in vectors if len(v) == SPEED_VALUES and all(map(math.isfinite, v))]
+        if peers:
+            self._peers[key] = peers
+        else:
+            self._peers.pop(key, None)
+
+    def _evidence(self, pods: list[Pod], now: float) -> dict[PodKey, _Pod]:
+        """Each pod's sums: its own, plus the other gateways' decayed to now."""
+        out: dict[PodKey, _Pod] = {}
+        taus = (self.base_tau, self.shape_tau, self.shape_tau, self.shape_tau)
+        for p in pods:
+            own = self._pods.get(p.key)
+            peers = self._peers.get(p.key)
+            if not peers:
+                if own is not None:
+                    out[p.key] = own
+                continue
+            merged = _Pod(_Sums(now), _Sums(now), own.kv if own is not None else _Sums(now),
+                          _Sums(now), _Sums(now))
+            for source in (self.export(p.key), *peers):
+                if source is None:
+                    continue
+                merged.measured = max(merged.measured, source[0])
+                for i, (sums, tau) in enumerate(zip(merged.shared(), taus)):
+                    sums.merge(source[1 + i * _SUMS_LEN:1 + (i + 1) * _SUMS_LEN], now, tau)
+            out[p.key] = merged
+        return out
+
     def restarted(self, key: PodKey) -> None:
         """The pod answers again after being out of routing: likely a new engine process, so what was
         measured before says little. Its own figures go; until re-measured it competes at its type's
         (and ties with its siblings, so it is re-measured at once)."""
         self._pods.pop(key, None)
         self._speeds.pop(key, None)
+        self._peers.pop(key, None)  # theirs too, until they re-measure it and say so
 
     def forget(self, live: Iterable[PodKey]) -> None:
         live = set(live)
-        for table in (self._pods, self._speeds):
+        for table in (self._pods, self._speeds, self._peers):
             for key in [k for k in table if k not in live]:
                 del table[key]
 

@@ -5,8 +5,11 @@ supports drifts back to its type's and widens until a request re-measures it."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
+
+import pytest
 
 from extproc.openai import Request
 from extproc.pool.pod import Pod
@@ -126,3 +129,53 @@ def test_the_only_pod_of_its_type_is_re_measured_once_its_evidence_is_old():
             break
     assert quiet is not None and quiet >= 3, quiet  # occasional: not within the first minutes
     assert est.speed(V100.key).base > 0.015  # still valued as the slower GPU it is
+
+
+# -- shared between gateways ---------------------------------------------------------------------
+
+def test_a_gateway_that_routed_nothing_fits_on_what_the_others_measured():
+    rng = random.Random(5)
+    a, b = SpeedEstimator(), SpeedEstimator()
+    t = 0.0
+    for _ in range(60):  # a routes everything
+        t = short_requests(a, A[0], 0.010, 1, t, rng, tokens=100, noise=0.05)
+        t = short_requests(a, A[1], 0.013, 1, t, rng, tokens=100, noise=0.05)
+    a.refresh(A[:2], t)
+    b.refresh(A[:2], t)
+    assert b.speed(A[0].key) is None  # on its own, b knows nothing
+    for pod in A[:2]:
+        b.merge_peers(pod.key, [a.export(pod.key)])
+    b.refresh(A[:2], t + 0.5)
+    a.refresh(A[:2], t + 0.5)
+    for pod in A[:2]:
+        assert b.speed(pod.key).base == pytest.approx(a.speed(pod.key).base, rel=1e-6)
+        assert b.speed(pod.key).saturated == pytest.approx(a.speed(pod.key).saturated, rel=1e-6)
+    b.merge_peers(A[0].key, [])  # the others no longer heard from: its own records only
+    b.refresh(A[:2], t + 1.0)
+    assert b.speed(A[0].key).spread > a.speed(A[0].key).spread
+
+
+def test_evidence_from_both_gateways_adds_up_to_one_fit():
+    """Two gateways that each got half the records fit what one gateway with all of them fits."""
+    rng = random.Random(6)
+    one, a, b = SpeedEstimator(), SpeedEstimator(), SpeedEstimator()
+    t = 0.0
+    for i in range(200):
+        t += 0.1
+        batch = rng.uniform(1, 30)
+        tpot = 0.010 * (1 + 0.02 * batch) * rng.uniform(0.95, 1.05)
+        one.observe(A[0].key, tpot, batch, 50, t)
+        (a if i % 2 else b).observe(A[0].key, tpot, batch, 50, t)
+    a.merge_peers(A[0].key, [b.export(A[0].key)])
+    one.refresh([A[0]], t)
+    a.refresh([A[0]], t)
+    assert a.speed(A[0].key).base == pytest.approx(one.speed(A[0].key).base, rel=1e-6)
+    assert a.speed(A[0].key).shape == pytest.approx(one.speed(A[0].key).shape, rel=1e-6)
+
+
+def test_malformed_peer_evidence_is_ignored():
+    est = SpeedEstimator()
+    short_requests(est, A[0], 0.010, 5, 0.0, random.Random(7), tokens=50)
+    est.merge_peers(A[0].key, [[1.0, 2.0], [math.nan] * len(est.export(A[0].key))])
+    est.refresh([A[0]], 2.0)
+    assert est.speed(A[0].key).base == pytest.approx(0.010, rel=0.3)
