@@ -20,7 +20,8 @@ Edge cases, as the spec lists them (under `speed`, all but the idle rule):
   * kvFree < kvCritical → +Inf: skipped when load-balance routes alone, a strong penalty when blended;
   * every pod at +Inf → the request still routes, to the pod with the most KV headroom;
   * idle (no load) → 0 whatever the capacity, so idle pods are preferred;
-  * ties → least combined GPU + CPU KV usage, then at random.
+  * ties → least combined GPU + CPU KV usage, then at random; under `speed`, scores closer than the
+    estimates' spreads (TIE_Z standard errors) are ties too (`tie_within_spread`).
 """
 
 from __future__ import annotations
