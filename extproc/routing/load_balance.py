@@ -80,7 +80,7 @@ class LoadBalanceScorer:
             else:
                 scores = [INF if x else b * (1.0 + k * (load + 1.0)) * p
                           for x, b, k, p, load in zip(c.critical, base, shape, penalty, loads)]
-            return tie_within_spread(scores, c.spread)
+            return tie_within_spread(scores, c.spread, c.widest)
         caps, penalty = c.caps, c.penalty
         if c.reported:  # every pod reports a number: idle needs no case of its own (0 / cap = 0)
             return [INF if x else load / cap * p for x, load, cap, p in zip(c.critical, loads, caps, penalty)]
@@ -101,8 +101,8 @@ class LoadBalanceScorer:
             shape = [0.0 if x else sp.shape for x, sp in zip(flags, speeds)]
             # the fold holds while every load is finite (INF x (1 + 0 x inf) would be NaN)
             folded = queued is None or all(map(math.isfinite, queued))
-            spread = [TIE_Z * sp.spread for sp in speeds]
-            return _Columns(queued, flags, (base, shape, penalty), folded, spread=spread)
+            spread = [(TIE_Z * sp.spread) ** 2 for sp in speeds]
+            return _Columns(queued, flags, (base, shape, penalty), folded, spread=spread, widest=max(spread))
         reported = None not in kvs and (t := sum(kvs)) == t  # type: ignore[operator]  # no None, no NaN
         # 1 + α·(1 − kvFree)², computed as load_balance_score does (unreported: fully free)
         penalty = [1.0 + alpha * (u := 1.0 - (1.0 if k is None or k != k else k)) * u for k in kvs]
@@ -120,7 +120,8 @@ class _Columns:
     caps: list[float] = field(default_factory=list)     # capacity: observed (or no speed fitted yet)
     penalty: list[float] = field(default_factory=list)
     reported: bool = False            # every pod reports its KV usage
-    spread: list[float] = field(default_factory=list)  # TIE_Z × each speed's spread (log scale)
+    spread: list[float] = field(default_factory=list)  # (TIE_Z × each speed's spread)², log scale
+    widest: float = 0.0                                # the largest of them
 
 
 _kv_free = attrgetter("kv_free")
@@ -128,19 +129,24 @@ _speed = attrgetter("speed")
 _is_none = partial(is_, None)
 
 
-def tie_within_spread(scores: list[float], spread: Sequence[float]) -> list[float]:
+def tie_within_spread(scores: list[float], variance: Sequence[float], widest: float) -> list[float]:
     """Scores the estimates cannot tell from the best set equal to it (the spec's tie rule then
     decides: least KV usage, then at random): two pods whose speeds are known from a few requests each
-    share the traffic that re-measures them instead of the one measured faster by chance taking all."""
+    share the traffic that re-measures them instead of the one measured faster by chance taking all.
+    `variance`: per pod (TIE_Z × its spread)², `widest` the largest; scores are compared on a log scale."""
     best = min(scores)
-    if not 0.0 < best < INF:
+    if not 0.0 < best < INF or widest == 0.0:
         return scores
-    i = scores.index(best)
-    mine = spread[i] * spread[i]
-    if mine == 0.0 and not any(spread):
+    mine = variance[scores.index(best)]
+    limit = best * math.exp(math.sqrt(mine + widest))  # no pod above this can tie: one cheap pass
+    near = [i for i, s in enumerate(scores) if s <= limit and s != best]
+    if not near:
         return scores
-    return [best if s != best and math.log(s / best) <= math.sqrt(mine + d * d) else s
-            for s, d in zip(scores, spread)]
+    out = list(scores)
+    for i in near:
+        if math.log(scores[i] / best) <= math.sqrt(mine + variance[i]):
+            out[i] = best
+    return out
 
 
 def kv_penalty(kv_free: float | None, alpha: float) -> float:
