@@ -20,8 +20,8 @@ Edge cases, as the spec lists them (under `speed`, all but the idle rule):
   * kvFree < kvCritical → +Inf: skipped when load-balance routes alone, a strong penalty when blended;
   * every pod at +Inf → the request still routes, to the pod with the most KV headroom;
   * idle (no load) → 0 whatever the capacity, so idle pods are preferred;
-  * ties → least combined GPU + CPU KV usage, then at random; under `speed`, scores closer than the
-    estimates' spreads (TIE_Z standard errors) are ties too (`tie_within_spread`).
+  * ties → least combined GPU + CPU KV usage, then at random; under `speed`, idle pods whose scores
+    are closer than the estimates' spreads (TIE_Z standard errors) tie too (`tie_within_spread`).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class LoadBalanceScorer:
             else:
                 scores = [INF if x else b * (1.0 + k * (load + 1.0)) * p
                           for x, b, k, p, load in zip(c.critical, base, shape, penalty, loads)]
-            return tie_within_spread(scores, c.spread, c.widest)
+            return tie_within_spread(scores, loads, c.spread, c.widest)
         caps, penalty = c.caps, c.penalty
         if c.reported:  # every pod reports a number: idle needs no case of its own (0 / cap = 0)
             return [INF if x else load / cap * p for x, load, cap, p in zip(c.critical, loads, caps, penalty)]
@@ -129,17 +129,27 @@ _speed = attrgetter("speed")
 _is_none = partial(is_, None)
 
 
-def tie_within_spread(scores: list[float], variance: Sequence[float], widest: float) -> list[float]:
-    """Scores the estimates cannot tell from the best set equal to it (the spec's tie rule then
-    decides: least KV usage, then at random): two pods whose speeds are known from a few requests each
-    share the traffic that re-measures them instead of the one measured faster by chance taking all.
-    `variance`: per pod (TIE_Z × its spread)², `widest` the largest; scores are compared on a log scale."""
+def tie_within_spread(scores: list[float], loads: Sequence[float], variance: Sequence[float],
+                      widest: float) -> list[float]:
+    """Idle pods whose scores the estimates cannot tell apart get the best one's score (the spec's tie
+    rule then decides: least KV usage, then at random): two pods whose speeds are known from a few
+    requests each share the traffic that re-measures them, instead of the one measured faster by
+    chance taking all of it.
+
+    Only between idle pods, where the score is the speed estimate alone. Under load a score also holds
+    exact counts that move with every decision, and every loaded pod is being re-measured anyway;
+    tying there handed requests to the stale KV tie-break (fleet simulation, burst: TTFT p99 290 ms
+    against 208 without, a 20-deep queue). `variance`: per pod (TIE_Z × its spread)², `widest` the
+    largest; scores are compared on a log scale."""
     best = min(scores)
     if not 0.0 < best < INF or widest == 0.0:
         return scores
-    mine = variance[scores.index(best)]
+    at = scores.index(best)
+    if loads[at] != 0:
+        return scores
+    mine = variance[at]
     limit = best * math.exp(math.sqrt(mine + widest))  # no pod above this can tie: one cheap pass
-    near = [i for i, s in enumerate(scores) if s <= limit and s != best]
+    near = [i for i, s in enumerate(scores) if s <= limit and s != best and loads[i] == 0]
     if not near:
         return scores
     out = list(scores)
