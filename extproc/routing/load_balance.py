@@ -131,23 +131,19 @@ _is_none = partial(is_, None)
 
 def tie_within_spread(scores: list[float], loads: Sequence[float], variance: Sequence[float],
                       widest: float) -> list[float]:
-    """Idle pods whose scores the estimates cannot tell apart get the best one's score (the spec's tie
-    rule then decides: least KV usage, then at random): two pods whose speeds are known from a few
-    requests each share the traffic that re-measures them, instead of the one measured faster by
-    chance taking all of it.
+    """Idle pods whose scores the estimates cannot tell from the best get the best one's score (the
+    spec's tie rule then decides: least KV usage, then at random): two pods whose speeds are known from
+    a few requests each share the traffic that re-measures them, instead of the one measured faster by
+    chance taking all of it; and an idle pod no worse by what is known beats a busy one.
 
-    Only between idle pods, where the score is the speed estimate alone. Under load a score also holds
-    exact counts that move with every decision, and every loaded pod is being re-measured anyway;
-    tying there handed requests to the stale KV tie-break (fleet simulation, burst: TTFT p99 290 ms
-    against 208 without, a 20-deep queue). `variance`: per pod (TIE_Z × its spread)², `widest` the
+    Only idle pods are lifted: a loaded pod's score also holds exact counts that move with every
+    decision, and it is being re-measured anyway. Tying loaded pods handed requests to the stale KV
+    tie-break (fleet simulation, burst: TTFT p99 290 ms against 208 without, a 20-deep queue). `variance`: per pod (TIE_Z × its spread)², `widest` the
     largest; scores are compared on a log scale."""
     best = min(scores)
     if not 0.0 < best < INF or widest == 0.0:
         return scores
-    at = scores.index(best)
-    if loads[at] != 0:
-        return scores
-    mine = variance[at]
+    mine = variance[scores.index(best)]
     limit = best * math.exp(math.sqrt(mine + widest))  # no pod above this can tie: one cheap pass
     near = [i for i, s in enumerate(scores) if s <= limit and s != best and loads[i] == 0]
     if not near:

@@ -80,9 +80,11 @@ class Accounting:
         if view is not None:
             view.running += 1 + getattr(self.shared, "peers", 0)  # see SyncCore.routing_running
 
-    def _health_changed(self, key: PodKey, healthy: bool) -> None:
-        """A pod left or rejoined routing (a response, scrape or probe): the cached view follows now."""
-        if healthy:
+    def _health_changed(self, key: PodKey, healthy: bool, restarted: bool = False) -> None:
+        """A pod left or rejoined routing (a response, scrape or probe): the cached view follows now.
+        Back after its address refused connections, it is likely a new engine: re-measured from its
+        type's figure (a pod out for slow scrapes keeps what was measured)."""
+        if restarted:
             self.speed.restarted(key)
         view = self._live.get(key)
         if view is not None:
