@@ -134,7 +134,7 @@ def tie_within_spread(scores: list[float], loads: Sequence[float], variance: Seq
     """Idle pods whose scores the estimates cannot tell from the best get the best one's score (the
     spec's tie rule then decides: least KV usage, then at random): two pods whose speeds are known from
     a few requests each share the traffic that re-measures them, instead of the one measured faster by
-    chance taking all of it; and an idle pod no worse by what is known beats a busy one.
+    chance taking all of it; and an idle pod no worse by what is estimated beats a busy one.
 
     Only idle pods are lifted: a loaded pod's score also holds exact counts that move with every
     decision, and it is being re-measured anyway. Tying loaded pods handed requests to the stale KV
@@ -143,15 +143,19 @@ def tie_within_spread(scores: list[float], loads: Sequence[float], variance: Seq
     best = min(scores)
     if not 0.0 < best < INF or widest == 0.0:
         return scores
-    mine = variance[scores.index(best)]
+    at = scores.index(best)
+    mine = variance[at]
     limit = best * math.exp(math.sqrt(mine + widest))  # no pod above this can tie: one cheap pass
     near = [i for i, s in enumerate(scores) if s <= limit and s != best and loads[i] == 0]
     if not near:
         return scores
+    # Beside a busy best, the idle ones go just below it: no worse by what is estimated, better by
+    # what is counted (the KV tie-break could still pick the busy pod: its usage is a scrape old).
+    lifted = best if loads[at] == 0 else math.nextafter(best, 0.0)
     out = list(scores)
     for i in near:
         if math.log(scores[i] / best) <= math.sqrt(mine + variance[i]):
-            out[i] = best
+            out[i] = lifted
     return out
 
 

@@ -179,3 +179,17 @@ def test_malformed_peer_evidence_is_ignored():
     est.merge_peers(A[0].key, [[1.0, 2.0], [math.nan] * len(est.export(A[0].key))])
     est.refresh([A[0]], 2.0)
     assert est.speed(A[0].key).base == pytest.approx(0.010, rel=0.3)
+
+
+def test_an_idle_pod_no_worse_by_its_estimate_beats_a_busy_one():
+    rng = random.Random(8)
+    est = SpeedEstimator()
+    t = 0.0
+    for pod in A:
+        t = short_requests(est, pod, 0.010, 5, t, rng)
+    est.refresh(A, t)
+    views = [PodView(p, running=3 if i == 0 else 0, speed=est.speed(p.key)) for i, p in enumerate(A)]
+    views[0] = PodView(A[0], running=3, speed=est.speed(A[0].key).__class__(
+        est.speed(A[0].key).base * 0.97, 0.0, 1.0, 256, est.speed(A[0].key).spread))  # a shade faster, no slope
+    scored = LoadBalanceScorer(LoadBalanceSettings()).score(REQUEST, views, 0.0)
+    assert scored[1] == scored[2] < scored[0]
