@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated
-
+from typing import TypeVar
 import msgspec
+
+from extproc.lax import LaxError, as_bool, as_int
+
+T = TypeVar("T")
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -78,8 +82,13 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return OpenAIError(400, message, param=param, code=code)
 
 
+# A scalar as JSON gave it: booleans and integers are coerced after decoding as vLLM's pydantic models
+# coerce them in lax mode (`"stream": 1`, `"max_tokens": 16.0`), so the gateway accepts what vLLM accepts.
+_Scalar = bool | int | float | str
+
+
 class _StreamOptions(msgspec.Struct):
-    include_usage: bool | None = None
+    include_usage: _Scalar | None | msgspec.UnsetType = msgspec.UNSET
 
 
 class _Part(msgspec.Struct):
@@ -90,17 +99,14 @@ class _Message(msgspec.Struct):
     content: str | list[_Part] | None = None
 
 
-_Tokens = Annotated[int, msgspec.Meta(ge=0)]
-
-
 class _Body(msgspec.Struct):
     """The fields routing reads; everything else is skipped by the decoder without building objects,
     which is what keeps an 8 MB prompt from stalling the event loop."""
 
     model: str | None = None
-    stream: bool = False
-    max_tokens: _Tokens | None = None
-    max_completion_tokens: _Tokens | None = None
+    stream: _Scalar | None = False
+    max_tokens: _Scalar | None = None
+    max_completion_tokens: _Scalar | None = None
     user: str | None = None
     stream_options: _StreamOptions | None = None
     messages: list[_Message] | msgspec.UnsetType = msgspec.UNSET
@@ -137,13 +143,39 @@ def parse_request(path: str, body: bytes, header_model: str | None = None) -> Re
     model = data.model if data.model is not None else header_model
     if not model:
         raise bad_request("you must provide a model parameter", param="model", code="missing_model")
-    max_tokens = data.max_completion_tokens if data.max_completion_tokens is not None else data.max_tokens
+    max_tokens = _tokens("max_completion_tokens", data.max_completion_tokens)
+    if max_tokens is None:
+        max_tokens = _tokens("max_tokens", data.max_tokens)
+    stream = _lax(as_bool, "stream", data.stream) or False
     prompt = _prompt_text(path, data)
     options = data.stream_options
-    return Request(model=model, path=path, stream=data.stream, prompt_tokens=estimate_tokens(prompt),
+    return Request(model=model, path=path, stream=stream, prompt_tokens=estimate_tokens(prompt),
                    max_tokens=max_tokens, user=data.user, prompt=prompt[:ROUTED_PROMPT_CHARS],
-                   include_usage=bool(options and options.include_usage),
+                   include_usage=options is not None and _include_usage(options),
                    has_stream_options=options is not None)
+
+
+def _lax(coerce: Callable[[object], T], field: str, value: object, param: str | None = None) -> T | None:
+    if value is None:
+        return None
+    try:
+        return coerce(value)
+    except LaxError as exc:
+        raise bad_request(f"invalid request: {exc} - at `$.{field}`", param=param or field) from None
+
+
+def _tokens(field: str, value: object) -> int | None:
+    tokens = _lax(as_int, field, value, param="max_tokens")
+    if tokens is not None and tokens < 0:
+        raise bad_request(f"invalid request: Expected `int` >= 0 - at `$.{field}`", param="max_tokens")
+    return tokens
+
+
+def _include_usage(options: _StreamOptions) -> bool:
+    """vLLM's StreamOptions defaults include_usage to true: `"stream_options": {}` asks for usage."""
+    if options.include_usage is msgspec.UNSET:
+        return True
+    return bool(_lax(as_bool, "stream_options.include_usage", options.include_usage, param="stream_options"))
 
 
 def _prompt_text(path: str, data: _Body) -> str:

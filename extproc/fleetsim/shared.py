@@ -2,7 +2,8 @@
 
 Each simulated gateway runs the live backend's pure half, `extproc.state.sync_core.SyncCore`, over its
 own `LocalCounts`, exactly as `RedisState` does; only Redis itself is replaced, by `SyncHub` (the
-hashes `aibrix:rrq:<pod>` and `extproc:tokens:<pod>`, one field per gateway, plus the heartbeats).
+hashes `aibrix:rrq:<pod>`, `extproc:tokens:<pod>` and `extproc:speed:<pod>`, one field per gateway,
+plus the heartbeats).
 A gateway's own counts are exact; the others' are as of its last sync tick (~100 ms, phases spread),
 so a remote change is seen 0-2 ticks late, as through Redis.
 
@@ -23,12 +24,13 @@ from extproc.state.sync_core import Snapshot, SyncCore, SyncedState, WriteBatch
 class SyncHub:
     """What Redis holds, in memory: per pod, each gateway's field in the running and token hashes."""
 
-    __slots__ = ("share_tokens", "running", "tokens", "heartbeats")
+    __slots__ = ("share_tokens", "running", "tokens", "speed", "heartbeats")
 
     def __init__(self, share_tokens: bool = True) -> None:
         self.share_tokens = share_tokens
         self.running: dict[PodKey, dict[str, int]] = {}
         self.tokens: dict[PodKey, dict[str, int]] = {}
+        self.speed: dict[PodKey, dict[str, str]] = {}  # extproc:speed:<pod>: each gateway's evidence
         self.heartbeats: dict[str, float] = {}
 
     def write(self, field: str, batch: WriteBatch, now: float) -> None:
@@ -38,10 +40,15 @@ class SyncHub:
             self.running.setdefault(key, {})[field] = n
         for key, t in batch.tokens.items():
             self.tokens.setdefault(key, {})[field] = t
+        for key, evidence in batch.speed.items():
+            self.speed.setdefault(key, {})[field] = evidence
 
-    def read(self, field: str, keys: Iterable[PodKey], now: float) -> Snapshot:
-        snap = Snapshot(server_now=now, gateways=dict(self.heartbeats), running={}, tokens={})
+    def read(self, field: str, keys: Iterable[PodKey], now: float, speed: bool = False) -> Snapshot:
+        snap = Snapshot(server_now=now, gateways=dict(self.heartbeats), running={}, tokens={},
+                        speed={} if speed else None)
         for key in keys:
+            if snap.speed is not None:
+                snap.speed[key] = dict(self.speed.get(key, {}))
             snap.running[key] = dict(self.running.get(key, {}))
             tokens = self.tokens.get(key, {})
             if self.share_tokens:
@@ -68,4 +75,4 @@ class SimSharedState(SyncedState):
         batch = self.core.plan(now)
         self.hub.write(self.field, batch, now)
         self.core.confirm(batch, now)
-        self.core.apply(self.hub.read(self.field, list(self.counts.pods), now))
+        self.core.apply(self.hub.read(self.field, list(self.counts.pods), now, batch.read_speed))

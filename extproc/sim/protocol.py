@@ -6,9 +6,13 @@ import json
 import math
 import random
 from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+from extproc.lax import LaxError, as_bool, as_int
 from extproc.sim.prefix import block_hashes, token_block_hashes
+
+T = TypeVar("T")
 
 CHARS_PER_TOKEN = 4.0  # the usual English estimate for BPE tokenizers (OpenAI's "~4 characters per token")
 CHAT_TOKENS_PER_MESSAGE = 4  # role markers and separators a chat template adds per message
@@ -104,24 +108,35 @@ def parse_request(body: Any, chat: bool, block_size: int = 16) -> ParsedRequest:
             raise RequestError(
                 "'prompt' must be a string, a list of token ids, or a one-element list", "prompt"
             )
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (
-        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
-    ):
+    max_tokens = _lax(as_int, body, "max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = _lax(as_int, body, "max_tokens")
+    if max_tokens is not None and max_tokens < 1:
         raise RequestError("max_tokens must be a positive integer", "max_tokens")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise RequestError("'stream' must be a boolean", "stream")
+    stream = bool(_lax(as_bool, body, "stream"))
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise RequestError("'stream_options' must be an object", "stream_options")
-    include_usage = bool(opts and opts.get("include_usage"))
     if opts and not stream:
         raise RequestError("stream_options is only allowed when stream is true", "stream_options")
-    n = body.get("n", 1)
+    # vLLM's StreamOptions defaults include_usage to true: `"stream_options": {}` asks for usage
+    include_usage = opts is not None and _lax(as_bool, opts, "include_usage", True, "stream_options") is True
+    n = _lax(as_int, body, "n", 1)
     if n != 1:
         raise RequestError("the simulator supports n=1 only", "n")
     return ParsedRequest(chat, model, prompt_tokens, max_tokens, stream, include_usage, hashes)
+
+
+def _lax(coerce: Callable[[object], T], fields: dict[str, Any], name: str, default: T | None = None,
+         param: str | None = None) -> T | None:
+    """A field coerced as vLLM's pydantic models coerce it in lax mode (`"stream": 1`, `"n": 1.0`)."""
+    value = fields.get(name, default)
+    if value is None:
+        return None
+    try:
+        return coerce(value)
+    except LaxError as exc:
+        raise RequestError(f"{name}: {exc}", param or name) from None
 
 
 def sample_output_len(rng: random.Random, median: int, limit: int) -> int:

@@ -80,8 +80,12 @@ class Accounting:
         if view is not None:
             view.running += 1 + getattr(self.shared, "peers", 0)  # see SyncCore.routing_running
 
-    def _health_changed(self, key: PodKey, healthy: bool) -> None:
-        """A pod left or rejoined routing (a response, scrape or probe): the cached view follows now."""
+    def _health_changed(self, key: PodKey, healthy: bool, restarted: bool = False) -> None:
+        """A pod left or rejoined routing (a response, scrape or probe): the cached view follows now.
+        Back after its address refused connections, it is likely a new engine: re-measured from its
+        type's figure (a pod out for slow scrapes keeps what was measured)."""
+        if restarted:
+            self.speed.restarted(key)
         view = self._live.get(key)
         if view is not None:
             view.healthy = healthy
@@ -122,6 +126,16 @@ class Accounting:
         if span > 0 and tpot > 0:
             self.speed.observe(record.pod.key, tpot, (load_now - load_then) / span, out - 1, now)
 
+    def _share_speed(self) -> None:
+        """Publish this gateway's speed evidence and fold in the other gateways' (state/speed.py)."""
+        peers = self.shared.peer_speed()
+        for pod in self._tracked:
+            key = pod.key
+            evidence = self.speed.export(key)
+            if evidence is not None:
+                self.shared.share_speed(key, evidence)
+            self.speed.merge_peers(key, peers.get(key, ()))
+
     def credit(self, pod: Pod, tokens: int | None) -> None:
         """Completed output tokens of one request (also for a request this gateway did not route,
         e.g. one that outlived a restart: the pod still did the work)."""
@@ -154,6 +168,7 @@ class Accounting:
             sample = self.samples(pod.key, now)
             if sample is not None:
                 self.speed.observe_kv(pod.key, sample.running, sample.kv_usage, now)
+        self._share_speed()
         self.speed.refresh(self._tracked, now)
 
     def forget(self, live: Iterable[PodKey]) -> None:

@@ -46,6 +46,7 @@ from extproc.state.sync_core import (
     parse_int,
     pod_id,
     running_key,
+    speed_key,
     tokens_key,
 )
 
@@ -145,6 +146,8 @@ class RedisState(SyncedState):
         for _, pod in pods:
             pipe.hgetall(running_key(pod))
             pipe.hgetall(tokens_key(pod))
+            if batch.read_speed:
+                pipe.hgetall(speed_key(pod))
         for key in aibrix_keys:
             pipe.hgetall(key)
         sent = self.clock()
@@ -162,9 +165,13 @@ class RedisState(SyncedState):
                         running={}, tokens={})
         if inbox is not None:
             self.core.receive(next(reads) or ())
+        if batch.read_speed:
+            snap.speed = {}
         for key, _ in pods:
             snap.running[key] = _int_fields(next(reads))
             snap.tokens[key] = _int_fields(next(reads))
+            if snap.speed is not None:
+                snap.speed[key] = next(reads)
         for fields in reads:
             if fields and EXTPROC_MARK not in fields and fields.get("gateway_instance_id") != self.field:
                 n = parse_int(fields.get("requests_running"))
@@ -190,6 +197,11 @@ class RedisState(SyncedState):
         for key, t in batch.tokens.items():
             name = tokens_key(pods[key])
             pipe.hset(name, self.field, t)
+            pipe.expire(name, KEY_TTL_SECONDS)
+            queued += 2
+        for key, evidence in batch.speed.items():
+            name = speed_key(pods[key])
+            pipe.hset(name, self.field, evidence)
             pipe.expire(name, KEY_TTL_SECONDS)
             queued += 2
         for key, n in batch.aibrix.items():

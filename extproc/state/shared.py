@@ -35,6 +35,13 @@ class SharedState(Protocol):
     def take_token_deltas(self) -> dict[PodKey, int]:
         """Completed tokens per pod since the previous call; each token counted once."""
 
+    def share_speed(self, key: PodKey, evidence: list[float]) -> None:
+        """This gateway's own speed evidence on the pod (SpeedEstimator.export), for the others.
+        Never touches the network: sent by the background sync."""
+
+    def peer_speed(self) -> dict[PodKey, list[list[float]]]:
+        """The other live gateways' speed evidence per pod, as last read; empty when not shared."""
+
     def track(self, pods: Iterable[Pod]) -> None:
         """The pool's pods: their shared counts are read even if this gateway never routes to them."""
 
@@ -141,6 +148,12 @@ class LocalState:
 
     def take_token_deltas(self) -> dict[PodKey, int]:
         return self.counts.take_local_deltas()
+
+    def share_speed(self, key: PodKey, evidence: list[float]) -> None:
+        pass  # no one to share with
+
+    def peer_speed(self) -> dict[PodKey, list[list[float]]]:
+        return {}
 
     def track(self, pods: Iterable[Pod]) -> None:
         pass  # nothing to read from elsewhere

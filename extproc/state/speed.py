@@ -13,9 +13,10 @@ few requests at any batch, and the slope it cannot see comes from its siblings.
 
 Observations come from what the gateway already has for every streamed request: its time per output
 token from the access-log timings ((e2e − ttfb) / (tokens − 1)), and the mean in-flight count on its pod
-over its life (a `LoadIntegral` of the cross-gateway running count). Each gateway fits from its own
-records; every record measures the same pod, so gateways agree without sharing, whatever share of
-the traffic each routes (the spec's 1/N limitation of counted tokens does not arise).
+over its life (a `LoadIntegral` of the cross-gateway running count). Each record reaches one gateway;
+gateways share the sums they fit from (`export` / `merge_peers`, through Redis or the workers'
+segment), so every gateway fits on the fleet's records: one that has routed little, or just started,
+routes on what the others measured. Without the sharing (Redis down) each fits on its own records.
 
 Statistics are exponentially forgotten: `base` over a short horizon (`base_tau`, seconds: a replica
 that slows is seen within a few refreshes), the slope over a long one (`shape_tau`: it needs spread
@@ -37,7 +38,7 @@ has served nothing lately). Without the floor a short-output mix seen at low loa
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from extproc.pool.pod import Pod, PodKey
@@ -52,17 +53,33 @@ MAX_SHAPE = 1.0  # a request slowing each other one by more than its base: a fit
 # a slope from a batch that stayed within a request or two is noise, and the type's or model's is used.
 MIN_SPREAD = 2.0
 MIN_PROMPT_SPREAD = 32.0  # likewise for prefill time against prompt length (tokens)
+# How much a pod's own base is to be trusted (see `_posteriors`): the spread of bases among pods of one
+# GPU type (log scale: 0.1 is ±10 %), and among GPU types of one model (a pod with no siblings).
+TYPE_SPREAD = 0.10
+MODEL_SPREAD = 0.50
+# Per-token noise of a request's time per token (relative variance × tokens), before any is measured,
+# and its weight in requests: a 4-token request's figure is ±50 %, a 400-token one's ±5 %.
+NOISE_PRIOR = 1.0
+NOISE_PRIOR_REQUESTS = 4.0
+# A pod's speed can change while nothing measures it (a co-tenant arrives, a clock throttles): its own
+# figure loses this much certainty (variance of the log base) per second since its last request.
+# A minute unmeasured weighs it like its type's figure; ten minutes, a third as much.
+DRIFT_PER_SECOND = TYPE_SPREAD * TYPE_SPREAD / 60.0
+UNKNOWN_SPREAD = 1.0  # a pod known only from nothing: every score within e^2 of the best ties
 
 
 @dataclass(slots=True, frozen=True)
 class Speed:
     """One replica's fitted speed. `saturated`: output tokens/s with `batch` requests in flight,
-    the batch the replica saturates at (engine limit or KV cache), for dashboards and the gate."""
+    the batch the replica saturates at (engine limit or KV cache), for dashboards and the gate.
+    `spread`: the standard error of `base` on a log scale (0.05: ±5 %): scores closer than the
+    estimates' spreads are ties (routing/load_balance.py)."""
 
     base: float           # seconds per output token with no other request in flight
     shape: float          # relative slowdown per request in flight
     saturated: float
     batch: float
+    spread: float = 0.0
 
     def tpot(self, batch: float) -> float:
         return self.base * (1.0 + self.shape * batch)
@@ -72,13 +89,17 @@ class Speed:
         return batch / self.tpot(batch) if batch > 0 else 0.0
 
 
-class _Sums:
-    """Exponentially forgotten weighted sums for y = tpot against x = batch."""
+_SUMS_LEN = 8  # _Sums.vector()
+SPEED_VALUES = 1 + 4 * _SUMS_LEN  # SpeedEstimator.export: when measured, the four shared sums
 
-    __slots__ = ("w", "x", "y", "xx", "xy", "t")
+
+class _Sums:
+    """Exponentially forgotten weighted sums for y = tpot against x = batch (n: observations)."""
+
+    __slots__ = ("w", "x", "y", "xx", "xy", "yy", "n", "t")
 
     def __init__(self, now: float) -> None:
-        self.w = self.x = self.y = self.xx = self.xy = 0.0
+        self.w = self.x = self.y = self.xx = self.xy = self.yy = self.n = 0.0
         self.t = now
 
     def decay(self, now: float, tau: float) -> None:
@@ -89,7 +110,25 @@ class _Sums:
             self.y *= f
             self.xx *= f
             self.xy *= f
+            self.yy *= f
+            self.n *= f
             self.t = now
+
+    def vector(self) -> tuple[float, ...]:
+        return self.t, self.w, self.x, self.y, self.xx, self.xy, self.yy, self.n
+
+    def merge(self, vector: Sequence[float], now: float, tau: float) -> None:
+        """Add another gateway's sums (`vector`), both forgotten to `now` (decay is linear)."""
+        self.decay(now, tau)
+        t, *values = vector
+        f = math.exp(-(now - t) / tau) if now > t else 1.0
+        self.w += f * values[0]
+        self.x += f * values[1]
+        self.y += f * values[2]
+        self.xx += f * values[3]
+        self.xy += f * values[4]
+        self.yy += f * values[5]
+        self.n += f * values[6]
 
     def add(self, x: float, y: float, w: float) -> None:
         self.w += w
@@ -97,6 +136,8 @@ class _Sums:
         self.y += w * y
         self.xx += w * x * x
         self.xy += w * x * y
+        self.yy += w * y * y
+        self.n += 1.0
 
     def line(self, min_spread: float) -> tuple[float, float, float] | None:
         """Least squares y = a + b·x: (a, b, information w·var(x)); None without spread in x."""
@@ -117,13 +158,21 @@ class _Sums:
         a, b, info = fit
         return min(MAX_SHAPE, max(0.0, b / a)), info
 
-    def base(self, shape: float) -> float | None:
+    def base(self, shape: float, min_tokens: float = MIN_BASE_TOKENS) -> float | None:
         """Least-squares `base` of y = base × (1 + shape × x)."""
         den = self.w + 2 * shape * self.x + shape * shape * self.xx
-        if self.w < MIN_BASE_TOKENS or den <= 0:
+        if self.w < min_tokens or self.w <= 0 or den <= 0:
             return None
         value = (self.y + shape * self.xy) / den
         return value if value > 0 else None
+
+    def noise(self, base: float, shape: float) -> float:
+        """Σ over observations of tokens × (relative residual)²: each request's time per token is a
+        mean over its tokens, so its variance falls as 1/tokens and this sum estimates n × the
+        per-token relative variance."""
+        fitted_y = self.y + shape * self.xy                      # Σ w·y·(1 + k·x)
+        fitted_sq = self.w + 2 * shape * self.x + shape * shape * self.xx  # Σ w·(1 + k·x)²
+        return max(0.0, self.yy - 2 * base * fitted_y + base * base * fitted_sq) / (base * base)
 
 
 @dataclass(slots=True)
@@ -133,6 +182,12 @@ class _Pod:
     kv: _Sums      # x: engine running count, y: KV usage (their ratio: KV per request)
     prefill: _Sums  # per streamed request: x = prompt tokens, y = time to first token (w = 1)
     mix: _Sums      # per request: x = output tokens, y = prompt tokens (their ratio: the mix)
+    measured: float = 0.0  # when its last time per token was observed
+
+    def shared(self) -> tuple[_Sums, _Sums, _Sums, _Sums]:
+        """The sums gateways share: each counts the records that gateway received. Not `kv`: every
+        gateway scrapes every engine itself."""
+        return self.recent, self.long, self.prefill, self.mix
 
     def prompt_per_output(self) -> float | None:
         m = self.mix
@@ -150,6 +205,7 @@ class SpeedEstimator:
         self.base_tau, self.shape_tau, self.kv_tau = base_tau, shape_tau, kv_tau
         self._pods: dict[PodKey, _Pod] = {}
         self._speeds: dict[PodKey, Speed] = {}
+        self._peers: dict[PodKey, list[list[float]]] = {}  # other gateways' `export`s
 
     def _pod(self, key: PodKey, now: float) -> _Pod:
         pod = self._pods.get(key)
@@ -163,6 +219,7 @@ class SpeedEstimator:
         if not (tpot > 0 and batch > 0 and tokens > 0) or not math.isfinite(tpot + batch):
             return
         pod = self._pod(key, now)
+        pod.measured = max(pod.measured, now)
         for sums, tau in ((pod.recent, self.base_tau), (pod.long, self.shape_tau)):
             sums.decay(now, tau)
             sums.add(batch, tpot, tokens)
@@ -194,9 +251,10 @@ class SpeedEstimator:
     def refresh(self, pods: Iterable[Pod], now: float, max_batch: float = 256.0) -> None:
         """Refit every pod: the shapes per GPU type and model, then each pod's base."""
         pods = list(pods)
+        states = self._evidence(pods, now)
         slopes: dict[tuple[str, str], list[tuple[float, float]]] = {}
         for p in pods:
-            state = self._pods.get(p.key)
+            state = states.get(p.key)
             if state is None:
                 continue
             state.recent.decay(now, self.base_tau)
@@ -222,30 +280,31 @@ class SpeedEstimator:
                 num += k * info
                 den += info
             shapes[group] = num / den
-        bases: dict[PodKey, float] = {}
+        own: dict[PodKey, _Own] = {}
         for p in pods:
-            state = self._pods.get(p.key)
+            state = states.get(p.key)
             if state is not None:
                 shape = shapes[(p.model, p.gpu)]
-                b = state.recent.base(shape)
-                if b is None:
-                    b = state.long.base(shape)  # quiet lately: its older record, not a stranger's
+                sums = state.recent if state.recent.w >= MIN_BASE_TOKENS else state.long
+                b = sums.base(shape, min_tokens=0.0)  # quiet lately: its older record, not a stranger's
                 if b is not None:
-                    bases[p.key] = b
-        fill = _means(pods, bases)
-        prefill, mixes = self._pooled(pods, now)
+                    own[p.key] = _Own(p, math.log(b), sums.noise(b, shape), sums.w, sums.n,
+                                      max(0.0, now - state.measured))
+        posteriors = _posteriors(pods, own)
+        prefill, mixes = self._pooled(pods, states, now)
         self._speeds = {}
         for p in pods:
-            base = bases.get(p.key) or fill.get((p.model, p.gpu)) or fill.get((p.model, ""))
-            if base is None:
+            posterior = posteriors.get(p.key)
+            if posterior is None:
                 continue
+            base, spread = posterior
             shape = shapes[(p.model, p.gpu)]
             # Past the batches a type was seen at the curve only steepens (steps turn compute-bound),
             # so the saturated figure extrapolates with the steepest slope seen on the model.
             prior_k, prior_info = model_shape.get(p.model, (0.0, 0.0))
             steep = max(shape, prior_k / prior_info if prior_info > 0 else 0.0)
             batch = max_batch
-            state = self._pods.get(p.key)
+            state = states.get(p.key)
             kv = state.kv_per_request() if state is not None else None
             if kv:
                 batch = max(1.0, min(batch, 1.0 / kv))
@@ -254,9 +313,10 @@ class SpeedEstimator:
             if mix is None:  # served nothing lately: valued on the mix its siblings see
                 mix = mixes.get(p.model, 0.0)
             per_token = max(base * (1.0 + steep * batch) / batch, (1.0 + mix) * per_prompt)
-            self._speeds[p.key] = Speed(base, shape, 1.0 / per_token, batch)
+            self._speeds[p.key] = Speed(base, shape, 1.0 / per_token, batch, spread)
 
-    def _pooled(self, pods: list[Pod], now: float) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
+    def _pooled(self, pods: list[Pod], states: Mapping[PodKey, _Pod],
+                now: float) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
         """Seconds of prefill per prompt token per (model, GPU type), and prompt tokens per output
         token per model. Prefill: the slope of time to first token against prompt length, pooled
         over the type's pods by information; where no pod has spread in its prompts, the type's mean
@@ -264,7 +324,7 @@ class SpeedEstimator:
         prefill: dict[tuple[str, str], list[float]] = {}  # Σb·info, Σinfo, Σttft, Σprompt
         mix: dict[str, list[float]] = {}  # Σprompt, Σoutput
         for p in pods:
-            state = self._pods.get(p.key)
+            state = states.get(p.key)
             if state is None:
                 continue
             state.prefill.decay(now, self.shape_tau)
@@ -289,27 +349,134 @@ class SpeedEstimator:
     def speeds(self) -> Mapping[PodKey, Speed]:
         return self._speeds
 
+    # -- what other gateways measured ----------------------------------------------------------------
+
+    def export(self, key: PodKey) -> list[float] | None:
+        """This gateway's own evidence on a pod, for the others (`merge_peers`): every record reaches
+        one gateway, so the gateways' sums add up to the fleet's."""
+        pod = self._pods.get(key)
+        if pod is None:
+            return None
+        return [pod.measured, *(v for sums in pod.shared() for v in sums.vector())]
+
+    def merge_peers(self, key: PodKey, vectors: Iterable[list[float]]) -> None:
+        """Other gateways' evidence on a pod (their `export`), replacing what they said before;
+        nothing when they are not heard from (Redis down): this gateway fits on its own records."""
+        peers = [v for v in vectors if len(v) == SPEED_VALUES and all(map(math.isfinite, v))]
+        if peers:
+            self._peers[key] = peers
+        else:
+            self._peers.pop(key, None)
+
+    def _evidence(self, pods: list[Pod], now: float) -> dict[PodKey, _Pod]:
+        """Each pod's sums: its own, plus the other gateways' decayed to now."""
+        out: dict[PodKey, _Pod] = {}
+        taus = (self.base_tau, self.shape_tau, self.shape_tau, self.shape_tau)
+        for p in pods:
+            own = self._pods.get(p.key)
+            peers = self._peers.get(p.key)
+            if not peers:
+                if own is not None:
+                    out[p.key] = own
+                continue
+            merged = _Pod(_Sums(now), _Sums(now), own.kv if own is not None else _Sums(now),
+                          _Sums(now), _Sums(now))
+            for source in (self.export(p.key), *peers):
+                if source is None:
+                    continue
+                merged.measured = max(merged.measured, source[0])
+                for i, (sums, tau) in enumerate(zip(merged.shared(), taus)):
+                    sums.merge(source[1 + i * _SUMS_LEN:1 + (i + 1) * _SUMS_LEN], now, tau)
+            out[p.key] = merged
+        return out
+
+    def restarted(self, key: PodKey) -> None:
+        """The pod answers again after being out of routing: likely a new engine process, so what was
+        measured before says little. Its own figures go; until re-measured it competes at its type's
+        (and ties with its siblings, so it is re-measured at once)."""
+        self._pods.pop(key, None)
+        self._speeds.pop(key, None)
+        self._peers.pop(key, None)  # theirs too, until they re-measure it and say so
+
     def forget(self, live: Iterable[PodKey]) -> None:
         live = set(live)
-        for table in (self._pods, self._speeds):
+        for table in (self._pods, self._speeds, self._peers):
             for key in [k for k in table if k not in live]:
                 del table[key]
 
 
-def _means(pods: list[Pod], bases: Mapping[PodKey, float]) -> dict[tuple[str, str], float]:
-    """Mean base per (model, GPU type) and per (model, "") over the pods that have one: a new pod
-    competes as an average replica of its type, else of its model (the spec's rule for new pods).
-    Means of tokens/s, as the spec averages capacities, then turned back into seconds per token."""
-    sums: dict[tuple[str, str], list[float]] = {}
+@dataclass(slots=True, frozen=True)
+class _Own:
+    """A pod's own fit: log base, its noise sum (`_Sums.noise`), tokens and requests behind it."""
+
+    pod: Pod
+    log_base: float
+    noise: float
+    tokens: float
+    requests: float
+    age: float  # seconds since its last request was measured
+
+
+def _posteriors(pods: list[Pod], own: Mapping[PodKey, _Own]) -> dict[PodKey, tuple[float, float]]:
+    """(base, spread) per pod: its own fit weighed against its GPU type's, by the evidence behind each.
+
+    A pod's own base from a few short requests is noise beside its siblings' many; one from many
+    requests stands on its own (a noisy neighbour, a throttled GPU stays seen as slower). On a log
+    scale: the pod's own estimate has variance (per-token noise of its type) / (its tokens); its prior
+    is the precision-weighted mean of its siblings' (the other pods of its type, each widened by
+    TYPE_SPREAD), else of the model's other types (MODEL_SPREAD). The posterior is their precision-
+    weighted mean. While nothing measures a pod its own figure loses certainty (DRIFT_PER_SECOND):
+    its estimate drifts back to its type's and its spread widens, until its scores tie with the best
+    and a request re-measures it.
+    """
+    noise: dict[tuple[str, str], list[float]] = {}
+    for o in own.values():
+        acc = noise.setdefault((o.pod.model, o.pod.gpu), [NOISE_PRIOR * NOISE_PRIOR_REQUESTS,
+                                                           NOISE_PRIOR_REQUESTS])
+        acc[0] += o.noise
+        acc[1] += o.requests
+    variance = {}  # of each pod's own log base
+    for k, o in own.items():
+        total, requests = noise[(o.pod.model, o.pod.gpu)]
+        variance[k] = total / requests / o.tokens + DRIFT_PER_SECOND * o.age
+    groups: dict[tuple[str, str], list[float]] = {}  # Σ precision × log base, Σ precision
+    for k, o in own.items():
+        for group, spread in (((o.pod.model, o.pod.gpu), TYPE_SPREAD), ((o.pod.model, ""), MODEL_SPREAD)):
+            precision = 1.0 / (variance[k] + spread * spread)
+            acc = groups.setdefault(group, [0.0, 0.0])
+            acc[0] += precision * o.log_base
+            acc[1] += precision
+    out: dict[PodKey, tuple[float, float]] = {}
     for p in pods:
-        b = bases.get(p.key)
-        if b is None:
+        o = own.get(p.key)
+        prior = _prior(p, o, variance.get(p.key, 0.0), groups)
+        if o is None and prior is None:
             continue
-        for group in {(p.model, p.gpu), (p.model, "")}:
-            acc = sums.setdefault(group, [0.0, 0])
-            acc[0] += 1.0 / b
-            acc[1] += 1
-    return {g: n / total for g, (total, n) in sums.items()}
+        mean = precision = 0.0
+        if o is not None:  # its variance is > 0: the noise sums start at the prior's
+            mean, precision = o.log_base / variance[p.key], 1.0 / variance[p.key]
+        if prior is not None:
+            mean += prior[0] / prior[1]
+            precision += 1.0 / prior[1]
+        out[p.key] = (math.exp(mean / precision), math.sqrt(1.0 / precision))
+    return out
+
+
+def _prior(pod: Pod, own: _Own | None, variance: float,
+           groups: Mapping[tuple[str, str], list[float]]) -> tuple[float, float] | None:
+    """(log base, variance) the pod's siblings say it has: its type's other pods, else the model's
+    other types'; None when no other pod has a fit."""
+    for group, spread in (((pod.model, pod.gpu), TYPE_SPREAD), ((pod.model, ""), MODEL_SPREAD)):
+        acc = groups.get(group)
+        if acc is None:
+            continue
+        total, precision = acc
+        if own is not None:  # leave the pod itself out
+            mine = 1.0 / (variance + spread * spread)
+            total, precision = total - mine * own.log_base, precision - mine
+        if precision > 1e-9:
+            return total / precision, 1.0 / precision + spread * spread
+    return None
 
 
 class LoadIntegral:

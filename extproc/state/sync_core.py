@@ -14,6 +14,9 @@ Redis layout (the issue's; see KEYS below for how it relates to what AIBrix itse
   extproc:tokens:<namespace>/<pod> ours: hash, the same per-gateway field, value = that gateway's
                                    cumulative completed output tokens on the pod since it started
   aibrix:pod:<gateway>:<ns>:<pod>  what AIBrix's gateway really writes and reads (see below)
+  extproc:speed:<namespace>/<pod>  ours: hash, the same per-gateway field, value = a JSON array: the
+                                   sums that gateway fits the pod's speed from (state/speed.py
+                                   `export`), written and read once a heartbeat
   extproc:done:<origin>            ours: list of "<request key> <status>", requests a gateway process
                                    routed whose access-log record reached another (one Envoy's log
                                    stream goes to one replica); the router pops it and releases them
@@ -21,6 +24,7 @@ Redis layout (the issue's; see KEYS below for how it relates to what AIBrix itse
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -36,6 +40,7 @@ from extproc.state.shared import LocalCounts
 RUNNING_PREFIX = "aibrix:rrq:"
 GATEWAYS_KEY = "aibrix:rrq:gateways"
 TOKENS_PREFIX = "extproc:tokens:"
+SPEED_PREFIX = "extproc:speed:"
 AIBRIX_POD_PREFIX = "aibrix:pod:"
 AIBRIX_POD_PATTERN = "aibrix:pod:*"
 KEY_TTL_SECONDS = 600            # the issue's 10-minute expiry of the per-pod hashes
@@ -61,6 +66,10 @@ def tokens_key(pod: Pod) -> str:
     return TOKENS_PREFIX + pod_id(pod)
 
 
+def speed_key(pod: Pod) -> str:
+    return SPEED_PREFIX + pod_id(pod)
+
+
 def aibrix_pod_key(gateway: str, pod: Pod) -> str:
     return f"{AIBRIX_POD_PREFIX}{gateway}:{pod.namespace}:{pod.name}"
 
@@ -82,13 +91,15 @@ class WriteBatch:
     aibrix: dict[PodKey, int] = field(default_factory=dict)    # AIBrix rows: > 0 set, 0 delete
     prune: list[tuple[str, str]] = field(default_factory=list)  # (key, field) of long-dead gateways
     forwards: dict[str, list[str]] = field(default_factory=dict)  # owner -> "<key> <status>" entries
+    speed: dict[PodKey, str] = field(default_factory=dict)     # own speed evidence (JSON), per heartbeat
+    read_speed: bool = False                                   # read the others' with this tick
     # Every own field ever written, zeros included: Redis came back from an older snapshot (RDB), and a
     # count that went to 0 since would otherwise stay there at its old value.
     reassert: bool = False
 
     def __bool__(self) -> bool:
         return bool(self.heartbeat or self.running or self.tokens or self.aibrix or self.prune
-                    or self.forwards)
+                    or self.forwards or self.speed)
 
 
 @dataclass(slots=True)
@@ -98,6 +109,7 @@ class Snapshot:
     running: dict[PodKey, dict[str, int]]              # per pod: gateway field -> in-flight
     tokens: dict[PodKey, dict[str, int]]               # per pod: gateway field -> cumulative tokens
     aibrix: dict[str, int] = field(default_factory=dict)  # "ns/pod" -> AIBrix gateways' in-flight
+    speed: dict[PodKey, dict[str, str]] | None = None  # per pod: gateway field -> its evidence; None: not read
 
 
 class SyncCore:
@@ -124,6 +136,9 @@ class SyncCore:
         self._started: dict[PodKey, int] = {}
         # Access-log records of other gateways' requests, on their way to them; and ours from them.
         self.inbox: str | None = None                   # this gateway process's origin (see Gateway)
+        # Speed evidence: this gateway's own to publish, and the other live gateways' as last read.
+        self.speed_out: dict[PodKey, list[float]] = {}
+        self.peer_speed: dict[PodKey, list[list[float]]] = {}
         self._outbox: dict[str, list[str]] = {}
         self._outbox_size = 0
         self._received: list[tuple[str, int]] = []
@@ -177,6 +192,9 @@ class SyncCore:
                 batch.aibrix[key] = n
         batch.prune = self._prune
         batch.forwards, self._outbox, self._outbox_size = self._outbox, {}, 0
+        if due:  # the fit moves slowly: once a heartbeat is enough, and keeps each tick small
+            batch.read_speed = True
+            batch.speed = {key: json.dumps(v) for key, v in self.speed_out.items() if key in counts.pods}
         # The heartbeat goes first in any batch that writes fields, so a reader that sees our
         # field also sees us alive and never prunes it.
         batch.heartbeat = due or bool(batch.running or batch.tokens)
@@ -228,6 +246,7 @@ class SyncCore:
         """A tick failed: fall back to local counts until a snapshot arrives again."""
         self.up = False
         self._full = True  # Redis may come back empty (restarted): re-assert everything
+        self.peer_speed = {}  # each gateway fits on its own records until Redis is back
 
     def apply(self, snap: Snapshot) -> None:
         """A snapshot read: other live gateways' counts, and token deltas since the last one."""
@@ -250,6 +269,14 @@ class SyncCore:
                 prune.extend((tokens_key(pod), g) for g in fields if g != me and g not in known)
             self._count_tokens(key, fields)
         self.others = others
+        if snap.speed is not None:
+            self.peer_speed = {key: [v for g, raw in fields.items() if g != me and g in live
+                                     if (v := _vector(raw)) is not None]
+                               for key, fields in snap.speed.items()}
+            for key, fields in snap.speed.items():
+                pod = pods.get(key)
+                if pod is not None:
+                    prune.extend((speed_key(pod), g) for g in fields if g != me and g not in known)
         self._prune = prune
         self.up = True
         self.peers = len(live - {me})
@@ -285,7 +312,7 @@ class SyncCore:
     def forget(self, live: list[PodKey] | set[PodKey]) -> None:
         for key in self.counts.forget(live):
             for table in (self.others, self._written_running, self._written_tokens, self._seen,
-                          self._pending):
+                          self._pending, self.speed_out, self.peer_speed):
                 table.pop(key, None)
             # Its AIBrix row (if any) is left to its 500 ms expiry.
             self._written_aibrix.pop(key, None)
@@ -295,6 +322,16 @@ class SyncCore:
 
     def written_aibrix(self) -> list[PodKey]:
         return list(self._written_aibrix)
+
+
+def _vector(raw: str) -> list[float] | None:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(value, list) or not all(isinstance(x, (int, float)) for x in value):
+        return None
+    return [float(x) for x in value]
 
 
 class SyncedState:
@@ -330,6 +367,12 @@ class SyncedState:
 
     def take_token_deltas(self) -> dict[PodKey, int]:
         return self.core.take_token_deltas()
+
+    def share_speed(self, key: PodKey, evidence: list[float]) -> None:
+        self.core.speed_out[key] = evidence
+
+    def peer_speed(self) -> dict[PodKey, list[list[float]]]:
+        return self.core.peer_speed if self.core.up else {}
 
     def track(self, pods: Iterable[Pod]) -> None:
         self.counts.track(pods)

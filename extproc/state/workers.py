@@ -20,6 +20,9 @@ Layout (int64 unless said):
   tokens   workers x slots: the worker's completed output tokens on the pod since it started
   rings    workers x (1 + ring entries): the write count, then slot * 2**11 + delta + 2**10 per change
   inboxes  workers x workers x (2 + inbox entries): written, read, then request number * 2**10 + status
+  speed    workers x slots x (1 + SPEED_VALUES) float64: a sequence number (odd while the worker writes),
+           then the worker's speed evidence on the pod (state/speed.py `export`); a reader that sees
+           the number change under it skips that cell until the next refresh
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ import logging
 import mmap
 import os
 import struct
+from array import array
 from collections.abc import Iterable
 
 from extproc.pool.pod import Pod, PodKey
 from extproc.state.shared import LocalCounts
+from extproc.state.speed import SPEED_VALUES
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,7 @@ _SLOT_SHIFT = 1 << 11
 DEFAULT_INBOX = 1 << 13  # records one worker may pass another between two release passes (0.1 s)
 _STATUS_SHIFT = 1 << 10
 _WORD = 8
+_SPEED_CELL = 1 + SPEED_VALUES
 
 
 class SegmentFull(RuntimeError):
@@ -56,7 +62,8 @@ class SegmentFull(RuntimeError):
 
 def segment_size(workers: int, slots: int = DEFAULT_SLOTS, ring: int = DEFAULT_RING,
                  inbox: int = DEFAULT_INBOX) -> int:
-    words = 2 * workers * slots + workers * (1 + ring) + workers * workers * (2 + inbox)
+    words = (2 * workers * slots + workers * (1 + ring) + workers * workers * (2 + inbox)
+             + workers * slots * _SPEED_CELL)
     return (HEADER_WORDS + words) * _WORD + workers * ORIGIN_BYTES + slots * KEY_BYTES + workers * slots
 
 
@@ -97,7 +104,10 @@ class WorkerState:
         self._running = words[:cells]
         self._tokens = words[cells:2 * cells]
         self._rings = words[2 * cells:2 * cells + workers * (1 + ring)]
-        self._inboxes = words[2 * cells + workers * (1 + ring):]
+        inboxes_at = 2 * cells + workers * (1 + ring)
+        speed_at = inboxes_at + workers * workers * (2 + inbox)
+        self._inboxes = words[inboxes_at:speed_at]
+        self._speed = words[speed_at:].cast("B").cast("d")
         self._own = index * slots               # this worker's row offset
         self._ring_at = index * (1 + ring)
         self.counts = LocalCounts()
@@ -113,6 +123,7 @@ class WorkerState:
             self._running[self._own + slot] = 0
             self._tokens[self._own + slot] = 0
             self._tracked[self._own + slot] = 0
+            self._speed[(self._own + slot) * _SPEED_CELL] = 0.0
 
     # -- slots ----------------------------------------------------------------------------------
 
@@ -254,6 +265,33 @@ class WorkerState:
                 taken[(w, slot)] = total
         return out
 
+    def share_speed(self, key: PodKey, evidence: list[float]) -> None:
+        slot = self._slot.get(key)
+        if slot is None or len(evidence) != SPEED_VALUES:
+            return
+        at = (self._own + slot) * _SPEED_CELL
+        speed = self._speed
+        seq = speed[at]
+        speed[at] = seq + 1.0  # odd: being written
+        speed[at + 1:at + _SPEED_CELL] = memoryview(array("d", evidence))
+        speed[at] = seq + 2.0
+
+    def peer_speed(self) -> dict[PodKey, list[list[float]]]:
+        out: dict[PodKey, list[list[float]]] = {}
+        speed = self._speed
+        for key, slot in self._slot.items():
+            for w in range(self.workers):
+                if w == self.index:
+                    continue
+                at = (w * self.slots + slot) * _SPEED_CELL
+                seq = speed[at]
+                if seq == 0.0 or seq % 2.0:
+                    continue  # never written, or being written
+                evidence = speed[at + 1:at + _SPEED_CELL].tolist()
+                if speed[at] == seq:  # not rewritten while read
+                    out.setdefault(key, []).append(evidence)
+        return out
+
     def track(self, pods: Iterable[Pod]) -> None:
         self._unslotted.clear()
         for pod in pods:
@@ -268,6 +306,7 @@ class WorkerState:
             del self._key_at[slot]
             self._running[self._own + slot] = 0
             self._tracked[self._own + slot] = 0
+            self._speed[(self._own + slot) * _SPEED_CELL] = 0.0
             for w in range(self.workers):
                 self._taken.pop((w, slot), None)
 

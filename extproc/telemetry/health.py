@@ -2,7 +2,9 @@
 
 A pod leaves routing when its engine refuses connections (at once), or after `failures_to_eject`
 consecutive 5xx answers or failed scrapes; it comes back when a probe (or a scrape) succeeds. Probes of
-an ejected pod back off exponentially up to `probe_max`.
+an ejected pod back off exponentially up to `probe_max`: 2 s, so a replica that answers again is back
+in routing within about 2 s (a probe is one GET on a pod that is down: cheap at any fleet size;
+measured in docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -20,16 +22,19 @@ class _State:
     bad_scrapes: int = 0
     backoff: float = 0.0
     next_probe: float = 0.0
+    gone: bool = False  # ejected because nothing answered at its address (refused): the process went away
 
 
 class PodHealth:
-    def __init__(self, failures_to_eject: int = 3, probe_initial: float = 0.5, probe_max: float = 10.0) -> None:
+    def __init__(self, failures_to_eject: int = 3, probe_initial: float = 0.5, probe_max: float = 2.0) -> None:
         self.failures_to_eject = failures_to_eject
         self.probe_initial = probe_initial
         self.probe_max = probe_max
         self._pods: dict[PodKey, _State] = {}
-        # Told (key, healthy) when a pod leaves or rejoins routing: Accounting updates its cached views
-        self.on_change: Callable[[PodKey, bool], None] | None = None
+        # Told (key, healthy, restarted) when a pod leaves or rejoins routing: Accounting updates its
+        # cached views. `restarted`: it rejoins after its address refused connections, so what answers
+        # now is likely a new engine process (slow scrapes or 5xx answers are not that).
+        self.on_change: Callable[[PodKey, bool, bool], None] | None = None
 
     def _state(self, key: PodKey) -> _State:
         s = self._pods.get(key)
@@ -41,25 +46,26 @@ class PodHealth:
         s = self._pods.get(key)
         return s is None or s.healthy
 
-    def _eject(self, key: PodKey, s: _State, now: float) -> None:
+    def _eject(self, key: PodKey, s: _State, now: float, refused: bool = False) -> None:
+        s.gone = s.gone or refused
         if s.healthy:
             s.healthy = False
             s.backoff = self.probe_initial
             s.next_probe = now + s.backoff
             if self.on_change is not None:
-                self.on_change(key, False)
+                self.on_change(key, False, False)
 
     def _admit(self, key: PodKey, s: _State) -> None:
-        was = s.healthy
-        s.healthy = True
+        was, gone = s.healthy, s.gone
+        s.healthy, s.gone = True, False
         s.bad_responses = s.bad_scrapes = 0
         if not was and self.on_change is not None:
-            self.on_change(key, True)
+            self.on_change(key, True, gone)
 
     def observe_response(self, key: PodKey, status: int, connect_failure: bool, now: float) -> None:
         s = self._state(key)
         if connect_failure:
-            self._eject(key, s, now)
+            self._eject(key, s, now, refused=True)
         elif status >= 500:
             s.bad_responses += 1
             if s.bad_responses >= self.failures_to_eject:
@@ -76,7 +82,7 @@ class PodHealth:
             if not s.healthy:
                 self._admit(key, s)
         elif connect_refused:
-            self._eject(key, s, now)
+            self._eject(key, s, now, refused=True)
         else:
             s.bad_scrapes += 1
             if s.bad_scrapes >= self.failures_to_eject:

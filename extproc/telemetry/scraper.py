@@ -33,7 +33,7 @@ def _refused(exc: BaseException) -> bool:
 
 class MetricsScraper:
     def __init__(self, registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.monotonic,
-                 timeout: float = 0.5, stale_after: float = 3.0, max_backoff: float = 10.0) -> None:
+                 timeout: float = 0.5, stale_after: float = 3.0, max_backoff: float = 2.0) -> None:
         self.clock = clock
         self.timeout = timeout
         self.stale_after = stale_after

@@ -4,6 +4,9 @@ round-robin alternates exactly."""
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 
@@ -106,3 +109,25 @@ def test_round_robin_alternates_exactly(stack: LocalStack):
     pods = [ask(stack, f"q{i}", "round-robin") for i in range(9)]
     assert Counter(pods) == {"p0": 3, "p1": 3, "p2": 3}
     assert all(len(set(pods[i:i + 3])) == 3 for i in range(0, 9, 3)), pods
+
+
+def test_lax_fields_are_served_as_vllm_serves_them(stack: LocalStack):
+    """AIBrix's benchmark client sends `"stream": 1`; vLLM's pydantic models read it as true."""
+    body = {"model": MODEL, "stream": 1, "max_tokens": 3.0, "stream_options": {"include_usage": "true"},
+            "messages": [{"role": "user", "content": "lax"}]}
+    status, text = post_json(stack.url + "/v1/chat/completions", body)
+    assert status == 200, text
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    assert events[-1]["usage"]["completion_tokens"] == 3
+    status, text = post_json(stack.url + "/v1/chat/completions", {**body, "stream": 2})
+    assert status == 400 and json.loads(text)["error"]["param"] == "stream"
+
+
+def post_json(url: str, body: dict) -> tuple[int, str]:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+

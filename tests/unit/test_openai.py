@@ -39,9 +39,9 @@ def test_header_model_used_only_when_body_has_none():
     (body(model=3, messages=[{"content": "x"}]), "model"),
     (body(model="m", messages=[]), "messages"),
     (body(model="m", messages=["x"]), "messages"),
-    (body(model="m", messages=[{"content": "x"}], stream="yes"), "stream"),
+    (body(model="m", messages=[{"content": "x"}], stream="maybe"), "stream"),
     (body(model="m", messages=[{"content": "x"}], max_tokens=-1), "max_tokens"),
-    (body(model="m", messages=[{"content": "x"}], max_tokens=True), "max_tokens"),
+    (body(model="m", messages=[{"content": "x"}], max_tokens=1.5), "max_tokens"),
 ])
 def test_bad_requests_are_400_with_param(raw, param):
     with pytest.raises(OpenAIError) as err:

@@ -111,9 +111,17 @@ def test_a_client_asking_for_usage_gets_its_body_untouched(gw: Gateway):
 def test_other_stream_options_are_kept(gw: Gateway):
     s = Stream(gw)
     s.handle(req_headers())
-    r = s.handle(req_body({**CHAT, "stream": True, "stream_options": {"continuous_usage_stats": True}}))
+    r = s.handle(req_body({**CHAT, "stream": True,
+                           "stream_options": {"continuous_usage_stats": True, "include_usage": False}}))
     opts = json.loads(r.request_body.response.body_mutation.body)["stream_options"]
     assert opts == {"continuous_usage_stats": True, "include_usage": True}
+
+
+def test_stream_options_without_include_usage_ask_for_usage_as_in_vllm(gw: Gateway):
+    s = Stream(gw)
+    s.handle(req_headers())
+    r = s.handle(req_body({**CHAT, "stream": True, "stream_options": {"continuous_usage_stats": True}}))
+    assert not r.request_body.response.HasField("body_mutation")  # vLLM's default already asks
 
 
 def test_least_request_spreads_concurrent_requests(gw: Gateway):

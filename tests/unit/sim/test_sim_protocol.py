@@ -91,8 +91,8 @@ def test_parse_valid_requests() -> None:
         ({"model": "m", "messages": []}, "messages"),
         ({"model": "m", "messages": ["x"]}, "messages"),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
-        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": "5"}, "max_tokens"),
-        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": "5.5"}, "max_tokens"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": 2}, "stream"),
         (
             {
                 "model": "m",

@@ -3,6 +3,7 @@ token deltas across outages) and the Redis URL rules."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -326,3 +327,36 @@ def test_retries_while_redis_is_down_are_at_most_about_a_second_apart():
     pauses = [retry_pause(n, 0.1, 1.2) for n in range(1, 12)]
     assert pauses == sorted(pauses) and pauses[0] < 0.5
     assert max(pauses) <= 1.2  # Redis back: each gateway tries again within this, converging within 2 s
+
+
+def test_speed_evidence_is_sent_and_read_once_a_heartbeat_and_dropped_when_redis_is():
+    c = core(heartbeat_interval=1.0)
+    c.speed_out[POD.key] = [1.0, 2.0]
+    first = c.plan(10.0)
+    assert first.read_speed and json.loads(first.speed[POD.key]) == [1.0, 2.0]
+    c.confirm(first, 10.0)
+    assert not c.plan(10.1).read_speed and not c.plan(10.1).speed  # between heartbeats: counts only
+    now = 11.0
+    c.apply(Snapshot(server_now=now, gateways={"gw-live:1": now, "gw-dead:1": now - 10, ME: now},
+                     running={}, tokens={}, speed={POD.key: {
+                         "gw-live:1": "[3.0, 4.0]", "gw-dead:1": "[5.0]", ME: "[1.0, 2.0]", "x": "{"}}))
+    assert c.peer_speed == {POD.key: [[3.0, 4.0]]}  # live others only; garbage skipped
+    c.apply(snap(now + 0.1, {"gw-live:1": now}))  # a tick that did not read speed keeps the last
+    assert c.peer_speed == {POD.key: [[3.0, 4.0]]}
+    c.failed()
+    assert c.peer_speed == {}  # Redis gone: each gateway on its own records
+
+
+def test_workers_share_speed_evidence_through_the_segment():
+    from extproc.state.speed import SPEED_VALUES
+    from extproc.state.workers import WorkerState, create_segment
+    fd = create_segment(2, slots=8, ring=16, inbox=8)
+    one, two = WorkerState(fd, 0), WorkerState(fd, 1)
+    one.track([POD])
+    two.track([POD])
+    assert two.peer_speed() == {}
+    evidence = [float(i) for i in range(SPEED_VALUES)]
+    one.share_speed(POD.key, evidence)
+    assert two.peer_speed() == {POD.key: [evidence]} and one.peer_speed() == {}
+    WorkerState(fd, 0)  # worker 0 restarted: its predecessor's evidence is gone with it
+    assert two.peer_speed() == {}

@@ -95,3 +95,17 @@ def test_routing_views_follow_ejection_and_readmission_at_once():
     assert [v.healthy for v in acc.views("m", pods, 0.02)] == [False, True]  # cached, yet current
     acc.health.probe_result(pods[0].key, True, 0.1)  # a probe succeeded
     assert acc.views("m", pods, 0.11) is views and views[0].healthy  # the same cached views, updated
+
+
+def test_only_a_pod_whose_address_refused_comes_back_as_restarted():
+    """Back after refused connections: likely a new engine, its speed re-measured. Back after slow
+    scrapes or 5xx answers: the same process, what was measured of it stands."""
+    h = PodHealth(failures_to_eject=2)
+    seen: list[tuple[bool, bool]] = []
+    h.on_change = lambda key, healthy, restarted: seen.append((healthy, restarted))
+    h.observe_scrape(KEY, False, connect_refused=False, now=1.0)
+    h.observe_scrape(KEY, False, connect_refused=False, now=2.0)  # timed out twice: out
+    h.observe_scrape(KEY, True, connect_refused=False, now=3.0)
+    h.observe_response(KEY, 0, connect_failure=True, now=4.0)     # nothing listening: out
+    h.probe_result(KEY, True, 5.0)
+    assert seen == [(False, False), (True, False), (False, False), (True, True)]
