@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup redis chromium kubectl test unit integration reliability soak fuzz demo bench bench-memory bench-memory-large bench-sim validate-sim sim-fleet envoy-config clean
+.PHONY: setup redis chromium kubectl interop test unit integration reliability soak fuzz demo bench bench-memory bench-memory-large bench-sim validate-sim sim-fleet envoy-config clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,14 @@ kubectl:
 
 test: setup redis chromium kubectl
 	$(PY) -m pytest -q
+
+# AIBrix's own package (PyPI) in its own virtualenv, run against our stack and files: tests/interop.
+AIBRIX_VENV ?= .venv-aibrix
+interop: setup redis
+	@test -x $(AIBRIX_VENV)/bin/python || { $(PYTHON) -m venv $(AIBRIX_VENV) && \
+	  $(AIBRIX_VENV)/bin/pip install -q --no-deps aibrix==0.8.0 && \
+	  $(AIBRIX_VENV)/bin/pip install -q 'numpy==1.26.4' 'pandas>=2.2.3,<3' 'pulp==2.8.0' 'redis>=5.2,<6' ; }
+	AIBRIX_PYTHON=$(abspath $(AIBRIX_VENV))/bin/python $(PY) -m pytest -q tests/interop
 
 unit: setup kubectl
 	$(PY) -m pytest -q tests/unit
