@@ -6,8 +6,9 @@ the optimizer's own code re-plans from them: `window_ends` + `parse_trace` (what
 then `planning.replan` (rates, the feedback's correction, the MILP) exactly as the live service runs it,
 `ModelState.apply`/`reported` (overrides none, no load: min_replicas). A PodAutoscaler then scales
 each deployment to ceil(metric / targetValue) with the
-metric in hundredths of a replica and targetValue 100, within [min_replicas, the replicas it may run],
-down only to the highest count of the last `stabilization_s` (the HPA's scale-down stabilization), and
+metric in hundredths of a replica and targetValue 100, within [0, the replicas it may run] (the spec
+requires each PodAutoscaler's minReplicas to be 0: `min_replicas` is the optimizer's floor with no load,
+not the autoscaler's), down only to the highest count of the last `stabilization_s` (the HPA's scale-down stabilization), and
 not at all within 10 % of where it is (the HPA's tolerance).
 """
 
@@ -95,15 +96,15 @@ class Optimizer:
         now_asked = {}
         for d, g in self.groups.items():
             metric = self.state.reported(d) * REPLICA_UNITS
-            now_asked[d] = min(g.replicas, max(g.min_replicas, math.ceil(metric / TARGET_VALUE)))
+            now_asked[d] = min(g.replicas, math.ceil(metric / TARGET_VALUE))
         self.asked = [(t, a) for t, a in self.asked if t > now - self.settings.stabilization_s]
         self.asked.append((now, now_asked))
         out = {}
         for d, g in self.groups.items():
             want = max(a[d] for _, a in self.asked)
             have = self.scaled_to.get(d, want)
-            # within the autoscaler's tolerance of where it is, it stays (unless below min_replicas)
-            out[d] = have if abs(want - have) <= TOLERANCE * have and have >= g.min_replicas else want
+            # within the autoscaler's tolerance of where it is, it stays
+            out[d] = have if abs(want - have) <= TOLERANCE * have else want
         self.scaled_to = out
         return out
 
