@@ -8,8 +8,8 @@ then `planning.replan` (rates, the feedback's correction, the MILP) exactly as t
 each deployment to ceil(metric / targetValue) with the
 metric in hundredths of a replica and targetValue 100, within [0, the replicas it may run] (the spec
 requires each PodAutoscaler's minReplicas to be 0: `min_replicas` is the optimizer's floor with no load,
-not the autoscaler's), down only to the highest count of the last `stabilization_s` (the HPA's scale-down stabilization), and
-not at all within 10 % of where it is (the HPA's tolerance).
+not the autoscaler's), down only to the highest count of the last `stabilization_s` (the HPA's
+scale-down stabilization), and not at all within 10 % of where it is (the HPA's tolerance).
 """
 
 from __future__ import annotations

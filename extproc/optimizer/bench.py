@@ -59,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--cells", type=int, default=40)
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--headroom", type=float, default=0.0, help="the plan's beta (the service's default: 0.5)")
+    ap.add_argument("--headroom", type=float, default=0.0,
+                    help="the plan's beta (the service's default: 0.5)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     result = run(args.types, args.cells, args.runs, args.seed, args.headroom)

@@ -31,7 +31,6 @@ from extproc.gpu_profiles import GpuProfile
 from extproc.optimizer.workload import TraceWindow
 from extproc.tracing.window import tpot_of_bucket
 
-
 MAX_STEP_UP = 1.25  # growth per step with room: sqrt(room), between a tenth and a quarter
 
 
