@@ -1,6 +1,6 @@
 """The GPU optimizer in the fleet simulation's loop: it reads the gateways' traces, its plan scales each
-deployment after the provisioning delay, min_replicas holds only without load (the spec), a step in load does not make it flap, and
-`strategy@deployment` runs one deployment only (the spec's Scalar)."""
+deployment after the provisioning delay, min_replicas holds only without load (the spec), a step in load
+does not make it flap, and `strategy@deployment` runs one deployment only (the spec's Scalar)."""
 
 from __future__ import annotations
 
