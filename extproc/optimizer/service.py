@@ -3,7 +3,8 @@
 Routes (AIBrix's gpu_optimizer/app.py, so an AIBrix PodAutoscaler works unchanged):
     GET    /metrics/<namespace>/<deployment>   vllm:deployment_replicas in hundredths of a replica
     PUT    /scale/<namespace>/<deployment>     {"replicas": N} pins it; -1 clears the model's overrides
-    POST   /monitor/<namespace>/<deployment>   watch it (again); a body {"model": ...} adds a new one
+    POST   /monitor/<namespace>/<deployment>   watch it (again); a body {"model": ...} adds a new one; with
+                                               Kubernetes discovery the Deployment must exist (AIBrix)
     DELETE /monitor/<namespace>/<deployment>   stop watching it
     GET    /dash/<model>, /dash/<model>/data   the dashboard and its JSON
     GET    /healthz
@@ -27,7 +28,7 @@ from extproc.cancellation import raise_if_cancelled
 from extproc.gpu_profiles import ProfileStore
 from extproc.openai import OpenAIError
 from extproc.optimizer.dashboard import dashboard_data, render_page
-from extproc.optimizer.deployments import ConfigError, DeploymentSource, parse_deployment
+from extproc.optimizer.deployments import CheckedSource, ConfigError, DeploymentSource, parse_deployment
 from extproc.optimizer.monitor import Fleet, ModelState, NotMonitored
 from extproc.optimizer.planning import HEADROOM, PlanSettings, plan_demands, replan
 from extproc.optimizer.traces import read_windows
@@ -253,6 +254,8 @@ class OptimizerService:
         except NotMonitored:
             pass
         known = self.fleet.known(ns, name)
+        if known is None and isinstance(self.source, CheckedSource):  # it must exist, as AIBrix checks
+            body = {**await self._read_deployment(self.source, ns, name), **body}
         if known is not None and not body:
             self.fleet.start(known, add=False)
         elif body:
@@ -270,6 +273,20 @@ class OptimizerService:
                 "deployment_not_found",
             )
         return web.json_response({"message": "Deployment optimization started"})
+
+    async def _read_deployment(self, source: CheckedSource, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            found = await asyncio.wait_for(source.read(namespace, name), self.settings.io_timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("reading Deployment %s/%s failed: %s: %s", namespace, name, type(e).__name__, e)
+            raise OpenAIError(503, f"could not read Deployment {namespace}/{name} from the Kubernetes API",
+                              type="service_unavailable", code="kubernetes_unavailable") from None
+        if found is None:
+            raise not_found(f"Deployment {namespace}/{name} does not exist (or is outside the watched "
+                            "namespaces)", "deployment_not_found")
+        return found
 
     async def delete_monitor(self, request: web.Request) -> web.Response:
         self.fleet.stop(request.match_info["namespace"], request.match_info["name"])

@@ -19,7 +19,9 @@ import yaml
 
 from extproc.config import parse
 from extproc.envoy_contract import DEFAULT_DESTINATION_HEADER, ENVOY_BUFFER_BYTES
+from extproc.optimizer.deployments import Deployment
 from extproc.optimizer.deployments import load_config as load_optimizer_config
+from extproc.optimizer.kubernetes import deployment_from_object
 from extproc.pool.convert import pod_from_object
 from extproc.pool.settings import DiscoverySettings
 
@@ -240,11 +242,29 @@ def test_patch_policy_adds_the_original_destination_route_and_cluster() -> None:
     assert not regex.fullmatch("/v1/models") and not regex.fullmatch("/metrics")
 
 
-def test_optimizer_deployment_and_config() -> None:
+def test_optimizer_deployment_and_config(tmp_path: Path) -> None:
     docs = render(".")
     dep = one(docs, "Deployment", "extproc-optimizer")
     (container,) = dep["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["extproc", "optimizer"]
+    # discovery on, in every namespace, with read-only access to Deployments and nothing more
+    path = tmp_path / "optimizer.yaml"
+    path.write_text(one(docs, "ConfigMap", "extproc-optimizer-config")["data"]["optimizer.yaml"])
+    config = load_optimizer_config(path)
+    assert config.kubernetes is not None and config.kubernetes.namespaces == () and config.deployments == ()
+    args = container["args"]
+    assert args[args.index("--config") + 1] == "/etc/extproc-optimizer/optimizer.yaml"
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "extproc-optimizer" and pod["automountServiceAccountToken"] is True
+    role = one(docs, "ClusterRole", "extproc-optimizer-deployment-reader")
+    assert role["rules"] == [
+        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch"]}
+    ]
+    binding = one(docs, "ClusterRoleBinding", "extproc-optimizer-deployment-reader")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "extproc-optimizer", "namespace": "extproc-system"}
+    ]
     svc = one(docs, "Service", "extproc-optimizer")
     assert svc["spec"]["ports"][0]["port"] == 8080
     assert (
@@ -318,15 +338,10 @@ def test_heterogeneous_sample_follows_the_spec(tmp_path: Path) -> None:
         )
         assert source["protocolType"] == "http" and float(source["targetValue"]) > 0
 
-    # the optimizer's list names exactly these deployments and parses as its config
-    config_map = one(docs, "ConfigMap", "extproc-optimizer-config")
-    path = tmp_path / "optimizer.yaml"
-    path.write_text(config_map["data"]["optimizer.yaml"])
-    planned = load_optimizer_config(path)
-    assert {(d.namespace, d.name, d.model) for d in planned.deployments} == {
-        ("default", d["metadata"]["name"], "deepseek-coder-7b") for d in deployments
-    }
-    assert one(render("."), "ConfigMap", "extproc-optimizer-config")  # the sample replaces deploy/'s one
+    # what the optimizer's discovery makes of these Deployments: the model, the floor, spec.replicas
+    found = {deployment_from_object(d) for d in deployments}
+    assert found == {Deployment("default", "deepseek-coder-7b-l20", "deepseek-coder-7b", 0, 4),
+                     Deployment("default", "deepseek-coder-7b-v100", "deepseek-coder-7b", 1, 0)}
 
 
 def test_service_monitors_select_existing_ports() -> None:
