@@ -2,6 +2,7 @@
 
 Routes (AIBrix's gpu_optimizer/app.py, so an AIBrix PodAutoscaler works unchanged):
     GET    /metrics/<namespace>/<deployment>   vllm:deployment_replicas in hundredths of a replica
+    GET    /metrics                            the optimizer's own (plan cost, solve time, ...; metrics.py)
     PUT    /scale/<namespace>/<deployment>     {"replicas": N} pins it; -1 clears the model's overrides
     POST   /monitor/<namespace>/<deployment>   watch it (again); a body {"model": ...} adds a new one; with
                                                Kubernetes discovery the Deployment must exist (AIBrix)
@@ -23,12 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from extproc.cancellation import raise_if_cancelled
 from extproc.gpu_profiles import ProfileStore
 from extproc.openai import OpenAIError
 from extproc.optimizer.dashboard import dashboard_data, render_page
 from extproc.optimizer.deployments import CheckedSource, ConfigError, DeploymentSource, parse_deployment
+from extproc.optimizer.metrics import optimizer_registry
 from extproc.optimizer.monitor import Fleet, ModelState, NotMonitored
 from extproc.optimizer.planning import HEADROOM, PlanSettings, plan_demands, replan
 from extproc.optimizer.traces import read_windows
@@ -87,6 +90,7 @@ class OptimizerService:
         self.settings = settings
         self.clock = clock
         self.fleet = Fleet()
+        self.registry = optimizer_registry(self.fleet, lambda: self.clock())
         self._last_profiles = -float("inf")
 
     # --- background work -------------------------------------------------------------------------------
@@ -181,6 +185,7 @@ class OptimizerService:
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors])
+        app.router.add_get("/metrics", self.get_own_metrics)
         app.router.add_get("/metrics/{namespace}/{name}", self.get_metrics)
         app.router.add_put("/scale/{namespace}/{name}", self.put_scale)
         app.router.add_post("/monitor/{namespace}/{name}", self.post_monitor)
@@ -215,6 +220,10 @@ class OptimizerService:
     async def get_metrics(self, request: web.Request) -> web.Response:
         state, d = self._find(request)
         return web.Response(text=metrics_text(state.model, state.reported(d.key) * REPLICA_UNITS))
+
+    async def get_own_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _json_body(self, request: web.Request, required: bool) -> dict[str, Any]:
         raw = await request.read()

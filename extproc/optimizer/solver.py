@@ -64,6 +64,7 @@ class Plan:
     rps: float = 0.0
     optimal: bool = True  # False only when the solver hit its time limit with a feasible plan
     unserved: str = ""  # with skip_unservable: the cells no GPU type serves within its SLO (not planned)
+    skipped: int = 0  # how many cells those are
 
     def as_json(self) -> dict[str, object]:
         return {"replicas": dict(self.replicas), "cost": self.cost, "solve_seconds": self.solve_seconds}
@@ -141,7 +142,7 @@ def solve(profiles: Sequence[GpuProfile], demands: Iterable[Demand], time_limit:
         cells = [c for c in cells if any(t > 0 for t in c.tputs)]
     if not cells:
         return Plan({n: 0 for n in names}, 0.0, {n: 0.0 for n in names},
-                    solve_seconds=time.perf_counter() - started, unserved=unserved)
+                    solve_seconds=time.perf_counter() - started, unserved=unserved, skipped=len(unservable))
 
     G = len(profiles)
     # The headroom's sqrt is concave: the tangent starts where each type would serve alone everything
@@ -170,7 +171,7 @@ def solve(profiles: Sequence[GpuProfile], demands: Iterable[Demand], time_limit:
     total, replicas, load, served, ok = best
     splits = tuple(CellSplit(*_shape(cell), cell.rps, served[c]) for c, cell in enumerate(cells))
     return Plan(replicas, total, load, splits, time.perf_counter() - started,
-                rps=sum(c.rps for c in cells), optimal=ok, unserved=unserved)
+                rps=sum(c.rps for c in cells), optimal=ok, unserved=unserved, skipped=len(unservable))
 
 
 def _spread(cells: list[_Cell], pairs: list[tuple[int, int]], x: np.ndarray | None, G: int) -> list[float]:

@@ -347,7 +347,7 @@ def test_heterogeneous_sample_follows_the_spec(tmp_path: Path) -> None:
 def test_service_monitors_select_existing_ports() -> None:
     docs = everything()
     monitors = find(docs, "ServiceMonitor")
-    assert len(monitors) == 2
+    assert len(monitors) == 3
     for monitor in monitors:
         selector = monitor["spec"]["selector"]["matchLabels"]
         services = [
