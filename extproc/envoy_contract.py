@@ -22,6 +22,7 @@ CLIENT_DESTINATION_HEADERS = (DEFAULT_DESTINATION_HEADER, TARGET_POD_HEADER)
 LB_METADATA_NAMESPACE = "envoy.lb"    # the endpoint-picker protocol's metadata namespace
 GATEWAY_METADATA_NAMESPACE = "extproc"  # the gateway's own decision, read back by Envoy and the access log
 TALLY_NAMESPACE = "extproc.tally"     # written by tally.lua: the response's token counts
+FAIL_OPEN_NAMESPACE = "extproc.fail_open"  # the body's "model", for the fail-open routes (Envoy only)
 ANSWERED_KEY = "answered"             # set on the gateway's own replies: local-reply mappers leave them
 # Keys of the routing decision in GATEWAY_METADATA_NAMESPACE: the access log brings KEY back, Envoy
 # adds response headers from POD/STRATEGY/REQUEST_ID, the tally script reads STRIP_USAGE.
