@@ -37,14 +37,18 @@ DIRECTORIES = [
     "observability",
     "overlays/tls",
     "samples/heterogeneous",
+    "samples/heterogeneous-keda",
+    "samples/heterogeneous-hpa",
 ]
 K8S_VERSION = "1.30.0"
-CORE_GROUPS = ("v1", "apps/v1", "policy/v1", "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1")
+CORE_GROUPS = ("v1", "apps/v1", "policy/v1", "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1",
+               "autoscaling/v2")
 CUSTOM = {
     "gateway.networking.k8s.io/v1",
     "gateway.envoyproxy.io/v1alpha1",
     "autoscaling.aibrix.ai/v1alpha1",
     "monitoring.coreos.com/v1",
+    "keda.sh/v1alpha1",
 }
 
 
@@ -410,3 +414,58 @@ def test_tls_overlay() -> None:
     # everything else is deploy/'s
     base = {(d["kind"], d["metadata"]["name"]) for d in render(".")}
     assert base <= {(d["kind"], d["metadata"]["name"]) for d in docs}
+
+
+def optimizer_metric_names() -> set[str]:
+    from prometheus_client import generate_latest
+
+    from extproc.optimizer.metrics import optimizer_registry
+    from extproc.optimizer.monitor import Fleet
+
+    text = generate_latest(optimizer_registry(Fleet(), lambda: 0.0)).decode()
+    return set(re.findall(r"^# TYPE (\S+) ", text, re.M))
+
+
+def test_keda_sample_scales_each_type_on_the_optimizers_figure_down_to_zero() -> None:
+    docs = render("samples/heterogeneous-keda")
+    assert not find(docs, "PodAutoscaler")  # one autoscaler per Deployment, not two fighting
+    deployments = {d["metadata"]["name"]: d for d in find(docs, "Deployment")}
+    scaled = find(docs, "ScaledObject")
+    assert sorted(s["spec"]["scaleTargetRef"]["name"] for s in scaled) == sorted(deployments)
+    exported = optimizer_metric_names()
+    for so in scaled:
+        spec, target = so["spec"], deployments[so["spec"]["scaleTargetRef"]["name"]]
+        assert so["metadata"]["namespace"] == target["metadata"]["namespace"]
+        assert spec["scaleTargetRef"]["kind"] == "Deployment" and spec["minReplicaCount"] == 0
+        assert spec["maxReplicaCount"] >= 1
+        (trigger,) = spec["triggers"]
+        meta = trigger["metadata"]
+        assert trigger["type"] == "prometheus"
+        assert (meta["threshold"], meta["activationThreshold"]) == ("1", "0")  # exactly the plan; 0 -> zero
+        query = re.fullmatch(r'max\((\w+)\{namespace="([^"]+)",deployment="([^"]+)"\}\)', meta["query"])
+        assert query, meta["query"]
+        assert query.group(1) in exported
+        assert query.groups()[1:] == (target["metadata"]["namespace"], target["metadata"]["name"])
+    monitor = one(render("observability"), "ServiceMonitor", "extproc-optimizer")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics" and endpoint["honorLabels"] is True  # its namespace label kept
+
+
+def test_hpa_sample_reads_the_figure_as_an_external_metric() -> None:
+    docs = render("samples/heterogeneous-hpa")
+    assert not find(docs, "PodAutoscaler")
+    deployments = {d["metadata"]["name"] for d in find(docs, "Deployment")}
+    hpas = find(docs, "HorizontalPodAutoscaler")
+    assert sorted(h["spec"]["scaleTargetRef"]["name"] for h in hpas) == sorted(deployments)
+    exported = optimizer_metric_names()
+    for hpa in hpas:
+        (metric,) = hpa["spec"]["metrics"]
+        external = metric["external"]
+        assert metric["type"] == "External" and external["metric"]["name"] in exported
+        target = hpa["spec"]["scaleTargetRef"]["name"]
+        assert external["metric"]["selector"]["matchLabels"] == {"deployment": target}
+        assert external["target"] == {"type": "AverageValue", "averageValue": "1"}
+    rules = yaml.safe_load(one(docs, "ConfigMap", "extproc-prometheus-adapter")["data"]["config.yaml"])
+    (rule,) = rules["externalRules"]
+    assert rule["name"]["as"] in exported and rule["seriesQuery"].startswith(rule["name"]["as"])
+    assert rule["resources"]["overrides"]["namespace"] == {"resource": "namespace"}
