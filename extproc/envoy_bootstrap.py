@@ -42,6 +42,7 @@ from extproc.envoy_contract import (
     STRATEGY,
     STRATEGY_HEADER,
     TARGET_POD_HEADER,
+    TRACEPARENT,
 )
 from extproc.server import attributes
 from extproc.slo.settings import MAX_WAIT_CEILING_SECONDS
@@ -203,7 +204,12 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                  "request_headers_to_add": [{"header": {
                      "key": o.destination_header,
                      "value": f"%DYNAMIC_METADATA({LB_METADATA_NAMESPACE}:{o.destination_header})%"},
-                     "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+                     "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
+                     # OpenTelemetry on: the request's span, so the engine's spans join its trace
+                     # (absent: the client's own traceparent, if any, goes through untouched)
+                     {"header": {"key": "traceparent",
+                                 "value": f"%DYNAMIC_METADATA({GATEWAY_METADATA_NAMESPACE}:{TRACEPARENT})%"},
+                      "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}],
                  "request_headers_to_remove": [h for h in CLIENT_DESTINATION_HEADERS
                                                if h != o.destination_header]},
                 *fail_open_routes(o),

@@ -27,6 +27,7 @@ ANSWERED_KEY = "answered"             # set on the gateway's own replies: local-
 # Keys of the routing decision in GATEWAY_METADATA_NAMESPACE: the access log brings KEY back, Envoy
 # adds response headers from POD/STRATEGY/REQUEST_ID, the tally script reads STRIP_USAGE.
 KEY, POD, STRATEGY, REQUEST_ID, STRIP_USAGE = "key", "pod", "strategy", "request_id", "strip_usage"
+TRACEPARENT = "traceparent"  # the request's span (OpenTelemetry on): the route sends it to the pod
 
 # -- the cluster and the buffer ------------------------------------------------------------------
 EXTPROC_CLUSTER = "extproc"  # Envoy's cluster of the gateway: ext_proc and the gRPC access log

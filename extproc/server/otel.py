@@ -1,0 +1,144 @@
+"""OpenTelemetry: one span per routed request, and its W3C traceparent passed to the engine.
+
+Off by default. On when OTEL_TRACES_EXPORTER names an exporter (`otlp`, `console`) and OTEL_SDK_DISABLED
+is not true; the exporter is configured by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT,
+..._PROTOCOL, ..._HEADERS, OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES) and sits behind the SDK's
+BatchSpanProcessor: the request path only builds the span in memory; export runs on the SDK's thread,
+and a full queue drops spans, never waits. Needs the `otel` extra (opentelemetry-sdk and
+opentelemetry-exporter-otlp-proto-http).
+
+The span opens when the pod is chosen (a post-choice hook) and ends when the request's access-log
+record arrives (post-response), named and attributed after the GenAI semantic conventions where they
+apply (`chat <model>`, gen_ai.*, server.*, http.response.status_code, error.type), with the routing
+decision's inputs under extproc.*. A client's `traceparent` makes it a child span; the engine gets
+this span's traceparent (Envoy adds it from the decision's metadata), so its spans join the trace.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from extproc.openai import Request
+from extproc.routing.framework import PodView
+from extproc.state.record import RequestRecord
+
+log = logging.getLogger(__name__)
+
+OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion",
+              "/v1/embeddings": "embeddings"}
+MAX_OPEN_SPANS = 100_000  # spans whose record never came (a lost access log) are ended beyond this
+
+
+def enabled(env: Mapping[str, str]) -> bool:
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    disabled = env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+    return bool(exporter) and exporter != "none" and not disabled
+
+
+class RequestSpans:
+    """The gateway hook (post_choice / post_response) that traces routed requests."""
+
+    def __init__(self, tracer: Any) -> None:
+        from opentelemetry.trace import SpanKind
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self._tracer = tracer
+        self._kind = SpanKind.CLIENT
+        self._propagator = TraceContextTextMapPropagator()
+        self._open: dict[int, Any] = {}  # id(Request) -> its span: the record carries the same Request
+
+    def post_choice(self, request: Request, chosen: PodView, now: float) -> None:
+        operation = OPERATIONS.get(request.path, "chat")
+        parent = (self._propagator.extract({"traceparent": request.traceparent})
+                  if request.traceparent else None)
+        host, _, port = chosen.pod.address.rpartition(":")
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": operation, "gen_ai.request.model": request.model,
+            "gen_ai.usage.input_tokens": request.prompt_tokens,
+            "server.address": host.strip("[]"), "server.port": int(port) if port.isdigit() else 0,
+            "extproc.pod.name": chosen.pod.name, "extproc.pod.gpu": chosen.gpu,
+            "extproc.pod.deployment": chosen.deployment, "extproc.pod.running": chosen.running,
+            "extproc.pod.queued": chosen.queued, "extproc.request.stream": request.stream,
+        }
+        if request.max_tokens is not None:
+            attributes["gen_ai.request.max_tokens"] = request.max_tokens
+        for name, value in (("kv_free", chosen.kv_free), ("capacity_tokens_per_second", chosen.capacity)):
+            if value is not None:
+                attributes[f"extproc.pod.{name}"] = value
+        if len(self._open) >= MAX_OPEN_SPANS:
+            self._open.pop(next(iter(self._open))).end()
+        self._open[id(request)] = self._tracer.start_span(
+            f"{operation} {request.model}", context=parent, kind=self._kind, attributes=attributes,
+            start_time=time.time_ns())
+
+    def traceparent(self, request: Request) -> str | None:
+        """The W3C traceparent of the request's span, for the engine."""
+        from opentelemetry.trace import set_span_in_context
+
+        span = self._open.get(id(request))
+        if span is None:
+            return None
+        carrier: dict[str, str] = {}
+        self._propagator.inject(carrier, context=set_span_in_context(span))
+        return carrier.get("traceparent")
+
+    def post_response(self, record: RequestRecord, now: float) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        span = self._open.pop(id(record.request), None)
+        if span is None:
+            return
+        span.set_attribute("extproc.routing.strategy", record.strategy)
+        span.set_attribute("http.response.status_code", record.status)
+        if record.prompt_tokens is not None:
+            span.set_attribute("gen_ai.usage.input_tokens", record.prompt_tokens)
+        if record.output_tokens is not None:
+            span.set_attribute("gen_ai.usage.output_tokens", record.output_tokens)
+        if record.ttfb_s is not None:
+            span.set_attribute("extproc.time_to_first_byte_s", record.ttfb_s)
+        if record.aborted or record.connect_failure or not record.ok:
+            reason = ("aborted" if record.aborted else "connect_failure" if record.connect_failure
+                      else str(record.status))
+            span.set_attribute("error.type", reason)
+            span.set_status(Status(StatusCode.ERROR, reason))
+        span.end()
+
+
+def from_env(env: Mapping[str, str]) -> tuple[RequestSpans, Any] | None:
+    """The hook and its TracerProvider (shut down at exit to flush), or None when tracing is off or its
+    packages are missing (logged: a tracing setup never stops the gateway)."""
+    if not enabled(env):
+        return None
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        exporter = _exporter(env.get("OTEL_TRACES_EXPORTER", "").strip().lower(), env)
+    except ImportError as e:
+        log.error("OpenTelemetry tracing is off: %s (pip install 'extproc[otel]')", e)
+        return None
+    except ValueError as e:
+        log.error("OpenTelemetry tracing is off: %s", e)
+        return None
+    provider = TracerProvider(resource=Resource.create(
+        {"service.name": env.get("OTEL_SERVICE_NAME", "extproc-gateway")}))
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    log.info("OpenTelemetry: a span per routed request, exported by %s", type(exporter).__name__)
+    return RequestSpans(provider.get_tracer("extproc.gateway")), provider
+
+
+def _exporter(name: str, env: Mapping[str, str]) -> Any:
+    if name == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+        return ConsoleSpanExporter()
+    if name != "otlp":
+        raise ValueError(f"OTEL_TRACES_EXPORTER={name!r}: supported are otlp and console")
+    protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
+    if protocol.strip() == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        return OTLPSpanExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+    return HttpExporter()
