@@ -73,6 +73,8 @@ def route(destination_header: str, pod: Pod, key: str, request_id: str, strategy
     metadata = _decision(destination_header, pod, key, request_id, strategy, new_body is not None,
                          traceparent)
     headers = [(destination_header, pod.address)]
+    if traceparent:  # also as a header: Envoy Gateway's route does not add it from the metadata
+        headers.append((TRACEPARENT, traceparent))
     mutation = None
     if new_body is not None:
         mutation = BodyMutation(body=new_body)
