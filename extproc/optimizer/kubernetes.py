@@ -70,7 +70,7 @@ class KubernetesDeploymentSource:
 
     def __init__(self, settings: KubernetesSettings, configuration: Any = None) -> None:
         self.settings = settings
-        self._configuration = configuration  # a kubernetes_asyncio Configuration (tests); else loaded
+        # configuration: a kubernetes_asyncio Configuration (tests); None: loaded from the settings
         self.watchers = [DeploymentWatcher(settings.discovery(ns), lambda _: None, configuration)
                          for ns in settings.namespaces or (None,)]
 

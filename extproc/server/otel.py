@@ -47,7 +47,9 @@ class RequestSpans:
         self._tracer = tracer
         self._kind = SpanKind.CLIENT
         self._propagator = TraceContextTextMapPropagator()
-        self._open: dict[int, Any] = {}  # id(Request) -> its span: the record carries the same Request
+        # id(Request) -> (the Request, its span, the decision's inputs): the access-log record carries
+        # the same Request object; holding it keeps its id from being reused while the span is open
+        self._open: dict[int, tuple[Any, ...]] = {}
 
     def post_choice(self, request: Request, chosen: PodView, now: float) -> None:
         """Opens the span, bare: its attributes are set when it ends, off the decision's path (the SDK
@@ -55,28 +57,27 @@ class RequestSpans:
         parent = (self._propagator.extract({"traceparent": request.traceparent})
                   if request.traceparent else None)
         if len(self._open) >= MAX_OPEN_SPANS:
-            self._open.pop(next(iter(self._open)))[0].end()
+            self._open.pop(next(iter(self._open)))[1].end()
         span = self._tracer.start_span(f"{OPERATIONS.get(request.path, 'chat')} {request.model}",
                                        context=parent, kind=self._kind)
-        self._open[id(request)] = (span, chosen.pod, chosen.running, chosen.queued, chosen.kv_free,
-                                   chosen.capacity)
+        self._open[id(request)] = (request, span, chosen.pod, chosen.running, chosen.queued,
+                                   chosen.kv_free, chosen.capacity)
 
     def traceparent(self, request: Request) -> str | None:
         """The W3C traceparent of the request's span, for the engine."""
         entry = self._open.get(id(request))
         if entry is None:
             return None
-        ctx = entry[0].get_span_context()
+        ctx = entry[1].get_span_context()
         return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
     def post_response(self, record: RequestRecord, now: float) -> None:
         from opentelemetry.trace import Status, StatusCode
 
         entry = self._open.pop(id(record.request), None)
-        if entry is None or record.request is None:
+        if entry is None:
             return
-        span, pod, running, queued, kv_free, capacity = entry
-        request = record.request
+        request, span, pod, running, queued, kv_free, capacity = entry
         host, _, port = pod.address.rpartition(":")
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": OPERATIONS.get(request.path, "chat"),
