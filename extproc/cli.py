@@ -54,12 +54,24 @@ def _supervise(args: argparse.Namespace) -> int:
 
 
 def _envoy_config(args: argparse.Namespace) -> int:
-    from extproc.envoy_bootstrap import BootstrapOptions, render
+    from dataclasses import replace
 
-    sys.stdout.write(render(BootstrapOptions(
+    from extproc.config import ConfigError, load
+    from extproc.envoy_bootstrap import BootstrapOptions, fail_open_upstreams, render
+
+    options = BootstrapOptions(
         listen_port=args.listen_port, listen_address=args.listen_address, extproc_port=args.extproc_port,
-        extproc_workers=args.extproc_workers, admin_port=args.admin_port, idle_timeout_seconds=args.idle_timeout,
-        destination_header=args.destination_header)))
+        extproc_workers=args.extproc_workers, admin_port=args.admin_port,
+        idle_timeout_seconds=args.idle_timeout, destination_header=args.destination_header)
+    if args.gateway_config:  # gateway.fail_open and the model paths come from the gateway's own file
+        try:
+            config = load(args.gateway_config)
+        except ConfigError as exc:
+            print(f"{args.gateway_config}: {exc}", file=sys.stderr)
+            return 1
+        options = replace(options, fail_open=fail_open_upstreams(config),
+                          model_paths=tuple(sorted(config.model_paths)))
+    sys.stdout.write(render(options))
     return 0
 
 
@@ -128,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the gateway's `serve --workers N`: one endpoint per worker port")
     envoy.add_argument("--admin-port", type=int, default=9901)
     envoy.add_argument("--destination-header", default=DEFAULT_DESTINATION_HEADER)
+    envoy.add_argument("--gateway-config", metavar="GATEWAY.yaml",
+                       help="the gateway's config: with gateway.fail_open, Envoy sends the model paths "
+                            "round robin to each model's pods while the gateway is unreachable")
     envoy.set_defaults(func=_envoy_config)
 
     from extproc.sim.cli import add_arguments

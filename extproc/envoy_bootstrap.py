@@ -3,7 +3,9 @@
 The only upstream is an ORIGINAL_DST cluster that follows the destination the gateway chose, in its
 envoy.lb metadata (which no client can set). The route to it requires that metadata; every other
 request gets a local 503. ext_proc fails closed, so no request reaches an upstream without the gateway
-choosing it.
+choosing it, unless fail-open is asked for (gateway.fail_open): then, while the gateway is unreachable,
+Envoy reads the body's "model" itself and sends the model paths, and only those, round robin to that
+model's plain cluster (its pods, or its Service); a request the gateway did answer never takes it.
 
 One ext_proc message per request where possible: a request with a body (content-length > 0) skips the
 request headers message, and the headers routing reads come as attributes with the buffered body
@@ -20,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from extproc.config.schema import DEFAULT_MODEL_PATHS, Config
 from extproc.envoy_contract import (
     ANSWERED_KEY,
     CLIENT_DESTINATION_HEADERS,
@@ -29,6 +32,7 @@ from extproc.envoy_contract import (
     ENVOY_MAX_REQUEST_HEADERS_KB,
     EXTPROC_CLUSTER,
     EXTPROC_SERVICE,
+    FAIL_OPEN_NAMESPACE,
     GATEWAY_METADATA_NAMESPACE,
     LB_METADATA_NAMESPACE,
     MODEL_CLUSTER,
@@ -38,6 +42,7 @@ from extproc.envoy_contract import (
     STRATEGY,
     STRATEGY_HEADER,
     TARGET_POD_HEADER,
+    TRACEPARENT,
 )
 from extproc.server import attributes
 from extproc.slo.settings import MAX_WAIT_CEILING_SECONDS
@@ -75,6 +80,10 @@ class BootstrapOptions:
     max_connections: int = 10_000
     # How often Envoy sends finished requests' records to the gateway: the lag of in-flight counts.
     access_log_flush_seconds: float = 0.02
+    # Fail-open (gateway.fail_open): (model, ("host:port", ...)) pairs; empty: fail closed. The paths
+    # that may fail open are the gateway's model paths, never an engine's other endpoints.
+    fail_open: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    model_paths: tuple[str, ...] = DEFAULT_MODEL_PATHS
 
 
 def tally_script() -> str:
@@ -105,7 +114,7 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         "@type": TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
         "grpc_service": {"envoy_grpc": {"cluster_name": EXTPROC_CLUSTER},
                          "timeout": f"{max(30, o.message_timeout_seconds)}s"},  # > the SLO queue's wait
-        "failure_mode_allow": False,
+        "failure_mode_allow": bool(o.fail_open),
         "message_timeout": f"{o.message_timeout_seconds}s",
         # Envoy drops metadata from the processor in namespaces not listed here.
         "metadata_options": {"receiving_namespaces": {"untyped": [LB_METADATA_NAMESPACE,
@@ -195,9 +204,15 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                  "request_headers_to_add": [{"header": {
                      "key": o.destination_header,
                      "value": f"%DYNAMIC_METADATA({LB_METADATA_NAMESPACE}:{o.destination_header})%"},
-                     "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+                     "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
+                     # OpenTelemetry on: the request's span, so the engine's spans join its trace
+                     # (absent: the client's own traceparent, if any, goes through untouched)
+                     {"header": {"key": "traceparent",
+                                 "value": f"%DYNAMIC_METADATA({GATEWAY_METADATA_NAMESPACE}:{TRACEPARENT})%"},
+                      "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}],
                  "request_headers_to_remove": [h for h in CLIENT_DESTINATION_HEADERS
                                                if h != o.destination_header]},
+                *fail_open_routes(o),
                 # Not yet: a body is coming (content-length > 0), so is the one message.
                 {"match": {"prefix": "/", "headers": [{"name": "content-length", "string_match": {
                     "safe_regex": {"regex": "[0-9]*[1-9][0-9]*"}}}]},
@@ -208,6 +223,7 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
             ]}]},
         "http_filters": [
             {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
+            *([MODEL_TO_METADATA] if o.fail_open else []),
             # Holds the request headers back from the router while ext_proc buffers the body (without a
             # headers message, ext_proc itself lets them through at once).
             {"name": "envoy.filters.http.buffer", "typed_config": {
@@ -270,9 +286,57 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                             "address": o.extproc_address, "port_value": o.extproc_port + i}}}}
                         for i in range(o.extproc_workers)]}]},
                 },
+                *fail_open_clusters(o),
             ],
         },
     }
+
+
+# Fail-open: the body's "model" as metadata, for the routes below (a request the gateway answered was
+# re-routed by its metadata already, so these match only when the gateway was not reached).
+MODEL_TO_METADATA = {"name": "envoy.filters.http.json_to_metadata", "typed_config": {
+    "@type": TYPE + "envoy.extensions.filters.http.json_to_metadata.v3.JsonToMetadata",
+    "request_rules": {"rules": [{"selectors": [{"key": "model"}], "on_present": {
+        "metadata_namespace": FAIL_OPEN_NAMESPACE, "key": "model", "type": "STRING"}}]}}}
+
+
+def fail_open_routes(o: BootstrapOptions) -> list[dict[str, Any]]:
+    """Per model and model path (exact): to the model's plain cluster, no client destination header."""
+    return [{"match": {"path": path, "dynamic_metadata": [{
+                "filter": FAIL_OPEN_NAMESPACE, "path": [{"key": "model"}],
+                "value": {"string_match": {"exact": model}}}]},
+             "route": {"cluster": f"fail-open-{i}", "timeout": "0s",
+                       "idle_timeout": f"{o.idle_timeout_seconds}s"},
+             "request_headers_to_remove": sorted({*CLIENT_DESTINATION_HEADERS, o.destination_header})}
+            for i, (model, _) in enumerate(o.fail_open) for path in o.model_paths]
+
+
+def fail_open_clusters(o: BootstrapOptions) -> list[dict[str, Any]]:
+    """One round-robin cluster per model; STRICT_DNS, so a Service name works as well as pod IPs."""
+    clusters = []
+    for i, (_, upstreams) in enumerate(o.fail_open):
+        endpoints = []
+        for upstream in upstreams:
+            host, _, port = upstream.rpartition(":")
+            endpoints.append({"endpoint": {"address": {"socket_address": {
+                "address": host.strip("[]"), "port_value": int(port)}}}})
+        clusters.append({"name": f"fail-open-{i}", "type": "STRICT_DNS", "lb_policy": "ROUND_ROBIN",
+                         "connect_timeout": f"{o.upstream_connect_timeout_seconds}s",
+                         "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
+                         "circuit_breakers": circuit_breakers(o),
+                         "load_assignment": {"cluster_name": f"fail-open-{i}",
+                                             "endpoints": [{"lb_endpoints": endpoints}]}})
+    return clusters
+
+
+def fail_open_upstreams(config: Config) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """BootstrapOptions.fail_open from a gateway Config: each model's pods from the file, if it fails open."""
+    if not config.fail_open:
+        return ()
+    by_model: dict[str, list[str]] = {}
+    for pod in config.pods:
+        by_model.setdefault(pod.model, []).append(pod.address)
+    return tuple((model, tuple(addresses)) for model, addresses in sorted(by_model.items()))
 
 
 def _openai_reply(match: dict[str, Any], type_: str, code: str, message: str) -> dict[str, Any]:

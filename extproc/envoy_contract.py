@@ -22,10 +22,12 @@ CLIENT_DESTINATION_HEADERS = (DEFAULT_DESTINATION_HEADER, TARGET_POD_HEADER)
 LB_METADATA_NAMESPACE = "envoy.lb"    # the endpoint-picker protocol's metadata namespace
 GATEWAY_METADATA_NAMESPACE = "extproc"  # the gateway's own decision, read back by Envoy and the access log
 TALLY_NAMESPACE = "extproc.tally"     # written by tally.lua: the response's token counts
+FAIL_OPEN_NAMESPACE = "extproc.fail_open"  # the body's "model", for the fail-open routes (Envoy only)
 ANSWERED_KEY = "answered"             # set on the gateway's own replies: local-reply mappers leave them
 # Keys of the routing decision in GATEWAY_METADATA_NAMESPACE: the access log brings KEY back, Envoy
 # adds response headers from POD/STRATEGY/REQUEST_ID, the tally script reads STRIP_USAGE.
 KEY, POD, STRATEGY, REQUEST_ID, STRIP_USAGE = "key", "pod", "strategy", "request_id", "strip_usage"
+TRACEPARENT = "traceparent"  # the request's span (OpenTelemetry on): the route sends it to the pod
 
 # -- the cluster and the buffer ------------------------------------------------------------------
 EXTPROC_CLUSTER = "extproc"  # Envoy's cluster of the gateway: ext_proc and the gRPC access log

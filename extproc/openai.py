@@ -39,6 +39,7 @@ class Request:
     include_usage: bool = False       # the client asked for the usage chunk itself
     has_stream_options: bool = False
     session_key: str | None = None    # x-aibrix-session-key: session-affinity routing
+    traceparent: str | None = None    # the client's W3C traceparent: the gateway's span is its child
 
 
 class OpenAIError(Exception):

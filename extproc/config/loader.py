@@ -96,6 +96,7 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
                   drain_timeout_seconds=_number(gateway, "drain_timeout_seconds", 30.0, minimum=0),
                   drain_notice_seconds=_number(gateway, "drain_notice_seconds", 0.0, minimum=0),
                   routing_settings=settings, include_usage=_flag(gateway, "include_usage", True),
+                  fail_open=_flag(gateway, "fail_open", False),
                   request_timeout_seconds=_number(gateway, "request_timeout_seconds", 3600.0, minimum=1),
                   metrics_refresh_seconds=_number(telemetry, "refresh_seconds", 1.0, minimum=0.05),
                   metrics_timeout_seconds=_number(telemetry, "timeout_seconds", 0.5, minimum=0.01),

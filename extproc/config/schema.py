@@ -36,7 +36,7 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 SECTION_KEYS: dict[str, frozenset[str]] = {
     "gateway": frozenset({"destination_header", "model_paths", "max_body_bytes", "drain_timeout_seconds",
                           "drain_notice_seconds", "include_usage", "request_timeout_seconds",
-                          "api_keys_file"}),
+                          "api_keys_file", "fail_open"}),
     "telemetry": frozenset({"refresh_seconds", "timeout_seconds"}),
     "redis": frozenset({"url"}),
     "discovery": DISCOVERY_KEYS,  # typed by extproc.config.discovery
@@ -77,6 +77,9 @@ class Config:
     tracing: bool = False  # request traces for the GPU optimizer (AIBRIX_GPU_OPTIMIZER_TRACING_FLAG)
     api_keys_file: str | None = None  # optional client API keys (extproc.server.auth)
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # EXTPROC_API_KEYS
+    # Envoy's failure_mode_allow (`extproc envoy-config --gateway-config`): while the gateway is
+    # unreachable, the model paths go round robin to the model's pods instead of a 503. Off: fail closed.
+    fail_open: bool = False
     # Where pods come from besides `models`: the file only (default) or the Kubernetes API.
     discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
 

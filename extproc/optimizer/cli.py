@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -116,13 +117,19 @@ async def _serve(args: argparse.Namespace) -> int:
     import redis.asyncio as aioredis
     from aiohttp import web
 
-    from extproc.environment import redact_url, redis_url_from_env
+    from extproc.environment import in_cluster, redact_url, redis_url_from_env
     from extproc.gpu_profiles import ProfileStore
-    from extproc.optimizer.deployments import FileDeploymentSource, StaticDeploymentSource
+    from extproc.optimizer.deployments import DeploymentSource, FileDeploymentSource, StaticDeploymentSource
+    from extproc.optimizer.kubernetes import KubernetesDeploymentSource, MergedDeploymentSource
     from extproc.optimizer.service import OptimizerService, ServiceSettings
 
     file_source = FileDeploymentSource(args.config) if args.config else None
-    source = file_source or StaticDeploymentSource([])
+    source: DeploymentSource = file_source or StaticDeploymentSource([])
+    cluster = None
+    if file_source is not None and file_source.config.kubernetes is not None:  # read at start-up only
+        cluster = KubernetesDeploymentSource(replace(file_source.config.kubernetes,
+                                                     in_cluster=in_cluster(os.environ)))
+        source = MergedDeploymentSource(file_source, cluster)
 
     def profile_files() -> list[Path]:
         return [*(file_source.config.profiles if file_source else ()), *map(Path, args.profile)]
@@ -151,14 +158,17 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    task = asyncio.create_task(service.run(), name="optimizer")
+    tasks = [asyncio.create_task(service.run(), name="optimizer")]
+    if cluster is not None:
+        tasks.append(asyncio.create_task(cluster.run(), name="deployment-discovery"))
     try:
         await stop.wait()
     finally:
         # If shutdown ever hangs, the stacks land in the log before the supervisor's SIGKILL.
         faulthandler.dump_traceback_later(SHUTDOWN_SECONDS + 5, exit=True)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await runner.cleanup()
         await redis.aclose()
     return 0

@@ -1,10 +1,12 @@
 """Which deployments (one per GPU type) serve which model: the optimizer's view of the fleet.
 
-A `DeploymentSource` lists them. The YAML file source is here; a Kubernetes source (Deployments labelled
-`model.aibrix.ai/name`, minimum from `model.aibrix.ai/min_replicas`) implements the same protocol.
+A `DeploymentSource` lists them. The YAML file source is here; the Kubernetes source (Deployments labelled
+`model.aibrix.ai/name`, minimum from `model.aibrix.ai/min_replicas`) is in optimizer/kubernetes.py.
 
     profiles: [a100.json, a40.json]     # optional profile files, relative to this file
-    deployments:
+    kubernetes:                         # optional: discover Deployments (optimizer/kubernetes.py)
+      namespaces: [default]             # default: every namespace
+    deployments:                        # optional when discovering; these win over discovered ones
       - name: llama2-7b-a100            # the profile's "gpu" is this name
         namespace: default              # default "default"
         model: llama2-7b                # or labels: {model.aibrix.ai/name: llama2-7b}
@@ -17,14 +19,15 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import yaml
 
 from extproc.gpu_profiles import deployment_key
 from extproc.pool.pod import MODEL_LABEL
+from extproc.pool.settings import DiscoverySettings
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +57,56 @@ class DeploymentSource(Protocol):
     async def deployments(self) -> list[Deployment]: ...
 
 
+@runtime_checkable
+class CheckedSource(DeploymentSource, Protocol):
+    """A source that can tell whether a deployment exists (Kubernetes): POST /monitor asks it, as AIBrix
+    does."""
+
+    async def read(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The deployment's fields for parse_deployment, or None when it does not exist."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesSettings:
+    """The optimizer config's `kubernetes:` section."""
+
+    namespaces: tuple[str, ...] = ()  # empty: every namespace
+    kubeconfig: str | None = None  # None: the service account in a pod, else ~/.kube/config
+    label_selector: str = MODEL_LABEL
+    in_cluster: bool = field(default=False, compare=False)  # from KUBERNETES_SERVICE_HOST, not the file
+
+    def discovery(self, namespace: str | None) -> DiscoverySettings:
+        return DiscoverySettings(kind="kubernetes", namespace=namespace, kubeconfig=self.kubeconfig,
+                                 label_selector=self.label_selector, in_cluster=self.in_cluster)
+
+
+def parse_kubernetes(data: Any) -> KubernetesSettings | None:
+    if data is None:
+        return None
+    if not isinstance(data, Mapping):
+        raise ConfigError("kubernetes: expected a mapping (namespaces, kubeconfig, label_selector)")
+    unknown = set(data) - {"namespaces", "kubeconfig", "label_selector"}
+    if unknown:
+        raise ConfigError(f"kubernetes: unknown keys {sorted(unknown)}")
+    namespaces = data.get("namespaces") or []
+    if not isinstance(namespaces, list) or not all(isinstance(n, str) and n and "/" not in n
+                                                   for n in namespaces):
+        raise ConfigError("kubernetes.namespaces: expected a list of namespace names")
+    for key in ("kubeconfig", "label_selector"):
+        if data.get(key) is not None and (not isinstance(data[key], str) or not data[key]):
+            raise ConfigError(f"kubernetes.{key}: expected a non-empty string")
+    selector = data.get("label_selector") or MODEL_LABEL
+    if MODEL_LABEL not in selector.replace(" ", "").split(","):
+        raise ConfigError(f"kubernetes.label_selector: must select {MODEL_LABEL} (it names the model)")
+    return KubernetesSettings(tuple(dict.fromkeys(namespaces)), data.get("kubeconfig"), selector)
+
+
 @dataclass(frozen=True, slots=True)
 class OptimizerConfig:
     deployments: tuple[Deployment, ...]
     profiles: tuple[Path, ...]
+    kubernetes: KubernetesSettings | None = None  # discovery on (optimizer/kubernetes.py)
 
 
 def _count(value: Any, where: str) -> int:
@@ -91,7 +140,7 @@ def parse_config(data: Any, base: Path) -> OptimizerConfig:
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError("config: expected a mapping with 'deployments'")
-    unknown = set(data) - {"deployments", "profiles"}
+    unknown = set(data) - {"deployments", "profiles", "kubernetes"}
     if unknown:
         raise ConfigError(f"config: unknown keys {sorted(unknown)}")
     raw = data.get("deployments")
@@ -107,7 +156,8 @@ def parse_config(data: Any, base: Path) -> OptimizerConfig:
     profiles = [] if profiles is None else profiles
     if not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles):
         raise ConfigError("profiles: expected a list of file paths")
-    return OptimizerConfig(deployments, tuple(base / p for p in profiles))
+    return OptimizerConfig(deployments, tuple(base / p for p in profiles),
+                           parse_kubernetes(data.get("kubernetes")))
 
 
 def load_config(path: str | Path) -> OptimizerConfig:

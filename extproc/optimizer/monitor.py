@@ -31,6 +31,7 @@ class ModelState:
     plan: Plan | None = None  # the last plan that solved; kept when a later solve fails
     error: str | None = None  # why the last re-plan did not produce a plan
     updated: float = 0.0
+    planned_at: float | None = None  # the last re-plan that produced a plan, or found no load to plan for
     history: deque[tuple[float, dict[str, int]]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     feedback: Feedback = field(default_factory=Feedback)  # how each type kept the SLO: the plan's correction
     changed_at: float = float("-inf")  # when what the deployments report last changed
@@ -55,6 +56,8 @@ class ModelState:
         self.demands = demands
         if plan is not None:
             self.plan = plan
+        if plan is not None or not demands:
+            self.planned_at = now
         self.error = error
         self.updated = now
         counts = {k: self.reported(k) for k in sorted(self.deployments)}

@@ -2,8 +2,10 @@
 
 Routes (AIBrix's gpu_optimizer/app.py, so an AIBrix PodAutoscaler works unchanged):
     GET    /metrics/<namespace>/<deployment>   vllm:deployment_replicas in hundredths of a replica
+    GET    /metrics                            the optimizer's own (plan cost, solve time, ...; metrics.py)
     PUT    /scale/<namespace>/<deployment>     {"replicas": N} pins it; -1 clears the model's overrides
-    POST   /monitor/<namespace>/<deployment>   watch it (again); a body {"model": ...} adds a new one
+    POST   /monitor/<namespace>/<deployment>   watch it (again); a body {"model": ...} adds a new one; with
+                                               Kubernetes discovery the Deployment must exist (AIBrix)
     DELETE /monitor/<namespace>/<deployment>   stop watching it
     GET    /dash/<model>, /dash/<model>/data   the dashboard and its JSON
     GET    /healthz
@@ -22,12 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from extproc.cancellation import raise_if_cancelled
 from extproc.gpu_profiles import ProfileStore
 from extproc.openai import OpenAIError
 from extproc.optimizer.dashboard import dashboard_data, render_page
-from extproc.optimizer.deployments import ConfigError, DeploymentSource, parse_deployment
+from extproc.optimizer.deployments import CheckedSource, ConfigError, DeploymentSource, parse_deployment
+from extproc.optimizer.metrics import optimizer_registry
 from extproc.optimizer.monitor import Fleet, ModelState, NotMonitored
 from extproc.optimizer.planning import HEADROOM, PlanSettings, plan_demands, replan
 from extproc.optimizer.traces import read_windows
@@ -86,6 +90,7 @@ class OptimizerService:
         self.settings = settings
         self.clock = clock
         self.fleet = Fleet()
+        self.registry = optimizer_registry(self.fleet, lambda: self.clock())
         self._last_profiles = -float("inf")
 
     # --- background work -------------------------------------------------------------------------------
@@ -180,6 +185,7 @@ class OptimizerService:
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors])
+        app.router.add_get("/metrics", self.get_own_metrics)
         app.router.add_get("/metrics/{namespace}/{name}", self.get_metrics)
         app.router.add_put("/scale/{namespace}/{name}", self.put_scale)
         app.router.add_post("/monitor/{namespace}/{name}", self.post_monitor)
@@ -214,6 +220,10 @@ class OptimizerService:
     async def get_metrics(self, request: web.Request) -> web.Response:
         state, d = self._find(request)
         return web.Response(text=metrics_text(state.model, state.reported(d.key) * REPLICA_UNITS))
+
+    async def get_own_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _json_body(self, request: web.Request, required: bool) -> dict[str, Any]:
         raw = await request.read()
@@ -253,6 +263,8 @@ class OptimizerService:
         except NotMonitored:
             pass
         known = self.fleet.known(ns, name)
+        if known is None and isinstance(self.source, CheckedSource):  # it must exist, as AIBrix checks
+            body = {**await self._read_deployment(self.source, ns, name), **body}
         if known is not None and not body:
             self.fleet.start(known, add=False)
         elif body:
@@ -270,6 +282,20 @@ class OptimizerService:
                 "deployment_not_found",
             )
         return web.json_response({"message": "Deployment optimization started"})
+
+    async def _read_deployment(self, source: CheckedSource, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            found = await asyncio.wait_for(source.read(namespace, name), self.settings.io_timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("reading Deployment %s/%s failed: %s: %s", namespace, name, type(e).__name__, e)
+            raise OpenAIError(503, f"could not read Deployment {namespace}/{name} from the Kubernetes API",
+                              type="service_unavailable", code="kubernetes_unavailable") from None
+        if found is None:
+            raise not_found(f"Deployment {namespace}/{name} does not exist (or is outside the watched "
+                            "namespaces)", "deployment_not_found")
+        return found
 
     async def delete_monitor(self, request: web.Request) -> web.Response:
         self.fleet.stop(request.match_info["namespace"], request.match_info["name"])

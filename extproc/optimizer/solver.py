@@ -64,6 +64,7 @@ class Plan:
     rps: float = 0.0
     optimal: bool = True  # False only when the solver hit its time limit with a feasible plan
     unserved: str = ""  # with skip_unservable: the cells no GPU type serves within its SLO (not planned)
+    skipped: int = 0  # how many cells those are
     left_out: float = 0.0  # req/s the plan leaves to the router within the SLO's miss budget (`slack`)
 
     def as_json(self) -> dict[str, object]:
@@ -147,7 +148,7 @@ def solve(profiles: Sequence[GpuProfile], demands: Iterable[Demand], time_limit:
         cells = [c for c in cells if any(t > 0 for t in c.tputs)]
     if not cells:
         return Plan({n: 0 for n in names}, 0.0, {n: 0.0 for n in names},
-                    solve_seconds=time.perf_counter() - started, unserved=unserved)
+                    solve_seconds=time.perf_counter() - started, unserved=unserved, skipped=len(unservable))
 
     G = len(profiles)
     # The headroom's sqrt is concave: the tangent starts where each type would serve alone everything
@@ -177,7 +178,8 @@ def solve(profiles: Sequence[GpuProfile], demands: Iterable[Demand], time_limit:
     splits = tuple(CellSplit(*_shape(cell), cell.rps, served[c]) for c, cell in enumerate(cells))
     rps = math.fsum(c.rps for c in cells)
     return Plan(replicas, total, load, splits, time.perf_counter() - started, rps=rps, optimal=ok,
-                unserved=unserved, left_out=max(0.0, rps - math.fsum(v for s in served for v in s.values())))
+                unserved=unserved, skipped=len(unservable),
+                left_out=max(0.0, rps - math.fsum(v for s in served for v in s.values())))
 
 
 def _spread(cells: list[_Cell], pairs: list[tuple[int, int]], x: np.ndarray | None, G: int) -> list[float]:

@@ -8,6 +8,10 @@ run as they would live. load-balance decides on its real inputs: each pod report
 queue (a few pods sit below the KV guardrail), records carry time to first token and end-to-end time
 from a per-GPU speed, and `gateway.refresh()` runs as the 1 s background loop would, fitting each
 pod's speed from them.
+
+`tracing=True` adds the OpenTelemetry hook as `extproc serve` runs it with OTEL_TRACES_EXPORTER set
+(server/otel.py: the SDK's BatchSpanProcessor, here into an exporter that discards), and times the
+span's traceparent with each decision, as the processor asks for it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 from extproc.perf.stats import median, percentile
@@ -47,8 +52,23 @@ def _gateway(pods: int, strategy: str) -> Any:
     return Gateway(config, accounting=accounting)
 
 
+def _spans() -> tuple[Any, Any]:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    from extproc.server.otel import RequestSpans
+
+    class Discard(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Discard()))
+    return RequestSpans(provider.get_tracer("bench")), provider
+
+
 def decision_times(pod_counts: tuple[int, ...] = (10, 100, 1000), decisions: int = 3000,
-                   strategy: str | None = None) -> dict[str, Any]:
+                   strategy: str | None = None, tracing: bool = False) -> dict[str, Any]:
     """Median and p99 µs per decision for each pool size, and the median of `complete` (the
     post-response hooks) as `{n}_complete`."""
     from extproc.openai import Request
@@ -56,9 +76,12 @@ def decision_times(pod_counts: tuple[int, ...] = (10, 100, 1000), decisions: int
 
     name = strategy or strategy_for_bench()
     rng = random.Random(1)
-    out: dict[str, Any] = {"strategy": name}
+    out: dict[str, Any] = {"strategy": name, "tracing": tracing}
     for n in pod_counts:
         gw = _gateway(n, name)
+        spans, provider = _spans() if tracing else (None, None)
+        if spans is not None:
+            gw.add_spans(spans)
         profile = gw.profile(name)
         requests = [Request(model=MODEL, path="/v1/chat/completions", stream=True,
                             prompt_tokens=rng.randint(50, 2000), max_tokens=rng.randint(16, 512))
@@ -68,9 +91,11 @@ def decision_times(pod_counts: tuple[int, ...] = (10, 100, 1000), decisions: int
         samples: list[float] = []
         completions: list[float] = []
         for i in range(decisions + keep):
-            request = requests[i % len(requests)]
+            request = replace(requests[i % len(requests)])  # one object per request, as live
             t = time.perf_counter_ns()
             decision = gw.route(request, profile, "bench")
+            if spans is not None:
+                spans.traceparent(request)
             elapsed = time.perf_counter_ns() - t
             if decision is None:
                 raise RuntimeError(f"no pod chosen among {n}")
@@ -91,6 +116,8 @@ def decision_times(pod_counts: tuple[int, ...] = (10, 100, 1000), decisions: int
                 gw.refresh()
         while in_flight:
             gw.complete(in_flight.popleft()[0], status=200, output_tokens=1)
+        if provider is not None:
+            provider.shutdown()
         out[str(n)] = median(samples)
         out[f"{n}_p99"] = percentile(samples, 0.99)
         out[f"{n}_complete"] = median(completions)

@@ -1,4 +1,6 @@
 """Pod discovery from the Kubernetes API: the pool follows the pods labelled `model.aibrix.ai/name`.
+`ListWatcher` is the list + watch loop for any kind (the optimizer watches Deployments with it:
+extproc/optimizer/kubernetes.py); `PodWatcher` is it for pods.
 
 One list, then a watch resumed from the last resourceVersion; a 410 Gone (the version fell out of the
 API server's window), an ERROR event or a dropped connection leads to a fresh list, after a backoff
@@ -20,7 +22,7 @@ import json
 import logging
 import random
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from extproc.pool.convert import as_map, as_maps, object_name, pod_from_object
 from extproc.pool.pod import Pod
@@ -38,15 +40,22 @@ class Gone(Exception):
     """The watch's resourceVersion is too old (HTTP 410): list again."""
 
 
-class PodWatcher:
-    """List + watch; calls `on_change(pods)` with every routable pod after each change."""
+T = TypeVar("T")
 
-    def __init__(self, settings: DiscoverySettings, on_change: Callable[[list[Pod]], None],
+
+class ListWatcher(Generic[T]):
+    """List + watch of one kind; calls `on_change(items)` with every converted object after each change.
+    A subclass says which API to call (`_api_class`, `_call`) and what an object becomes (`_convert`:
+    None leaves it out)."""
+
+    kind = "object"  # for the log
+
+    def __init__(self, settings: DiscoverySettings, on_change: Callable[[list[T]], None],
                  configuration: Any = None) -> None:
         self.settings = settings
         self._on_change = on_change
         self._configuration = configuration  # a kubernetes_asyncio Configuration (tests); else loaded
-        self._objects: dict[str, Pod] = {}  # "namespace/name" -> Pod
+        self._objects: dict[str, T] = {}  # "namespace/name" -> item
         self.resource_version: str | None = None
         self.lists = 0  # full lists done (the first, then one per 410 or disconnect)
         self.failures = 0  # consecutive failures without a watch event between them: the backoff's exponent
@@ -55,10 +64,23 @@ class PodWatcher:
         self._last_publish = float("-inf")
         self._pending: asyncio.TimerHandle | None = None
 
-    def pods(self) -> list[Pod]:
+    def items(self) -> list[T]:
         return list(self._objects.values())
 
-    async def _api(self) -> Any:
+    def _api_class(self, client: Any) -> Any:
+        raise NotImplementedError
+
+    def _call(self, api: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def _convert(self, obj: Mapping[str, Any]) -> T | None:
+        raise NotImplementedError
+
+    def _same(self, before: T, after: T) -> bool:
+        return before == after
+
+    async def connect(self) -> Any:
+        """An API object of `_api_class`, credentials loaded; the caller closes its api_client."""
         from kubernetes_asyncio import client, config
 
         configuration = self._configuration
@@ -69,13 +91,7 @@ class PodWatcher:
             else:
                 await config.load_kube_config(config_file=self.settings.kubeconfig,
                                               client_configuration=configuration, persist_config=False)
-        return client.CoreV1Api(client.ApiClient(configuration))
-
-    def _call(self, api: Any, **kwargs: Any) -> Any:
-        kwargs.update(label_selector=self.settings.label_selector, _preload_content=False)
-        if self.settings.namespace:
-            return api.list_namespaced_pod(self.settings.namespace, **kwargs)
-        return api.list_pod_for_all_namespaces(**kwargs)
+        return self._api_class(client)(client.ApiClient(configuration))
 
     async def run(self) -> None:
         api = None
@@ -83,16 +99,16 @@ class PodWatcher:
             while True:
                 try:
                     if api is None:  # credentials not there yet (a Secret still mounting) are retried too
-                        api = await self._api()
+                        api = await self.connect()
                     await self._list(api)
                     await self._watch(api)
                 except asyncio.CancelledError:
                     raise
                 except Gone:
-                    log.info("pod watch: resourceVersion %s expired (410), listing again",
-                             self.resource_version)
+                    log.info("%s watch: resourceVersion %s expired (410), listing again",
+                             self.kind, self.resource_version)
                 except Exception as exc:  # no credentials, disconnect, API error, bad JSON
-                    log.warning("pod discovery: %s: %s; retrying", type(exc).__name__, exc)
+                    log.warning("%s discovery: %s: %s; retrying", self.kind, type(exc).__name__, exc)
                 self.failures += 1
                 delay = min(self.settings.max_backoff_seconds,
                             self.settings.backoff_seconds * 2 ** (self.failures - 1))
@@ -108,13 +124,13 @@ class PodWatcher:
         async with response:
             body = await response.read()
             if response.status != 200:
-                raise RuntimeError(f"pod list: HTTP {response.status}: {body[:200]!r}")
+                raise RuntimeError(f"{self.kind} list: HTTP {response.status}: {body[:200]!r}")
         data = json.loads(body)
         objects = {}
         for obj in as_maps(as_map(data).get("items")):
-            pod = pod_from_object(obj, self.settings)
-            if pod is not None:
-                objects[object_name(obj)] = pod
+            item = self._convert(obj)
+            if item is not None:
+                objects[object_name(obj)] = item
         self._objects = objects
         self.resource_version = as_map(as_map(data).get("metadata")).get("resourceVersion")
         self.lists += 1
@@ -133,7 +149,7 @@ class PodWatcher:
                 if response.status == 410:
                     raise Gone()
                 if response.status != 200:
-                    raise RuntimeError(f"pod watch: HTTP {response.status}")
+                    raise RuntimeError(f"{self.kind} watch: HTTP {response.status}")
                 # one JSON event per line; the client's 2 MiB read buffer allows 4 MiB lines, above
                 # the largest object etcd stores (1.5 MiB)
                 while line := await response.content.readline():
@@ -155,15 +171,15 @@ class PodWatcher:
         if kind == "BOOKMARK":
             return
         name = object_name(obj)
-        pod = None if kind == "DELETED" else pod_from_object(obj, self.settings)
+        item = None if kind == "DELETED" else self._convert(obj)
         before = self._objects.get(name)
-        if pod is None:
+        if item is None:
             if self._objects.pop(name, None) is None:
                 return
-        elif before == pod and before.labels == pod.labels:
+        elif before is not None and self._same(before, item):
             return
         else:
-            self._objects[name] = pod
+            self._objects[name] = item
         self._changed()
 
     def _changed(self) -> None:
@@ -184,9 +200,33 @@ class PodWatcher:
         self._last_publish = asyncio.get_running_loop().time()
         self.published += 1
         try:
-            self._on_change(self.pods())
+            self._on_change(self.items())
         except Exception:  # the gateway refused it (logged there); the watch goes on
-            log.exception("pod discovery: applying %d pods failed", len(self._objects))
+            log.exception("%s discovery: applying %d objects failed", self.kind, len(self._objects))
+
+
+class PodWatcher(ListWatcher[Pod]):
+    """The pods labelled as the settings select, as routable Pods (`pool/convert.py`)."""
+
+    kind = "pod"
+
+    def pods(self) -> list[Pod]:
+        return self.items()
+
+    def _api_class(self, client: Any) -> Any:
+        return client.CoreV1Api
+
+    def _call(self, api: Any, **kwargs: Any) -> Any:
+        kwargs.update(label_selector=self.settings.label_selector, _preload_content=False)
+        if self.settings.namespace:
+            return api.list_namespaced_pod(self.settings.namespace, **kwargs)
+        return api.list_pod_for_all_namespaces(**kwargs)
+
+    def _convert(self, obj: Mapping[str, Any]) -> Pod | None:
+        return pod_from_object(obj, self.settings)
+
+    def _same(self, before: Pod, after: Pod) -> bool:
+        return before == after and before.labels == after.labels
 
 
 def _timeout(read_seconds: float) -> Any:

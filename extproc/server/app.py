@@ -28,6 +28,7 @@ from extproc.server.admin import admin_app
 from extproc.server.discovery import start_discovery
 from extproc.server.gateway import Gateway
 from extproc.server.heap import HeapTrimmer
+from extproc.server.otel import from_env as otel_from_env
 from extproc.server.processor import Processor, parse_body
 from extproc.server.tls import ReloadingCredentials, TlsError, TlsSettings
 from extproc.server.traces import run_tracing
@@ -178,6 +179,9 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
         background.append(discovery)
     # SLO routing's profiles: files named in routing.slo.profiles and Redis aibrix:profile_* (every 10 s)
     background.append(asyncio.create_task(SloRefresh(gateway).run_profiles(redis_url), name="slo-profiles"))
+    otel = otel_from_env(os.environ)
+    if otel is not None:
+        gateway.add_spans(otel[0])
     if config.tracing:
         if redis_url:
             background.append(asyncio.create_task(run_tracing(gateway, redis_url), name="traces"))
@@ -221,6 +225,8 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     if close is not None:
         await close()
     parser_pool.shutdown(wait=False, cancel_futures=True)
+    if otel is not None:  # the last spans out, bounded (the SDK's export timeout), off the loop
+        await asyncio.to_thread(otel[1].shutdown)
     await admin.cleanup()
     faulthandler.cancel_dump_traceback_later()
     log.info("stopped; %d routed requests had no access-log record yet", len(gateway.open))

@@ -17,7 +17,7 @@ FILTER = "envoy.filters.http.ext_proc"  # the key Envoy files the attributes und
 
 # The request's headers routing reads (processor.WANTED_HEADERS without the pseudo-headers and
 # x-request-id, which have attributes of their own; content-length: Envoy resets it on a new body).
-HEADERS = ("model", STRATEGY_HEADER, "authorization", "x-aibrix-session-key")
+HEADERS = ("model", STRATEGY_HEADER, "authorization", "x-aibrix-session-key", "traceparent")
 # attribute -> the header name the processor knows it by
 _NAMED = {"request.path": ":path", "request.method": ":method", "request.id": "x-request-id"}
 ATTRIBUTES = (*_NAMED, *(f"request.headers['{h}']" for h in HEADERS))

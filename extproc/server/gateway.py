@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
 
@@ -101,6 +102,7 @@ class Gateway:
         self._destination_header = config.destination_header
         self._extra_hooks: list[object] = []  # the gateway's own learners (traces, ...), kept across rebuilds
         self.hooks = Hooks()
+        self.spans: Any = None  # server.otel.RequestSpans when OpenTelemetry is on (add_spans)
         self.router: Router | None = None
         self.apply(config)
 
@@ -144,6 +146,11 @@ class Gateway:
         """Register a post_choice / post_response hook that is not part of any strategy."""
         self._extra_hooks.append(plugin)
         self.hooks.add(plugin)
+
+    def add_spans(self, spans: Any) -> None:
+        """OpenTelemetry: a span per routed request, its traceparent in the routing decision."""
+        self.spans = spans
+        self.add_hook(spans)
 
     def _rebuild_hooks(self) -> None:
         hooks = Hooks()

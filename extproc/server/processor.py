@@ -39,13 +39,14 @@ from extproc.slo.server import SloRoom
 log = logging.getLogger(__name__)
 
 MODEL_HEADER = "model"
+TRACEPARENT_HEADER = "traceparent"  # W3C trace context: read only when OpenTelemetry is on
 REQUEST_ID_HEADER = "x-request-id"
 # Bodies above this are parsed off the event loop, so one long prompt never stalls other streams.
 OFFLOAD_BODY_BYTES = 256 * 1024
 
 
 WANTED_HEADERS = frozenset({":path", ":method", REQUEST_ID_HEADER, MODEL_HEADER, STRATEGY_HEADER,
-                            "content-length", "authorization", SESSION_HEADER})
+                            "content-length", "authorization", SESSION_HEADER, TRACEPARENT_HEADER})
 
 
 def _headers(http_headers) -> dict[str, str]:
@@ -97,7 +98,8 @@ def parse_body(path: str, body: bytes, header_model: str | None) -> Request | Op
 
 class Stream:
     __slots__ = ("_gw", "_room", "_path", "_strategy", "_request_id", "_header_model", "_has_length",
-                 "_decision", "_done", "_expect_trailers", "_spec", "_session", "_queued", "_one_message")
+                 "_decision", "_done", "_expect_trailers", "_spec", "_session", "_queued", "_one_message",
+                 "_traceparent")
 
     def __init__(self, gateway: Gateway, room: SloRoom | None = None) -> None:
         self._gw = gateway
@@ -108,6 +110,7 @@ class Stream:
         self._request_id = ""
         self._header_model: str | None = None
         self._session: str | None = None
+        self._traceparent: str | None = None
         self._has_length = False
         self._decision: Routed | None = None
         self._done = False  # answered by the gateway, or routed
@@ -191,6 +194,7 @@ class Stream:
         self._request_id = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
         self._header_model = headers.get(MODEL_HEADER)
         self._session = headers.get(SESSION_HEADER) or None
+        self._traceparent = headers.get(TRACEPARENT_HEADER) if self._gw.spans is not None else None
         if self._session is not None and _header_bytes(self._session) > MAX_SESSION_KEY_BYTES:
             raise openai.bad_request(f"{SESSION_HEADER} is longer than {MAX_SESSION_KEY_BYTES} bytes",
                                      param=SESSION_HEADER, code="invalid_session_key")
@@ -254,8 +258,8 @@ class Stream:
         if not gw.pool.has_model(request.model):
             raise OpenAIError(404, f"the model {openai.quoted(request.model)} does not exist",
                               param="model", code="model_not_found")
-        if self._session is not None:
-            request = replace(request, session_key=self._session)
+        if self._session is not None or self._traceparent is not None:
+            request = replace(request, session_key=self._session, traceparent=self._traceparent)
         profile = gw.profile(self._spec, request.model)
         outcome = gw.route(request, profile, self._request_id)
         kind = outcome.__class__
@@ -297,12 +301,13 @@ class Stream:
         # One message: trailers are not sent to the gateway (and Envoy sets a new body's length).
         self._expect_trailers = not end_of_stream and not self._one_message
         new_body = openai.with_usage_requested(body, request) if gw.config.include_usage else None
+        trace = gw.spans.traceparent(request) if gw.spans is not None else None
         if self._one_message:
             return responses.route_from_body(gw.config.destination_header, decision.pod, decision.key,
                                              self._request_id, self._strategy, new_body,
-                                             gw.client_forbidden_headers)
+                                             gw.client_forbidden_headers, trace)
         return responses.route(gw.config.destination_header, decision.pod, decision.key,
-                               self._request_id, self._strategy, new_body, self._has_length)
+                               self._request_id, self._strategy, new_body, self._has_length, trace)
 
     def _reply_headers(self) -> list[tuple[str, str]]:
         headers = [("request-id", self._request_id)]

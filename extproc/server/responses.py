@@ -27,6 +27,7 @@ from extproc.envoy_contract import (
     REQUEST_ID,
     STRATEGY,
     STRIP_USAGE,
+    TRACEPARENT,
 )
 from extproc.pool.pod import Pod
 
@@ -60,7 +61,8 @@ def request_headers(remove: list[str]) -> ProcessingResponse:
 
 
 def route(destination_header: str, pod: Pod, key: str, request_id: str, strategy: str,
-          new_body: bytes | None, has_content_length: bool) -> ProcessingResponse:
+          new_body: bytes | None, has_content_length: bool,
+          traceparent: str | None = None) -> ProcessingResponse:
     """Send the buffered request to the pod: the header ORIGINAL_DST follows, envoy.lb metadata (the
     endpoint-picker protocol), and our own metadata for the response side.
 
@@ -68,8 +70,11 @@ def route(destination_header: str, pod: Pod, key: str, request_id: str, strategy
     `new_body` replaces the request body (usage requested on the client's behalf); its length is set
     when the client sent one, as Envoy refuses a mutated body that disagrees with content-length.
     """
-    metadata = _decision(destination_header, pod, key, request_id, strategy, new_body is not None)
+    metadata = _decision(destination_header, pod, key, request_id, strategy, new_body is not None,
+                         traceparent)
     headers = [(destination_header, pod.address)]
+    if traceparent:  # also as a header: Envoy Gateway's route does not add it from the metadata
+        headers.append((TRACEPARENT, traceparent))
     mutation = None
     if new_body is not None:
         mutation = BodyMutation(body=new_body)
@@ -83,13 +88,15 @@ def route(destination_header: str, pod: Pod, key: str, request_id: str, strategy
 
 
 def route_from_body(destination_header: str, pod: Pod, key: str, request_id: str, strategy: str,
-                    new_body: bytes | None, remove: list[str]) -> ProcessingResponse:
+                    new_body: bytes | None, remove: list[str], traceparent: str | None = None
+                    ) -> ProcessingResponse:
     """`route` for a request whose headers Envoy did not send (one message: the body). Envoy (1.40)
     applies no header mutation then: the destination is the envoy.lb metadata, which the route and
     the ORIGINAL_DST cluster follow, and the route itself sets the destination header and strips
     client-sent ones (envoy_bootstrap.py); it also sets a new body's content-length. The header
     mutation is there because Envoy clears the route cache only for a response that has one."""
-    metadata = _decision(destination_header, pod, key, request_id, strategy, new_body is not None)
+    metadata = _decision(destination_header, pod, key, request_id, strategy, new_body is not None,
+                         traceparent)
     return ProcessingResponse(
         request_body=BodyResponse(response=CommonResponse(
             header_mutation=HeaderMutation(remove_headers=remove),
@@ -99,8 +106,9 @@ def route_from_body(destination_header: str, pod: Pod, key: str, request_id: str
 
 
 def _decision(destination_header: str, pod: Pod, key: str, request_id: str, strategy: str,
-              strip_usage: bool) -> Struct:
-    """The routing decision as dynamic metadata: envoy.lb (the endpoint-picker protocol) and ours."""
+              strip_usage: bool, traceparent: str | None = None) -> Struct:
+    """The routing decision as dynamic metadata: envoy.lb (the endpoint-picker protocol) and ours
+    (with the span's traceparent, which the route sets on the request to the pod)."""
     metadata = Struct()
     metadata.fields[LB_METADATA_NAMESPACE].struct_value.fields[destination_header].string_value = pod.address
     ours = metadata.fields[GATEWAY_METADATA_NAMESPACE].struct_value.fields
@@ -110,6 +118,8 @@ def _decision(destination_header: str, pod: Pod, key: str, request_id: str, stra
     ours[REQUEST_ID].string_value = request_id
     if strip_usage:
         ours[STRIP_USAGE].bool_value = True
+    if traceparent:
+        ours[TRACEPARENT].string_value = traceparent
     return metadata
 
 

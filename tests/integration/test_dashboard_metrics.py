@@ -1,6 +1,7 @@
 """The Grafana dashboard in deploy/observability queries only metrics that exist: every metric name in
 its PromQL is found in a live scrape of `extproc serve`'s /metrics (with a pod and Redis configured, so
-the per-pod and Redis series are present) or in the optimizer's exposition for PodAutoscalers."""
+the per-pod and Redis series are present), in the optimizer's exposition for PodAutoscalers, or in the
+optimizer's own /metrics."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import re
 import sys
 from pathlib import Path
 
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from extproc.localstack import Proc, free_port, http_get, port_open
+from extproc.optimizer.metrics import optimizer_registry
+from extproc.optimizer.monitor import Fleet
 from extproc.optimizer.service import metrics_text
 from tests.unit.test_deploy_manifests import one, render
 
@@ -71,12 +75,15 @@ def test_dashboard_queries_only_exported_metrics(tmp_path: Path) -> None:
     text = body.decode()
     info = 'extproc_pod_info{deployment="",engine="vllm",gpu="L20",model="m",namespace="default",pod="p"} 1.0'
     assert info in text
-    exported = scrape_names(text) | scrape_names(metrics_text("m", 100))
+    optimizer = generate_latest(optimizer_registry(Fleet(), lambda: 0.0)).decode()
+    exported = scrape_names(text) | scrape_names(metrics_text("m", 100)) | scrape_names(optimizer)
     assert "extproc_pod_capacity_tokens_per_second" in exported or "extproc_pod_running_requests" in exported
     assert queried <= exported, f"the dashboard queries metrics nobody exports: {sorted(queried - exported)}"
     for wanted in ("extproc_requests_total", "extproc_pod_running_requests", "extproc_pod_kv_free_ratio",
                    "extproc_pod_capacity_tokens_per_second", "extproc_output_tokens_total",
-                   "extproc_pod_info", "vllm:deployment_replicas"):  # the panels the issue asks for
+                   "extproc_pod_info", "vllm:deployment_replicas",  # the panels the issue asks for
+                   "extproc_optimizer_plan_cost", "extproc_optimizer_solve_seconds",
+                   "extproc_optimizer_cells_skipped", "extproc_optimizer_last_plan_age_seconds"):
         assert wanted in queried, wanted
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))

@@ -5,6 +5,8 @@ has just started; Redis going away never stops routing."""
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +14,8 @@ import openai
 import pytest
 
 from extproc.localstack import LocalStack, wait_until
+from extproc.optimizer.traces import read_windows
+from extproc.optimizer.workload import trace_rates
 from tests.integration.sim_fixtures import SimProcess, start_sim
 from tests.support.redis_server import RedisServer
 
@@ -184,5 +188,38 @@ async def test_request_traces_reach_redis_in_aibrix_format(gateways: list[LocalS
         assert sum(v["meta_total_reqs"] for v in values) >= 3
         assert all(v["meta_v"] == 4 and v["meta_interval_sec"] == 10 for v in values)
         assert 0 < await client.ttl(keys[0]) <= 600
+    finally:
+        await client.aclose()
+
+
+async def test_both_gateways_traces_add_up_to_every_request_sent(gateways: list[LocalStack],
+                                                                 redis: list[RedisServer]):
+    """Requests through both gateways in one fresh window: the windows in Redis, and the optimizer's rate,
+    count all of them (each gateway merges its window in; before, the last writer's share won)."""
+    from redis import asyncio as aioredis
+
+    a, b = gateways
+    await asyncio.to_thread(wait_until, lambda: a.sample("extproc_redis_up") == 1
+                            and b.sample("extproc_redis_up") == 1, 20, "redis up")
+    start = math.ceil(time.time() / 10) * 10  # earlier tests' requests are all in windows before this
+    await asyncio.to_thread(wait_until, lambda: time.time() >= start, 11, "a fresh trace window")
+    await asyncio.gather(stream_through(a, 5, 8), stream_through(b, 7, 8))
+    sent = 12
+    client = aioredis.Redis.from_url(redis[0].url)
+    window_s = 240.0
+    try:
+        seen: list[tuple[int, int]] = []
+        deadline = asyncio.get_running_loop().time() + 30  # the window closes, then each gateway flushes
+        while asyncio.get_running_loop().time() < deadline:
+            windows = await read_windows(client, MODEL, time.time() + 10, window_s)
+            windows = [w for w in windows if w.end > start]
+            seen.append((sum(w.arrived for w in windows), sum(w.completed for w in windows)))
+            if seen[-1] == (sent, sent):
+                break
+            await asyncio.sleep(0.2)
+        assert seen and seen[-1] == (sent, sent), f"(arrived, completed) in Redis, last seen {seen[-1:]}"
+        later = max(w.end for w in windows) + 30.0  # the average: the burst rule aside
+        rates = trace_rates(windows, later, window_s)
+        assert sum(d.rps for d in rates) * window_s == pytest.approx(sent)
     finally:
         await client.aclose()

@@ -156,6 +156,10 @@ def test_no_load_reports_min_replicas(optimizer: int, redis_url: str) -> None:
     clear_traces(redis_url)
     wait_until(lambda: replicas(optimizer, "llama-a100") == 100, 10, "a100 at its min_replicas (1 -> 100)")
     assert replicas(optimizer, "llama-l20") == 0
+    status, body = http_get(f"http://127.0.0.1:{optimizer}/metrics")  # its own, beside the autoscalers'
+    assert status == 200
+    assert 'extproc_optimizer_replicas{deployment="llama-a100",model="llama",namespace="default"} 1.0' \
+        in body.decode()
 
 
 def test_traces_in_redis_change_the_plan(optimizer: int, redis_url: str) -> None:

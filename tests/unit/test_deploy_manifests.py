@@ -19,7 +19,9 @@ import yaml
 
 from extproc.config import parse
 from extproc.envoy_contract import DEFAULT_DESTINATION_HEADER, ENVOY_BUFFER_BYTES
+from extproc.optimizer.deployments import Deployment
 from extproc.optimizer.deployments import load_config as load_optimizer_config
+from extproc.optimizer.kubernetes import deployment_from_object
 from extproc.pool.convert import pod_from_object
 from extproc.pool.settings import DiscoverySettings
 
@@ -35,14 +37,18 @@ DIRECTORIES = [
     "observability",
     "overlays/tls",
     "samples/heterogeneous",
+    "samples/heterogeneous-keda",
+    "samples/heterogeneous-hpa",
 ]
 K8S_VERSION = "1.30.0"
-CORE_GROUPS = ("v1", "apps/v1", "policy/v1", "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1")
+CORE_GROUPS = ("v1", "apps/v1", "policy/v1", "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1",
+               "autoscaling/v2")
 CUSTOM = {
     "gateway.networking.k8s.io/v1",
     "gateway.envoyproxy.io/v1alpha1",
     "autoscaling.aibrix.ai/v1alpha1",
     "monitoring.coreos.com/v1",
+    "keda.sh/v1alpha1",
 }
 
 
@@ -240,11 +246,29 @@ def test_patch_policy_adds_the_original_destination_route_and_cluster() -> None:
     assert not regex.fullmatch("/v1/models") and not regex.fullmatch("/metrics")
 
 
-def test_optimizer_deployment_and_config() -> None:
+def test_optimizer_deployment_and_config(tmp_path: Path) -> None:
     docs = render(".")
     dep = one(docs, "Deployment", "extproc-optimizer")
     (container,) = dep["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["extproc", "optimizer"]
+    # discovery on, in every namespace, with read-only access to Deployments and nothing more
+    path = tmp_path / "optimizer.yaml"
+    path.write_text(one(docs, "ConfigMap", "extproc-optimizer-config")["data"]["optimizer.yaml"])
+    config = load_optimizer_config(path)
+    assert config.kubernetes is not None and config.kubernetes.namespaces == () and config.deployments == ()
+    args = container["args"]
+    assert args[args.index("--config") + 1] == "/etc/extproc-optimizer/optimizer.yaml"
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "extproc-optimizer" and pod["automountServiceAccountToken"] is True
+    role = one(docs, "ClusterRole", "extproc-optimizer-deployment-reader")
+    assert role["rules"] == [
+        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch"]}
+    ]
+    binding = one(docs, "ClusterRoleBinding", "extproc-optimizer-deployment-reader")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "extproc-optimizer", "namespace": "extproc-system"}
+    ]
     svc = one(docs, "Service", "extproc-optimizer")
     assert svc["spec"]["ports"][0]["port"] == 8080
     assert (
@@ -318,21 +342,16 @@ def test_heterogeneous_sample_follows_the_spec(tmp_path: Path) -> None:
         )
         assert source["protocolType"] == "http" and float(source["targetValue"]) > 0
 
-    # the optimizer's list names exactly these deployments and parses as its config
-    config_map = one(docs, "ConfigMap", "extproc-optimizer-config")
-    path = tmp_path / "optimizer.yaml"
-    path.write_text(config_map["data"]["optimizer.yaml"])
-    planned = load_optimizer_config(path)
-    assert {(d.namespace, d.name, d.model) for d in planned.deployments} == {
-        ("default", d["metadata"]["name"], "deepseek-coder-7b") for d in deployments
-    }
-    assert one(render("."), "ConfigMap", "extproc-optimizer-config")  # the sample replaces deploy/'s one
+    # what the optimizer's discovery makes of these Deployments: the model, the floor, spec.replicas
+    found = {deployment_from_object(d) for d in deployments}
+    assert found == {Deployment("default", "deepseek-coder-7b-l20", "deepseek-coder-7b", 0, 4),
+                     Deployment("default", "deepseek-coder-7b-v100", "deepseek-coder-7b", 1, 0)}
 
 
 def test_service_monitors_select_existing_ports() -> None:
     docs = everything()
     monitors = find(docs, "ServiceMonitor")
-    assert len(monitors) == 2
+    assert len(monitors) == 3
     for monitor in monitors:
         selector = monitor["spec"]["selector"]["matchLabels"]
         services = [
@@ -395,3 +414,58 @@ def test_tls_overlay() -> None:
     # everything else is deploy/'s
     base = {(d["kind"], d["metadata"]["name"]) for d in render(".")}
     assert base <= {(d["kind"], d["metadata"]["name"]) for d in docs}
+
+
+def optimizer_metric_names() -> set[str]:
+    from prometheus_client import generate_latest
+
+    from extproc.optimizer.metrics import optimizer_registry
+    from extproc.optimizer.monitor import Fleet
+
+    text = generate_latest(optimizer_registry(Fleet(), lambda: 0.0)).decode()
+    return set(re.findall(r"^# TYPE (\S+) ", text, re.M))
+
+
+def test_keda_sample_scales_each_type_on_the_optimizers_figure_down_to_zero() -> None:
+    docs = render("samples/heterogeneous-keda")
+    assert not find(docs, "PodAutoscaler")  # one autoscaler per Deployment, not two fighting
+    deployments = {d["metadata"]["name"]: d for d in find(docs, "Deployment")}
+    scaled = find(docs, "ScaledObject")
+    assert sorted(s["spec"]["scaleTargetRef"]["name"] for s in scaled) == sorted(deployments)
+    exported = optimizer_metric_names()
+    for so in scaled:
+        spec, target = so["spec"], deployments[so["spec"]["scaleTargetRef"]["name"]]
+        assert so["metadata"]["namespace"] == target["metadata"]["namespace"]
+        assert spec["scaleTargetRef"]["kind"] == "Deployment" and spec["minReplicaCount"] == 0
+        assert spec["maxReplicaCount"] >= 1
+        (trigger,) = spec["triggers"]
+        meta = trigger["metadata"]
+        assert trigger["type"] == "prometheus"
+        assert (meta["threshold"], meta["activationThreshold"]) == ("1", "0")  # exactly the plan; 0 -> zero
+        query = re.fullmatch(r'max\((\w+)\{namespace="([^"]+)",deployment="([^"]+)"\}\)', meta["query"])
+        assert query, meta["query"]
+        assert query.group(1) in exported
+        assert query.groups()[1:] == (target["metadata"]["namespace"], target["metadata"]["name"])
+    monitor = one(render("observability"), "ServiceMonitor", "extproc-optimizer")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics" and endpoint["honorLabels"] is True  # its namespace label kept
+
+
+def test_hpa_sample_reads_the_figure_as_an_external_metric() -> None:
+    docs = render("samples/heterogeneous-hpa")
+    assert not find(docs, "PodAutoscaler")
+    deployments = {d["metadata"]["name"] for d in find(docs, "Deployment")}
+    hpas = find(docs, "HorizontalPodAutoscaler")
+    assert sorted(h["spec"]["scaleTargetRef"]["name"] for h in hpas) == sorted(deployments)
+    exported = optimizer_metric_names()
+    for hpa in hpas:
+        (metric,) = hpa["spec"]["metrics"]
+        external = metric["external"]
+        assert metric["type"] == "External" and external["metric"]["name"] in exported
+        target = hpa["spec"]["scaleTargetRef"]["name"]
+        assert external["metric"]["selector"]["matchLabels"] == {"deployment": target}
+        assert external["target"] == {"type": "AverageValue", "averageValue": "1"}
+    rules = yaml.safe_load(one(docs, "ConfigMap", "extproc-prometheus-adapter")["data"]["config.yaml"])
+    (rule,) = rules["externalRules"]
+    assert rule["name"]["as"] in exported and rule["seriesQuery"].startswith(rule["name"]["as"])
+    assert rule["resources"]["overrides"]["namespace"] == {"resource": "namespace"}

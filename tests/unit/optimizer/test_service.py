@@ -264,3 +264,46 @@ async def test_page_escapes_what_it_inlines(service: OptimizerService, client: T
     page = render_page({"model": "</script><b>x", "deployments": []})
     assert "</script><b>" not in page.split('id="initial">', 1)[1].split("</script>", 1)[0]
     assert "&lt;/script&gt;" in page
+
+
+async def own_metrics(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = await client.get("/metrics")
+    assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(await r.text()) for s in f.samples}
+
+
+async def test_own_metrics_follow_the_plan_and_age_while_replanning_fails(
+    service: OptimizerService, client: TestClient, redis: MemoryRedis
+) -> None:
+    m = (("model", MODEL),)
+    assert await own_metrics(client) == {}  # nothing planned yet: no series, not zeros
+    redis.traffic(NOW, short=200, long=100)
+    await service.tick(NOW)
+    seen = await own_metrics(client)
+    assert seen[("extproc_optimizer_plan_cost", m)] == 4.0
+    assert seen[("extproc_optimizer_cells_skipped", m)] == 0
+    assert 0 < seen[("extproc_optimizer_solve_seconds", m)] < 30
+    assert seen[("extproc_optimizer_demand_requests_per_second", m)] == pytest.approx(30.0)
+    assert seen[("extproc_optimizer_last_plan_age_seconds", m)] == 0.0
+    assert seen[("extproc_optimizer_replicas", (("deployment", "a"), ("model", MODEL),
+                                                 ("namespace", "default")))] == 2
+    assert seen[("extproc_optimizer_replicas", (("deployment", "other"), ("model", "other-model"),
+                                                 ("namespace", "prod")))] == 2  # no load: its floor
+
+    redis.down = True  # the last plan stays; its age says how stale it is
+    service.clock = lambda: NOW + 30
+    await service.tick(NOW + 30)
+    assert (await own_metrics(client))[("extproc_optimizer_last_plan_age_seconds", m)] == 30.0
+
+
+async def test_own_metrics_count_the_cells_left_out(service: OptimizerService, client: TestClient,
+                                                    redis: MemoryRedis) -> None:
+    for name, short in (("a", 10), ("b", 2)):
+        redis.data[f"aibrix:profile_llama_{name}"] = json.dumps(
+            dump_profile(profile(name, 1.0, short=short, long=0, created=2)))
+    redis.traffic(NOW, short=100, long=10)  # nobody serves the long shape: planned without it
+    await service.tick(NOW)
+    assert (await own_metrics(client))[("extproc_optimizer_cells_skipped", (("model", MODEL),))] == 1

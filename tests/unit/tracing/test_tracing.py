@@ -66,21 +66,38 @@ def test_empty_windows_are_not_written() -> None:
 
 
 class FakeRedis:
-    def __init__(self) -> None:
-        self.data: dict[str, tuple[str, int | None]] = {}
-        self.fail = False
+    """The merge script's calls, recorded (its arithmetic runs in a real redis-server in
+    tests/integration/test_trace_merge.py); `fail` refuses them, `land_then_fail` runs then times out."""
 
-    async def set(self, name: str, value: str, ex: int | None = None) -> bool:
-        if self.fail:
-            raise ConnectionError("connection refused")
-        self.data[name] = (value, ex)
-        return True
+    def __init__(self) -> None:
+        self.data: dict[str, tuple[str, int]] = {}
+        self.write_ids: list[str] = []
+        self.fail = False
+        self.land_then_fail = False
+
+    def register_script(self, script: str):
+        assert "cjson" in script
+
+        async def run(keys: list[str], args: list) -> int:
+            if self.fail:
+                raise ConnectionError("connection refused")
+            value, ttl, write_id = args
+            self.data[keys[0]] = (value, ttl)
+            self.write_ids.append(write_id)
+            if self.land_then_fail:
+                raise TimeoutError("reply lost")
+            return 1
+
+        return run
 
 
 class HangingRedis:
-    async def set(self, name: str, value: str, ex: int | None = None) -> bool:
-        await asyncio.Event().wait()
-        return True
+    def register_script(self, script: str):
+        async def run(keys: list[str], args: list) -> int:
+            await asyncio.Event().wait()
+            return 1
+
+        return run
 
 
 async def test_flusher_writes_with_ttl_and_retries_a_failed_window() -> None:
@@ -99,6 +116,24 @@ async def test_flusher_writes_with_ttl_and_retries_a_failed_window() -> None:
     redis.fail = False
     assert await f.flush(123.0) == 1 and "aibrix:m_request_trace_120" in redis.data
     assert await f.flush(124.0) == 0  # written once
+
+
+async def test_a_retried_window_keeps_its_write_id_so_redis_merges_it_once() -> None:
+    r = TraceRecorder()
+    redis = FakeRedis()
+    f = TraceFlusher(redis, r, retry_for=60.0)
+    r.arrived("m", 100.0)
+    redis.land_then_fail = True  # the script ran in Redis, the reply never came back
+    assert await f.flush(111.0) == 0
+    redis.land_then_fail = False
+    r.arrived("m", 115.0)
+    assert await f.flush(121.0) == 2
+    first, retry, window_120 = redis.write_ids
+    assert retry == first and window_120 != first
+    other_gateway = TraceRecorder()
+    other_gateway.arrived("m", 100.0)
+    assert await TraceFlusher(redis, other_gateway).flush(111.0) == 1
+    assert redis.write_ids[-1] not in (first, window_120)  # its writes never share an id with ours
 
 
 async def test_flusher_drops_a_window_it_could_not_write_for_retry_for() -> None:

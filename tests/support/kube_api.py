@@ -1,0 +1,144 @@
+"""A small Kubernetes API server for tests: list + watch of Pods and Deployments, and GET of one Deployment,
+over real HTTP on 127.0.0.1, reached through the official client configured from a kubeconfig file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+
+async def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Poll with a deadline (the event loop keeps running the watcher and the server meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class FakeApiServer:
+    """Pods and Deployments with resourceVersions, an event log, watches that can be dropped or expired
+    (410). One resourceVersion sequence for all kinds, as etcd has."""
+
+    def __init__(self) -> None:
+        self.version = 100
+        self.objects: dict[str, dict[str, Any]] = {}  # "Kind/namespace/name" -> object
+        self.events: list[tuple[int, str, dict[str, Any]]] = []
+        self.oldest = 0  # a watch from before this version gets 410 Gone (etcd compaction)
+        self.changed = asyncio.Condition()
+        self.lists: list[float] = []  # when each list came
+        self.watches: list[dict[str, str]] = []  # each watch request's query
+        self.fail_lists = 0  # the next this-many lists get a 500
+        self._drop = 0  # bumped to cut every open watch
+        self.watch_timeout_ends = False  # honour timeoutSeconds by ending the stream cleanly
+        self.paused = False  # open watches deliver nothing (a slow watch falling behind)
+        self.reads: list[str] = []  # the paths of single-object GETs
+
+    async def change(self, kind: str, obj: dict[str, Any]) -> None:
+        self.version += 1
+        obj = json.loads(json.dumps(obj))
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        key = f"{obj['kind']}/{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+        if kind == "DELETED":
+            self.objects.pop(key, None)
+        else:
+            self.objects[key] = obj
+        self.events.append((self.version, kind, obj))
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def drop_watches(self) -> None:
+        self._drop += 1
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def expire(self) -> None:
+        """Compact: every version up to now is gone; open watches end (a resume will get 410)."""
+        self.oldest = self.version + 1
+        self.watch_timeout_ends = True
+        await self.drop_watches()
+
+    async def read(self, request: web.Request) -> web.Response:
+        """GET of one Deployment by name."""
+        self.reads.append(request.path)
+        key = f"Deployment/{request.match_info['namespace']}/{request.match_info['name']}"
+        if key not in self.objects:
+            return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
+        return web.json_response(self.objects[key])
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        namespace = request.match_info.get("namespace")
+        of_kind = "Deployment" if request.path.endswith("/deployments") else "Pod"
+        assert request.query.get("labelSelector") == "model.aibrix.ai/name"
+        if request.query.get("watch") not in ("true", "True", "1"):
+            self.lists.append(time.monotonic())
+            if self.fail_lists:
+                self.fail_lists -= 1
+                return web.json_response({"kind": "Status", "code": 500}, status=500)
+            items = [p for p in self.objects.values()
+                     if p["kind"] == of_kind and namespace in (None, p["metadata"]["namespace"])]
+            return web.json_response({"kind": f"{of_kind}List", "items": items,
+                                      "metadata": {"resourceVersion": str(self.version)}})
+        self.watches.append(dict(request.query))
+        since = int(request.query.get("resourceVersion") or 0)
+        response = web.StreamResponse()
+        response.content_type = "application/json"
+        await response.prepare(request)
+        if since < self.oldest:
+            gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired",
+                                                "message": f"too old resource version: {since}"}}
+            await response.write(json.dumps(gone).encode() + b"\n")
+            return response
+        drop, sent = self._drop, since
+        while True:
+            for version, kind, obj in [] if self.paused else self.events:
+                if version > sent and obj["kind"] == of_kind \
+                        and namespace in (None, obj["metadata"]["namespace"]):
+                    data = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+                    for start in range(0, len(data), 65536):  # in chunks, as a real server flushes
+                        await response.write(data[start : start + 65536])
+            sent = sent if self.paused else self.version
+            if self._drop != drop:
+                if self.watch_timeout_ends:
+                    return response  # a clean end, as when timeoutSeconds runs out
+                request.transport.close()  # a dropped connection mid-stream
+                return response
+            async with self.changed:
+                await self.changed.wait()
+
+
+@asynccontextmanager
+async def fake_api_server(tmp_path: Path) -> AsyncIterator[FakeApiServer]:
+    """The server on a free port; its `kubeconfig` attribute names a kubeconfig file that reaches it."""
+    server = FakeApiServer()
+    app = web.Application()
+    app.router.add_get("/api/v1/pods", server.handle)
+    app.router.add_get("/api/v1/namespaces/{namespace}/pods", server.handle)
+    app.router.add_get("/apis/apps/v1/deployments", server.handle)
+    app.router.add_get("/apis/apps/v1/namespaces/{namespace}/deployments", server.handle)
+    app.router.add_get("/apis/apps/v1/namespaces/{namespace}/deployments/{name}", server.read)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "test", "user": {"token": "not-a-secret"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}]}))
+    server.kubeconfig = str(kubeconfig)
+    try:
+        yield server
+    finally:
+        await server.drop_watches()
+        await runner.cleanup()
