@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from extproc.openai import OpenAIError, Request
 from extproc.ratelimit import bucket
@@ -65,6 +65,10 @@ class RateLimiter:
         self.unchecked = Counter("extproc_rate_limit_unchecked_requests", "Requests admitted without a "
                                  "limit check because Redis did not answer in time (limits fail open)",
                                  registry=registry)
+        self.check_seconds = Histogram(
+            "extproc_rate_limit_check_seconds", "Time a request waited for its budget from Redis "
+            "(rate_limits.redis_timeout_ms bounds it)", registry=registry,
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1))
         if registry is not None:
             registry.register(self.top)
 
@@ -109,7 +113,9 @@ class RateLimiter:
         if self._redis is None:
             verdict = self._local.take(bucket_id, limits, cost, self._clock())
         else:
+            started = self._clock()
             answer = await self._redis.take(bucket_id, limits, cost, subject[5:] if aibrix else None)
+            self.check_seconds.observe(self._clock() - started)
             if answer is None:
                 self.unchecked.inc()
                 return None

@@ -1,15 +1,19 @@
 """Budgets shared by every gateway through Redis: one script call per request, bounded in time.
 
 The script (the token bucket of bucket.py, on Redis's clock so gateways' clocks need not agree) reads
-AIBrix's user record first when asked, takes or charges atomically and returns what is left: one round
-trip. A request waits at most `timeout` for it; on a timeout or an error the request is admitted
-(fail open: losing Redis never fails requests, it lifts the limits) and Redis is left alone for
-BACKOFF_S, so an outage costs each request nothing, not a timeout each.
+AIBrix's user record first when asked, takes or charges atomically and returns what is left. The calls
+made while the event loop runs one batch of callbacks go out together, one pipeline on one connection:
+one round trip per request at most, and no connection per concurrent request under a burst.
+A request waits at most `timeout` for its answer, then is admitted unchecked (fail open: losing Redis
+never fails requests, it lifts the limits); a late answer is let arrive (cancelling would cost the
+connection) and the budget still pays. After an error (Redis gone) Redis is left alone for BACKOFF_S,
+so an outage costs requests nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -20,7 +24,7 @@ from extproc.ratelimit.settings import Limits
 log = logging.getLogger(__name__)
 
 BACKOFF_S = 1.0
-CHARGE_TIMEOUT_S = 1.0  # output tokens are charged in the background: no request waits on them
+CALL_TIMEOUT_S = 1.0  # a pipeline's bound (requests stop waiting long before; charges wait on nothing)
 KEY_PREFIX = "extproc:ratelimit:"
 AIBRIX_USER_PREFIX = "aibrix-users/"  # AIBrix's user records: {"name": ..., "rpm": N, "tpm": N}
 
@@ -66,19 +70,20 @@ redis.call('HSET', KEYS[1], 'r', tostring(r), 't', tostring(t), 'ts', now)
 redis.call('PEXPIRE', KEYS[1], math.ceil(full) + 1000)
 return {admitted, exceeded, tostring(r), tostring(t), rl, tl}
 """
+SCRIPT_SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()  # noqa: S324 (Redis names scripts by SHA-1)
 
 
 class RedisStore:
     def __init__(self, url: str, timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
         from redis import asyncio as aioredis  # loads only when Redis is used
 
-        self._client = aioredis.Redis.from_url(url, socket_timeout=CHARGE_TIMEOUT_S,
-                                               socket_connect_timeout=CHARGE_TIMEOUT_S)
-        self._script = self._client.register_script(SCRIPT)  # EVALSHA, EVAL once after a Redis restart
+        self._client = aioredis.Redis.from_url(url, socket_timeout=CALL_TIMEOUT_S,
+                                               socket_connect_timeout=CALL_TIMEOUT_S)
         self.timeout = timeout
         self._clock = clock
         self._resume_at = 0.0  # after a failure, Redis is skipped until then
-        self._charges: set[asyncio.Task] = set()
+        self._queue: list[tuple[tuple, asyncio.Future]] = []  # calls for the next pipeline
+        self._sending: set[asyncio.Task] = set()
         self.failures = 0
 
     @staticmethod
@@ -92,44 +97,82 @@ class RedisStore:
         if self._clock() < self._resume_at:
             return None
         user_key = AIBRIX_USER_PREFIX + aibrix_user if aibrix_user else ""
-        try:
-            reply = await asyncio.wait_for(self._script(
-                keys=[self.key(bucket_id), user_key],
-                args=["take", limits.requests or 0, limits.tokens or 0, cost, int(WINDOW_S * 1000)]),
-                self.timeout)
-        except Exception as exc:  # noqa: BLE001 (timeouts, connection errors, a script error: all fail open)
-            self._failed("take", exc)
+        answer = self._call(self.key(bucket_id), user_key, "take", limits.requests or 0,
+                            limits.tokens or 0, cost)
+        done, _ = await asyncio.wait((answer,), timeout=self.timeout)
+        if not done or answer.exception() is not None:
             return None
-        admitted, exceeded, requests, tokens, rpm, tpm = reply
+        admitted, exceeded, requests, tokens, rpm, tpm = answer.result()
         exceeded = exceeded.decode() if isinstance(exceeded, bytes) else exceeded
         judged = Limits(int(rpm) or None, int(tpm) or None)
         return judged, Verdict(bool(admitted), exceeded or None, float(requests), float(tokens), cost)
 
     def charge(self, bucket_id: str, limits: Limits, tokens: int) -> None:
         """Owe `tokens` (counted output), in the background."""
-        if not limits.tokens or tokens <= 0:
-            return
-        task = asyncio.get_running_loop().create_task(self._charge(bucket_id, limits, tokens))
-        self._charges.add(task)
-        task.add_done_callback(self._charges.discard)
+        if limits.tokens and tokens > 0 and self._clock() >= self._resume_at:
+            self._call(self.key(bucket_id), "", "charge", limits.requests or 0, limits.tokens, tokens)
 
-    async def _charge(self, bucket_id: str, limits: Limits, tokens: int) -> None:
+    def _call(self, *args: object) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        answer = loop.create_future()
+        answer.add_done_callback(_retrieved)
+        self._queue.append(((*args, int(WINDOW_S * 1000)), answer))
+        if len(self._queue) == 1:  # the first of a batch: send once the loop's current callbacks ran
+            loop.call_soon(self._flush)
+        return answer
+
+    def _flush(self) -> None:
+        batch, self._queue = self._queue, []
+        task = asyncio.get_running_loop().create_task(self._send(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, batch: list[tuple[tuple, asyncio.Future]]) -> None:
+        from redis.exceptions import NoScriptError
+
         try:
-            await asyncio.wait_for(self._script(
-                keys=[self.key(bucket_id), ""],
-                args=["charge", limits.requests or 0, limits.tokens, tokens, int(WINDOW_S * 1000)]),
-                CHARGE_TIMEOUT_S)
-        except Exception as exc:  # noqa: BLE001
-            self._failed("charge", exc)
+            replies = await asyncio.wait_for(self._pipeline([args for args, _ in batch]), CALL_TIMEOUT_S)
+            if any(isinstance(r, NoScriptError) for r in replies):  # Redis restarted: load it, once more
+                await self._client.script_load(SCRIPT)
+                replies = await asyncio.wait_for(self._pipeline([a for a, _ in batch]), CALL_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 (connection errors, timeouts: all fail open)
+            self._failed(exc)
+            replies = [exc] * len(batch)
+        for (_, answer), reply in zip(batch, replies, strict=True):
+            if not answer.done():
+                if isinstance(reply, Exception):
+                    answer.set_exception(reply)
+                else:
+                    answer.set_result(reply)
 
-    def _failed(self, what: str, exc: BaseException) -> None:
+    async def _pipeline(self, calls: list[tuple]) -> list:
+        pipe = self._client.pipeline(transaction=False)
+        for bucket, user, *args in calls:
+            pipe.evalsha(SCRIPT_SHA, 2, bucket, user, *args)
+        return await pipe.execute(raise_on_error=False)
+
+    async def start(self) -> None:
+        """Connect and load the script before the first request needs them (a failure is logged; the
+        first requests then go unchecked)."""
+        try:
+            await asyncio.wait_for(self._client.script_load(SCRIPT), CALL_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001
+            self._failed(exc)
+
+    def _failed(self, exc: BaseException) -> None:
         self.failures += 1
         if self._clock() >= self._resume_at:  # once per outage, not per request
-            log.warning("rate limits: Redis %s failed (%s); requests are admitted without limits for "
-                        "%gs", what, type(exc).__name__, BACKOFF_S)
+            log.warning("rate limits: Redis failed (%s); requests are admitted without limits for %gs",
+                        type(exc).__name__, BACKOFF_S)
         self._resume_at = self._clock() + BACKOFF_S
 
     async def close(self) -> None:
-        for task in list(self._charges):
+        for task in list(self._sending):
             task.cancel()
         await self._client.aclose()
+
+
+def _retrieved(answer: asyncio.Future) -> None:
+    """A late answer's error is read here (its request went on unchecked): asyncio would log it."""
+    if not answer.cancelled():
+        answer.exception()

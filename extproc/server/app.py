@@ -123,8 +123,8 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     scraper = MetricsScraper(registry, timeout=config.metrics_timeout_seconds)
     accounting = Accounting(shared, health=PodHealth(), samples=scraper.sample)
     # Rate-limit budgets shared through Redis when there is one (turned on and off by reloads)
-    limiter = RateLimiter(config.rate_limits, registry, store=RedisStore(
-        redis_url, config.rate_limits.redis_timeout_s) if redis_url else None)
+    limit_store = RedisStore(redis_url, config.rate_limits.redis_timeout_s) if redis_url else None
+    limiter = RateLimiter(config.rate_limits, registry, store=limit_store)
     gateway = Gateway(config, registry=registry, accounting=accounting, limiter=limiter)
     registry.register(PodInfoCollector(lambda: gateway.pool.all_pods()))  # GPU type etc. per pod
     prober = HealthProber(accounting.health)
@@ -181,6 +181,8 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     heap.freeze_start()  # what the start allocated is never scanned again by the trims' collections
     if discovery is not None:
         background.append(discovery)
+    if limit_store is not None:  # connected before the first request needs it
+        background.append(asyncio.create_task(limit_store.start(), name="ratelimit-connect"))
     # SLO routing's profiles: files named in routing.slo.profiles and Redis aibrix:profile_* (every 10 s)
     background.append(asyncio.create_task(SloRefresh(gateway).run_profiles(redis_url), name="slo-profiles"))
     if config.tracing:
