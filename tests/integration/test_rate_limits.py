@@ -121,6 +121,7 @@ async def test_output_tokens_are_counted_once_across_gateways(gateways: list[Loc
 
     a, b = gateways
     output = 200
+    started = time.monotonic()
     status, headers, first = await call(a, TOKENS, max_tokens=output)
     assert status == 200 and first.usage.completion_tokens == output
     after_first = int(headers["x-ratelimit-remaining-tokens"])  # the prompt taken on admission
@@ -137,13 +138,12 @@ async def test_output_tokens_are_counted_once_across_gateways(gateways: list[Loc
             await asyncio.sleep(0.05)
     finally:
         await r.aclose()
-    started = time.monotonic()
     status, headers, _ = await call(b, TOKENS)  # the other gateway sees the same budget
-    elapsed = time.monotonic() - started + 1.0  # refill bound: from the first answer on, with margin
+    refilled = (time.monotonic() - started) * TOKENS_TPM / 60  # at most, since the first admission
     prompt = TOKENS_TPM - after_first
     expected = after_first - output - prompt  # charged once; twice would be `output` lower still
-    assert status == 200
-    assert expected <= int(headers["x-ratelimit-remaining-tokens"]) <= expected + elapsed * TOKENS_TPM / 60 + 20
+    assert status == 200 and refilled < output / 2  # else the check could not tell once from twice
+    assert expected <= int(headers["x-ratelimit-remaining-tokens"]) <= expected + refilled + 1
 
 
 async def test_a_keys_budget_comes_back_and_the_openai_client_waits_as_told(gateways: list[LocalStack]):
@@ -180,7 +180,8 @@ async def test_reloads_apply_and_a_bad_one_is_refused_whole(gateways: list[Local
     bad = config(sim.port, default_rpm=3)  # a change that must not apply either
     bad["rate_limits"]["overrides"][3]["requests_per_minute"] = 0
     a.write_config(bad)
-    await asyncio.to_thread(wait_until, lambda: a.sample("extproc_config_reload_errors_total") > refused_before,
+    await asyncio.to_thread(wait_until,
+                            lambda: a.sample("extproc_config_reload_errors_total") > refused_before,
                             10, "the bad config refused")
     assert "rate_limits.overrides[3].requests_per_minute" in a.gateway.log()
     status, headers, _ = await call(a, ANYONE)
