@@ -189,6 +189,57 @@ async def test_reloads_apply_and_a_bad_one_is_refused_whole(gateways: list[Local
     a.write_config(config(sim.port))
 
 
+async def test_aibrix_user_records_set_the_limits_as_aibrix_keeps_them(redis: list[RedisServer]):
+    """AIBrix's gateway keeps each user's limits as JSON at aibrix-users/<name> (pkg/utils/users.go);
+    a record's rpm/tpm win over the config's, and a user without one keeps the config's."""
+    import json
+
+    from redis import asyncio as aioredis
+
+    from extproc.config import parse
+    from extproc.openai import Request
+    from extproc.ratelimit import RateLimiter
+    from extproc.ratelimit.limiter import RateLimited
+    from extproc.ratelimit.redis_store import RedisStore
+
+    r = aioredis.Redis.from_url(redis[0].url)
+    await r.set("aibrix-users/alice", json.dumps({"name": "alice", "rpm": 2, "tpm": 0}))
+    await r.aclose()
+    settings = parse({"models": {MODEL: {"pods": [{"name": "p", "address": "127.0.0.1:1"}]}},
+                      "rate_limits": {"key_by": "user", "aibrix_users": True, "requests_per_minute": 50,
+                                      "redis_timeout_ms": 100}}, {}).rate_limits
+    limiter = RateLimiter(settings, store=RedisStore(redis[0].url, settings.redis_timeout_s))
+    try:
+        def request(user: str) -> Request:
+            return Request(model=MODEL, path="/v1/chat/completions", prompt_tokens=5, user=user)
+
+        alice = [await limiter.admit("user:alice", request("alice")) for _ in range(2)]
+        assert [a.limits.requests for a in alice] == [2, 2] and alice[1].verdict.requests < 1
+        with pytest.raises(RateLimited):
+            await limiter.admit("user:alice", request("alice"))
+        assert limiter.limited.labels(MODEL, "requests", "aibrix_user")._value.get() == 1
+        bob = await limiter.admit("user:bob", request("bob"))
+        assert bob.limits.requests == 50
+    finally:
+        await limiter.close()
+
+
+async def test_gateways_taking_at_once_never_overspend_a_budget(redis: list[RedisServer]):
+    """The script takes atomically: 4 stores (as 4 gateways) racing for 25 requests admit exactly 25."""
+    from extproc.ratelimit.redis_store import RedisStore
+    from extproc.ratelimit.settings import Limits
+
+    stores = [RedisStore(redis[0].url, timeout=1.0) for _ in range(4)]
+    try:
+        answers = await asyncio.gather(*(stores[i % 4].take("race:key:x", Limits(requests=25), 1, None)
+                                         for i in range(60)))
+        assert all(a is not None for a in answers)
+        assert sum(verdict.admitted for _, verdict in answers) == 25
+    finally:
+        for store in stores:
+            await store.close()
+
+
 async def test_losing_redis_lifts_the_limits_and_fails_no_request(gateways: list[LocalStack],
                                                                   redis: list[RedisServer], log_dir: Path):
     a, _ = gateways
