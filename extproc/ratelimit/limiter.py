@@ -30,6 +30,15 @@ AIBRIX_USER = "aibrix_user"  # key class of a budget whose limits came from AIBr
 
 
 @dataclass(slots=True, frozen=True)
+class Budget:
+    """The budget a request draws on, before admission."""
+    bucket_id: str             # "<model>:<subject>"
+    limits: Limits             # from the config (AIBrix's record, read in Redis, may replace them)
+    key_class: str             # default | override: the metric label
+    aibrix_user: str | None    # whose AIBrix record to read
+
+
+@dataclass(slots=True, frozen=True)
 class Admission:
     """An admitted request's budget: what its response headers say and where its output is charged."""
     bucket_id: str
@@ -82,17 +91,30 @@ class RateLimiter:
         if self._redis is not None:
             self._redis.timeout = settings.redis_timeout_s
 
-    def key_subject(self, authorization: str | None) -> str | None:
-        """The subject of a request keyed by API key (None: keyed by user, known from the body)."""
-        if not self.settings.enabled or self.settings.key_by != "api_key":
-            return None
-        scheme, _, token = (authorization or "").strip().partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            return ANONYMOUS
-        return "key:" + hashlib.sha256(token.encode()).hexdigest()
+    def budget(self, authorization: str | None, request: Request) -> Budget | None:
+        """Which budget and limits apply to the request (None: none does). Synchronous and cheap:
+        the key is hashed only when a limit applies or its override could."""
+        s = self.settings
+        if not s.by_subject:
+            limits, key_class = s.limits_for("", request.model)
+            if not limits.any:
+                return None
+            subject = self._subject(authorization, request)
+        else:
+            subject = self._subject(authorization, request)
+            limits, key_class = s.limits_for(subject, request.model)
+            if not limits.any and not (s.aibrix_users and self._redis is not None):
+                return None
+        aibrix = s.aibrix_users and subject.startswith("user:")
+        return Budget(f"{request.model}:{subject}", limits, key_class, subject[5:] if aibrix else None)
 
-    def user_subject(self, request: Request) -> str:
+    def _subject(self, authorization: str | None, request: Request) -> str:
+        if self.settings.key_by == "api_key":
+            scheme, _, token = (authorization or "").strip().partition(" ")
+            token = token.strip()
+            if scheme.lower() != "bearer" or not token:
+                return ANONYMOUS
+            return "key:" + hashlib.sha256(token.encode()).hexdigest()
         user = request.user
         if not user:
             return ANONYMOUS
@@ -101,34 +123,39 @@ class RateLimiter:
                               code="invalid_user")
         return "user:" + user
 
-    async def admit(self, subject: str, request: Request) -> Admission | None:
-        """Admitted (with its budget), None (nothing limits it, or Redis did not answer), or raises
-        RateLimited."""
-        limits, key_class = self.settings.limits_for(subject, request.model)
-        aibrix = self.settings.aibrix_users and subject.startswith("user:")
-        if not limits.any and not (aibrix and self._redis is not None):
+    @property
+    def shared(self) -> bool:
+        """Budgets live in Redis: admission awaits one round trip (`admit_shared`)."""
+        return self._redis is not None
+
+    def admit_here(self, budget: Budget, request: Request) -> Admission:
+        """Admission against this process's budgets; raises RateLimited."""
+        verdict = self._local.take(budget.bucket_id, budget.limits, request.prompt_tokens, self._clock())
+        return self._judged(budget, budget.limits, budget.key_class, verdict, request.model)
+
+    async def admit_shared(self, budget: Budget, request: Request) -> Admission | None:
+        """Admission against the budgets in Redis; None: Redis did not answer in time (admitted
+        unchecked) or the AIBrix record left nothing limited. Raises RateLimited."""
+        started = self._clock()
+        answer = await self._redis.take(budget.bucket_id, budget.limits,  # type: ignore[union-attr]
+                                        request.prompt_tokens, budget.aibrix_user)
+        self.check_seconds.observe(self._clock() - started)
+        if answer is None:
+            self.unchecked.inc()
             return None
-        bucket_id = f"{request.model}:{subject}"
-        cost = request.prompt_tokens
-        if self._redis is None:
-            verdict = self._local.take(bucket_id, limits, cost, self._clock())
-        else:
-            started = self._clock()
-            answer = await self._redis.take(bucket_id, limits, cost, subject[5:] if aibrix else None)
-            self.check_seconds.observe(self._clock() - started)
-            if answer is None:
-                self.unchecked.inc()
-                return None
-            judged, verdict = answer
-            if judged != limits:
-                limits, key_class = judged, AIBRIX_USER
-            if not limits.any:
-                return None
-        admission = Admission(bucket_id, limits, verdict)
-        self.top.saw(request.model, bucket_id, limits, verdict)
+        judged, verdict = answer
+        if not judged.any:
+            return None
+        key_class = budget.key_class if judged == budget.limits else AIBRIX_USER
+        return self._judged(budget, judged, key_class, verdict, request.model)
+
+    def _judged(self, budget: Budget, limits: Limits, key_class: str, verdict: Verdict,
+                model: str) -> Admission:
+        admission = Admission(budget.bucket_id, limits, verdict)
+        self.top.saw(model, budget.bucket_id, limits, verdict)
         if not verdict.admitted:
-            self.limited.labels(request.model, verdict.exceeded, key_class).inc()
-            raise self._refusal(request.model, limits, verdict, admission.headers())
+            self.limited.labels(model, verdict.exceeded, key_class).inc()
+            raise self._refusal(model, limits, verdict, admission.headers())
         return admission
 
     def charge(self, bucket_id: str, tokens_limit: int, tokens: int | None) -> None:

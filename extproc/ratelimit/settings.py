@@ -59,6 +59,11 @@ class RateLimitSettings:
     aibrix_users: bool = False
     redis_timeout_s: float = 0.005
 
+    @property
+    def by_subject(self) -> bool:
+        """Whether whose request it is can change its limits (else: the model alone decides)."""
+        return self.aibrix_users or any(subject for subject, _ in self.overrides)
+
     def limits_for(self, subject: str, model: str) -> tuple[Limits, str]:
         """The subject's limits on the model, and its class for metrics ("override" or "default")."""
         for probe in ((subject, model), (subject, ""), ("", model)):

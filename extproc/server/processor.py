@@ -99,7 +99,7 @@ def parse_body(path: str, body: bytes, header_model: str | None) -> Request | Op
 class Stream:
     __slots__ = ("_gw", "_room", "_path", "_strategy", "_request_id", "_header_model", "_has_length",
                  "_decision", "_done", "_expect_trailers", "_spec", "_session", "_queued", "_one_message",
-                 "_subject", "_limiting", "_admission")
+                 "_authorization", "_limiting", "_admission")
 
     def __init__(self, gateway: Gateway, room: SloRoom | None = None) -> None:
         self._gw = gateway
@@ -116,8 +116,8 @@ class Stream:
         self._expect_trailers = False  # an HTTP/2 body followed by trailers: reply to those too
         self._queued: tuple | None = None  # (request, profile, Queued, body, end_of_stream): SLO queue
         self._one_message = False  # the body came first, with the headers as attributes
-        self._subject: str | None = None  # whose rate-limit budget: the API key's digest, never the key
-        self._limiting: tuple | None = None  # (request, body, end_of_stream): waiting for the limiter
+        self._authorization: str | None = None  # whose rate-limit budget (hashed there; never logged)
+        self._limiting: tuple | None = None  # (budget, request, body, end_of_stream): for Redis's answer
         self._admission: Admission | None = None  # the budget that admitted it (response headers)
 
     @property
@@ -202,7 +202,7 @@ class Stream:
         self._has_length = "content-length" in headers
         gw = self._gw
         gw.api_keys.check(headers.get("authorization"))
-        self._subject = gw.limiter.key_subject(headers.get("authorization"))
+        self._authorization = headers.get("authorization")
 
         if path == openai.MODELS_PATH:
             if method != "GET":
@@ -262,9 +262,12 @@ class Stream:
                               param="model", code="model_not_found")
         if self._session is not None:
             request = replace(request, session_key=self._session)
-        if gw.limiter.enabled:  # Process awaits pass_limits() (no reply yet)
-            self._limiting = (request, body, http_body.end_of_stream)
-            return None
+        limiter = gw.limiter
+        if limiter.enabled and (budget := limiter.budget(self._authorization, request)) is not None:
+            if limiter.shared:  # Process awaits pass_limits() (no reply yet)
+                self._limiting = (budget, request, body, http_body.end_of_stream)
+                return None
+            self._admission = limiter.admit_here(budget, request)
         return self._dispatch(request, body, http_body.end_of_stream)
 
     @property
@@ -272,14 +275,12 @@ class Stream:
         return self._limiting is not None
 
     async def pass_limits(self) -> ProcessingResponse | None:
-        """The request's budget (one bounded Redis round trip at most), then routing; or a 429.
+        """The request's budget in Redis (one bounded round trip), then routing; or a 429.
         None: the request waits in the SLO queue next."""
-        request, body, end_of_stream = self._limiting
+        budget, request, body, end_of_stream = self._limiting
         self._limiting = None
-        limiter = self._gw.limiter
         try:
-            subject = self._subject or limiter.user_subject(request)
-            self._admission = await limiter.admit(subject, request)
+            self._admission = await self._gw.limiter.admit_shared(budget, request)
             return self._dispatch(request, body, end_of_stream)
         except OpenAIError as err:
             return self._reject(err)

@@ -213,12 +213,15 @@ async def test_aibrix_user_records_set_the_limits_as_aibrix_keeps_them(redis: li
         def request(user: str) -> Request:
             return Request(model=MODEL, path="/v1/chat/completions", prompt_tokens=5, user=user)
 
-        alice = [await limiter.admit("user:alice", request("alice")) for _ in range(2)]
+        async def admit(user: str):
+            return await limiter.admit_shared(limiter.budget(None, request(user)), request(user))
+
+        alice = [await admit("alice") for _ in range(2)]
         assert [a.limits.requests for a in alice] == [2, 2] and alice[1].verdict.requests < 1
         with pytest.raises(RateLimited):
-            await limiter.admit("user:alice", request("alice"))
+            await admit("alice")
         assert limiter.limited.labels(MODEL, "requests", "aibrix_user")._value.get() == 1
-        bob = await limiter.admit("user:bob", request("bob"))
+        bob = await admit("bob")
         assert bob.limits.requests == 50
     finally:
         await limiter.close()
