@@ -32,10 +32,10 @@ def digest(key: str) -> str:
 def config(sim_port: int, default_rpm: int = 100_000) -> dict:
     return {"models": {MODEL: {"pods": [{"name": "a100-0", "address": f"127.0.0.1:{sim_port}"}]}},
             "routing": {"default_strategy": "least-request"},
-            # 50 ms: this test box is shared by several suites (load ~3 on 2 cores), and the bound counts
-            # the event loop's own queueing in a burst; a late answer would admit unchecked (measured
-            # in docs/rate-limits.md). The default is 5 ms.
-            "rate_limits": {"requests_per_minute": default_rpm, "redis_timeout_ms": 50, "overrides": [
+            # 100 ms (the most allowed): this box is shared by several suites (load 3-5 on 2 cores), and
+            # the bound counts the event loop's own queueing in a burst; a late answer admits unchecked,
+            # which the first test would count against the limit. The default is 5 ms.
+            "rate_limits": {"requests_per_minute": default_rpm, "redis_timeout_ms": 100, "overrides": [
                 {"api_key_sha256": digest(SHARED), "requests_per_minute": SHARED_RPM},
                 {"api_key_sha256": digest(TOKENS), "tokens_per_minute": TOKENS_TPM},
                 {"api_key_sha256": digest(RESETS), "requests_per_minute": RESETS_RPM},
@@ -100,7 +100,8 @@ async def test_the_limit_holds_across_two_gateways_under_concurrent_load(gateway
     refused = [r for r in results if r[0] == 429]
     assert len(admitted) + len(refused) == len(results)
     # within one request: the budget refills one request every 6 s while the burst runs
-    assert SHARED_RPM <= len(admitted) <= SHARED_RPM + 1, [r[0] for r in results]
+    unchecked = [s.sample("extproc_rate_limit_unchecked_requests_total") for s in (a, b)]
+    assert SHARED_RPM <= len(admitted) <= SHARED_RPM + 1, ([r[0] for r in results], unchecked)
     for _, headers, _ in admitted:
         assert headers["x-ratelimit-limit-requests"] == str(SHARED_RPM)
         assert 0 <= int(headers["x-ratelimit-remaining-requests"]) < SHARED_RPM
@@ -111,8 +112,7 @@ async def test_the_limit_holds_across_two_gateways_under_concurrent_load(gateway
     # both gateways refused some, and none admitted a request unchecked
     assert a.sample("extproc_rate_limited_requests_total", key_class="override") > 0
     assert b.sample("extproc_rate_limited_requests_total", key_class="override") > 0
-    assert a.sample("extproc_rate_limit_unchecked_requests_total") == 0
-    assert b.sample("extproc_rate_limit_unchecked_requests_total") == 0
+    assert unchecked == [0, 0]
 
 
 async def test_output_tokens_are_counted_once_across_gateways(gateways: list[LocalStack],
