@@ -59,3 +59,12 @@ def test_aibrix_users_keys_by_user():
     rl = config({"key_by": "user", "aibrix_users": True,
                  "overrides": [{"user": "alice", "requests_per_minute": 2}]}).rate_limits
     assert rl.enabled and rl.aibrix_users and rl.limits_for("user:alice", "m")[0] == Limits(2, None)
+
+
+def test_check_config_describes_the_section():
+    from extproc.config.describe import describe
+
+    section = {"requests_per_minute": 600, "overrides": [{"model": "n", "tokens_per_minute": 9}]}
+    lines = describe(config(section))
+    assert "rate limits: per api_key and model; 600 requests/min; 1 override(s); in process" in lines
+    assert "rate limits: off" in describe(parse({"models": MODELS}, {}))
