@@ -8,11 +8,11 @@ model (a configured one: unknown models are refused before this) and the key cla
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from hashlib import sha256
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -110,11 +110,11 @@ class RateLimiter:
 
     def _subject(self, authorization: str | None, request: Request) -> str:
         if self.settings.key_by == "api_key":
-            scheme, _, token = (authorization or "").strip().partition(" ")
+            scheme, _, token = authorization.strip().partition(" ") if authorization else ("", "", "")
             token = token.strip()
-            if scheme.lower() != "bearer" or not token:
+            if not token or scheme.lower() != "bearer":
                 return ANONYMOUS
-            return "key:" + hashlib.sha256(token.encode()).hexdigest()
+            return "key:" + sha256(token.encode()).hexdigest()
         user = request.user
         if not user:
             return ANONYMOUS

@@ -58,16 +58,16 @@ class RateLimitSettings:
     overrides: Mapping[tuple[str, str], Limits] = field(default_factory=dict)
     aibrix_users: bool = False
     redis_timeout_s: float = 0.005
-
-    @property
-    def by_subject(self) -> bool:
-        """Whether whose request it is can change its limits (else: the model alone decides)."""
-        return self.aibrix_users or any(subject for subject, _ in self.overrides)
+    # Whether whose request it is can change its limits (else the model alone decides, and a request
+    # no limit applies to costs no hashing of its key)
+    by_subject: bool = False
 
     def limits_for(self, subject: str, model: str) -> tuple[Limits, str]:
         """The subject's limits on the model, and its class for metrics ("override" or "default")."""
-        for probe in ((subject, model), (subject, ""), ("", model)):
-            found = self.overrides.get(probe)
+        overrides = self.overrides
+        if overrides:
+            found = (overrides.get((subject, model)) or overrides.get((subject, ""))
+                     or overrides.get(("", model)))
             if found is not None:
                 return found.over(self.default), "override"
         return self.default, "default"
@@ -108,7 +108,8 @@ def parse_rate_limits(raw: Any, models: tuple[str, ...]) -> RateLimitSettings:
         overrides[probe] = limits
     return RateLimitSettings(enabled=default.any or bool(overrides) or aibrix, key_by=key_by,
                              default=default, overrides=overrides, aibrix_users=aibrix,
-                             redis_timeout_s=timeout / 1000)
+                             redis_timeout_s=timeout / 1000,
+                             by_subject=aibrix or any(subject for subject, _ in overrides))
 
 
 def _override_target(where: str, entry: Any, key_by: str, models: tuple[str, ...]) -> tuple[str, str]:
