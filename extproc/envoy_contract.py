@@ -28,6 +28,13 @@ ANSWERED_KEY = "answered"             # set on the gateway's own replies: local-
 # adds response headers from POD/STRATEGY/REQUEST_ID, the tally script reads STRIP_USAGE.
 KEY, POD, STRATEGY, REQUEST_ID, STRIP_USAGE = "key", "pod", "strategy", "request_id", "strip_usage"
 TRACEPARENT = "traceparent"  # the request's span (OpenTelemetry on): the route sends it to the pod
+# An admitted request's rate-limit budget (extproc/ratelimit/): the access log brings the bucket and its
+# token limit back (output tokens are charged to it); Envoy adds each RATE_LIMIT_HEADERS name, kept
+# under the same key, to the response.
+RATE_LIMIT_BUCKET, RATE_LIMIT_TOKENS = "ratelimit_bucket", "ratelimit_tokens_limit"
+RATE_LIMIT_HEADERS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
+                      "x-ratelimit-reset-requests", "x-ratelimit-limit-tokens",
+                      "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
 
 # -- the cluster and the buffer ------------------------------------------------------------------
 EXTPROC_CLUSTER = "extproc"  # Envoy's cluster of the gateway: ext_proc and the gRPC access log

@@ -17,6 +17,7 @@ def describe(config: Config) -> list[str]:
              f"model paths: {', '.join(sorted(config.model_paths))}",
              f"API keys: {_keys(config)}; request traces: "
              f"{('on' if config.redis_url else 'on, but off without Redis') if config.tracing else 'off'}"]
+    lines.append(f"rate limits: {_rate_limits(config)}")
     if config.discovery.enabled:
         d = config.discovery
         lines.append(f"discovery: kubernetes, pods labelled {d.label_selector} in "
@@ -34,3 +35,18 @@ def _keys(config: Config) -> str:
     sources = ([f"{len(config.api_keys)} from EXTPROC_API_KEYS"] if config.api_keys else []) + \
               ([f"file {config.api_keys_file}"] if config.api_keys_file else [])
     return f"on ({', '.join(sources)})" if sources else "off"
+
+
+def _rate_limits(config: Config) -> str:
+    rl = config.rate_limits
+    if not rl.enabled:
+        return "off"
+    per_minute = [f"{n} {what}/min" for n, what in ((rl.default.requests, "requests"),
+                                                     (rl.default.tokens, "tokens")) if n]
+    parts = [f"per {rl.key_by} and model", ", ".join(per_minute) or "no default limit",
+             f"{len(rl.overrides)} override(s)"]
+    if rl.aibrix_users:
+        parts.append("AIBrix user records (aibrix-users/<user>)")
+    parts.append(f"shared through Redis, {rl.redis_timeout_s * 1000:g} ms bound" if config.redis_url
+                 else "in process")
+    return "; ".join(parts)

@@ -30,6 +30,7 @@ from extproc.config.schema import (
 )
 from extproc.config.source import DuplicateKey, read_yaml
 from extproc.envoy_contract import DEFAULT_DESTINATION_HEADER, ENVOY_BUFFER_BYTES
+from extproc.ratelimit.settings import RateLimitError, parse_rate_limits
 from extproc.routing.settings import RoutingSettings
 
 HEADER_NAME = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]+")  # an RFC 9110 token, lower-cased
@@ -90,6 +91,10 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
     model_routing = {name: spec["routingConfig"] for name, spec in models.items()
                      if isinstance(spec, dict) and spec.get("routingConfig") is not None}
     settings = _routing(routing, model_routing, tuple(models), env)
+    try:
+        rate_limits = parse_rate_limits(raw.get("rate_limits"), tuple(models))
+    except RateLimitError as exc:
+        raise ConfigError(str(exc)) from None
     return Config(pods=pods, models=tuple(models), default_strategy=settings.default_strategy,
                   destination_header=header, model_paths=frozenset(paths),
                   max_body_bytes=max_body,
@@ -103,7 +108,7 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
                   redis_url=environment.redis_url_from_env(env, _optional_str(redis, "url")),
                   redis_instance=environment.pod_name(env), tracing=environment.tracing_enabled(env),
                   api_keys_file=_keys_file(gateway), api_keys=environment.api_keys(env),
-                  discovery=discovery)
+                  discovery=discovery, rate_limits=rate_limits)
 
 
 def _routing(routing: dict[str, Any], model_routing: dict[str, Any], models: tuple[str, ...],

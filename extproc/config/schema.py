@@ -22,6 +22,7 @@ from extproc.config.source import line_of
 from extproc.envoy_contract import DEFAULT_DESTINATION_HEADER
 from extproc.pool.pod import Pod
 from extproc.pool.settings import DISCOVERY_KEYS, DiscoverySettings
+from extproc.ratelimit.settings import RateLimitSettings
 from extproc.routing.settings import RoutingSettings
 
 # Inference endpoints routed to a pod; anything else (engine admin endpoints included) gets a 404.
@@ -41,7 +42,7 @@ SECTION_KEYS: dict[str, frozenset[str]] = {
     "redis": frozenset({"url"}),
     "discovery": DISCOVERY_KEYS,  # typed by extproc.config.discovery
 }
-TOP_KEYS = frozenset({"models", "routing", *SECTION_KEYS})
+TOP_KEYS = frozenset({"models", "routing", "rate_limits", *SECTION_KEYS})  # rate_limits: extproc.ratelimit
 
 
 class ConfigError(ValueError):
@@ -82,6 +83,8 @@ class Config:
     fail_open: bool = False
     # Where pods come from besides `models`: the file only (default) or the Kubernetes API.
     discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
+    # Per-key request and token limits (docs/rate-limits.md); off unless the section sets a limit.
+    rate_limits: RateLimitSettings = field(default_factory=RateLimitSettings)
 
 
 def check_known(where: str, mapping: Mapping[str, Any], allowed: frozenset[str]) -> None:

@@ -40,11 +40,13 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--stream-tokens", type=int, default=64, help="output tokens per streamed request")
     o.add_argument("--itl-ms", type=float, default=20.0, help="upstream pace: ms between tokens of a stream")
     o.add_argument("--paths", type=lambda t: tuple(t.split(",")), default=("direct", "envoy", "routed", "full"),
-                   help="subset of direct,envoy,routed,full,workers,tally (processes to start)")
+                   help="subset of direct,envoy,routed,full,workers,tally,limited (processes to start)")
     o.add_argument("--stream-paths", type=lambda t: tuple(t.split(",")), default=("envoy", "full"),
                    help="paths of the streaming sweep, of envoy,routed,full,tally (tally: Envoy + the Lua "
                         "tally without a gateway: the Lua's share of (c); needs it in --paths too)")
     o.add_argument("--workers", type=int, default=2, help="gateway processes of the 'workers' path")
+    o.add_argument("--limits-redis-url", help="the 'limited' path keeps its budgets in this Redis "
+                   "(default: in process)")
     o.add_argument("--decisions", type=int, default=3000, help="routing decisions timed per pool size")
     o.add_argument("--baseline", type=Path, metavar="DIR",
                    help="a checkout of an earlier version (git worktree or `git archive`): its gateway and "
@@ -79,6 +81,12 @@ def add_parser(sub: Any) -> None:
     f.add_argument("--rounds", type=int, default=3)
     f.add_argument("--threads", type=int, default=8, help="the sync server's thread pool")
     f.set_defaults(func=_floor)
+
+    rl = kinds.add_parser("limits", help="what the rate-limit check adds to a request's side, in process")
+    rl.add_argument("--requests", type=int, default=2000, help="requests per variant and round")
+    rl.add_argument("--rounds", type=int, default=5, help="rounds; the variants take turns in each")
+    rl.add_argument("--redis-url", help="also time limits kept in this Redis (e.g. a local redis-server)")
+    rl.set_defaults(func=_limits)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -119,7 +127,7 @@ def _overhead(args: argparse.Namespace) -> int:
     if args.keep_logs:
         print(f"process logs: {log_dir}", file=sys.stderr)
     with Stack(log_dir, s.itl_ms, strategy, paths=s.paths, baseline=args.baseline,
-               workers=args.workers) as stack:
+               workers=args.workers, limits_redis_url=args.limits_redis_url) as stack:
         runs = run_all(stack, s, progress=lambda line: print(line, file=sys.stderr, flush=True))
         upstream_cpu = stack.upstream_stats()["cpu_s"]
     summary = summarize(runs, s)
@@ -153,6 +161,13 @@ def _print_profiles(directory: Path) -> None:
             if "extproc/" in frame and incl >= 0.01 and not frame.endswith(("(extproc/cli.py)",
                                                                             "(extproc/server/app.py)")):
                 print(f"  {own * 100:5.1f} {incl * 100:5.1f}  {frame}")
+
+
+def _limits(args: argparse.Namespace) -> int:
+    from extproc.perf.limits import limit_times, render
+
+    print(render(limit_times(args.requests, args.rounds, args.redis_url)))
+    return 0
 
 
 def _floor(args: argparse.Namespace) -> int:

@@ -97,7 +97,7 @@ def _measure(stack: Stack, path: BenchPath, load: int, drive: Callable[[], LoadR
     run = Run(path=path.name, load=load, tokens_sent=int(up["tokens"] - sent0), tokens_received=result.tokens,
               rps=result.rps, tokens_per_s=result.tokens_per_s, usage_leaked=result.usage_leaked,
               errors=result.errors, completed=result.completed, upstream_late_max_ms=up["late_max_ms"])
-    if path.gateway is not None and path.name in ("full", "workers", "before"):  # the paths with the access log
+    if path.gateway is not None and path.name in ACCESS_LOG_PATHS:
         # Records reach the gateway every 20 ms after each request ends: wait for the last ones.
         deadline = time.monotonic() + tally_timeout
         while True:
@@ -199,28 +199,35 @@ def _per(runs: list[Run], process: str, unit: str) -> float:
                   for r in runs if getattr(r, unit))
 
 
+ACCESS_LOG_PATHS = ("full", "workers", "before", "limited")  # the paths with the access log
+# (label prefix in the summary, path) of the paths through a gateway
+GATEWAY_PATHS = (("routed_", "routed"), ("", "full"), ("workers_", "workers"), ("before_", "before"),
+                 ("limited_", "limited"))
+
 def summarize(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for c in s.concurrencies:
         key = lambda path: f"req/{c}/{path}"  # noqa: E731
         row: dict[str, float] = {}
         for label, path in (("upstream", "direct"), ("direct", "envoy"), ("routed", "routed"),
-                            ("gateway", "full"), ("workers", "workers"), ("before", "before")):
+                            ("gateway", "full"), ("workers", "workers"), ("before", "before"),
+                            ("limited", "limited")):
             if key(path) in runs:
                 row[f"{label}_p50_ms"] = _med(runs[key(path)], "p50_ms")
                 row[f"{label}_p99_ms"] = _med(runs[key(path)], "p99_ms")
                 row[f"{label}_rps"] = _med(runs[key(path)], "rps")
-        for label, path in (("routed_", "routed"), ("", "full"), ("workers_", "workers"), ("before_", "before")):
+        for label, path in GATEWAY_PATHS:
             if key(path) in runs and key("envoy") in runs:
                 row[f"{label}added_p50_ms"] = _added(runs, key(path), key("envoy"), "p50_ms")
                 row[f"{label}added_p99_ms"] = _added(runs, key(path), key("envoy"), "p99_ms")
-        for label, path in (("routed_", "routed"), ("", "full"), ("workers_", "workers"), ("before_", "before")):
+        for label, path in GATEWAY_PATHS:
             if key(path) in runs:
                 row[f"{label}gateway_cpu_us_per_request"] = _per(runs[key(path)], "gateway", "completed")
                 row[f"{label}envoy_cpu_us_per_request"] = _per(runs[key(path)], "envoy", "completed")
         if key("envoy") in runs:
             row["direct_envoy_cpu_us_per_request"] = _per(runs[key("envoy")], "envoy", "completed")
-        for label, path in (("", "full"), ("workers_", "workers"), ("before_", "before")):  # vs Envoy alone
+        for label, path in (("", "full"), ("workers_", "workers"), ("before_", "before"),
+                            ("limited_", "limited")):  # vs Envoy alone
             if key(path) in runs and key("envoy") in runs:
                 pairs = zip(runs[key(path)], runs[key("envoy")])
                 row[f"{label}rps_ratio"] = median(a.rps / b.rps for a, b in pairs if b.rps)

@@ -6,7 +6,8 @@ from typing import Any
 
 PATH_LABELS = (("upstream", "upstream, no proxy"), ("direct", "(a) Envoy alone"),
                ("routed", "(b) Envoy + gateway routing"), ("gateway", "(c) full path"),
-               ("workers", "(c) full path, --workers"), ("before", "(c) before (--baseline)"))
+               ("workers", "(c) full path, --workers"), ("before", "(c) before (--baseline)"),
+               ("limited", "(c) full path, rate limits on"))
 
 # (what, where in the summary, at least/at most, limit)
 TARGETS = (  # issue 20
@@ -47,7 +48,8 @@ def requests_table(summary: dict[str, Any], concurrencies: tuple[int, ...]) -> s
         for key, label in PATH_LABELS:
             if f"{key}_p50_ms" not in row:
                 continue
-            added = {"routed": "routed_", "gateway": "", "workers": "workers_", "before": "before_"}.get(key)
+            added = {"routed": "routed_", "gateway": "", "workers": "workers_", "before": "before_",
+                     "limited": "limited_"}.get(key)
             lines.append(
                 f"{label:30} {c:>4} {_f(row[f'{key}_p50_ms']):>8} {_f(row[f'{key}_p99_ms']):>8} "
                 f"{_f(row[f'{key}_rps'], 0):>8} "

@@ -39,7 +39,9 @@ from extproc.localstack import VENV_BIN, Proc, free_port, free_ports, http_get, 
 from extproc.perf.load import Target
 
 MODEL = "bench"
-PATHS = ("direct", "envoy", "routed", "full", "workers", "tally", "before")
+PATHS = ("direct", "envoy", "routed", "full", "workers", "tally", "before", "limited")
+# The "limited" path's limits: high enough that every request is admitted, so it times the check alone.
+BENCH_RATE_LIMITS = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12}
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 BUFFER_FILTER = "envoy.filters.http.buffer"  # holds headers for ext_proc's one message: not without it
 LUA_FILTER = "envoy.filters.http.lua"
@@ -116,8 +118,9 @@ class Stack:
     """Starts everything on 127.0.0.1 free ports; `close` (or the with-block) stops it all."""
 
     def __init__(self, log_dir: Path, itl_ms: float, strategy: str, paths: tuple[str, ...] = PATHS,
-                 baseline: Path | None = None, workers: int = 2) -> None:
+                 baseline: Path | None = None, workers: int = 2, limits_redis_url: str | None = None) -> None:
         self.log_dir = log_dir
+        self.limits_redis_url = limits_redis_url  # the "limited" path's budgets: in Redis, else in process
         self.strategy = strategy
         self.baseline = baseline  # a checkout of an earlier version: the "before" path runs its code
         self.workers = workers    # of the "workers" path
@@ -175,6 +178,12 @@ class Stack:
             envoy = self._envoy("workers", envoy_port, gateway_port=grpc_port, ext_proc=True, tally=True,
                                 workers=self.workers)
             self.paths["workers"] = BenchPath("workers", Target(envoy_port), envoy, gateway)
+        if "limited" in paths:
+            env = {"EXTPROC_REDIS_URL": self.limits_redis_url} if self.limits_redis_url else None
+            gateway, grpc_port = self._gateway("limited", address, env, rate_limits=BENCH_RATE_LIMITS)
+            envoy_port = free_port()
+            envoy = self._envoy("limited", envoy_port, gateway_port=grpc_port, ext_proc=True, tally=True)
+            self.paths["limited"] = BenchPath("limited", Target(envoy_port), envoy, gateway)
         if "before" in paths and self.baseline is not None:
             env = {"PYTHONPATH": str(self.baseline)}  # its code first: the gateway and the generator
             gateway, grpc_port = self._gateway("before", address, env)
@@ -191,13 +200,14 @@ class Stack:
             self.paths["before"] = BenchPath("before", Target(envoy_port), envoy, gateway)
 
     def _gateway(self, name: str, address: str, env: dict[str, str] | None = None,
-                 workers: int = 1) -> tuple[Gateway, int]:
+                 workers: int = 1, rate_limits: dict | None = None) -> tuple[Gateway, int]:
         config = self.log_dir / f"gateway-{name}.yaml"
         # Without the access log (path b) records never come: keep the default request timeout so no
         # expiry (and its per-request warning) runs during the benchmark.
         config.write_text(yaml.safe_dump({
             "models": {MODEL: {"pods": [{"name": "upstream-0", "address": address}]}},
-            "routing": {"default_strategy": self.strategy}}))
+            "routing": {"default_strategy": self.strategy},
+            **({"rate_limits": rate_limits} if rate_limits else {})}))
         grpc_port, admin_port = free_ports(workers), free_port()
         workers_args = ["--workers", str(workers)] if workers > 1 else []  # a baseline may not know it
         proc = self._proc(Proc(f"gateway-{name}", [

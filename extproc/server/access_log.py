@@ -12,7 +12,13 @@ import logging
 
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
-from extproc.envoy_contract import GATEWAY_METADATA_NAMESPACE, KEY, TALLY_NAMESPACE
+from extproc.envoy_contract import (
+    GATEWAY_METADATA_NAMESPACE,
+    KEY,
+    RATE_LIMIT_BUCKET,
+    RATE_LIMIT_TOKENS,
+    TALLY_NAMESPACE,
+)
 from extproc.server.gateway import Gateway
 from extproc.state.record import TOKENS_UNKNOWN
 
@@ -63,9 +69,15 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):
                            ((flags.upstream_remote_reset or flags.upstream_connection_termination)
                             and not common.HasField("time_to_first_upstream_rx_byte")))
         upstream = common.upstream_remote_address.socket_address
+        output_tokens = _number(fields, "output_tokens")
+        budget = ours.fields.get(RATE_LIMIT_BUCKET)
+        if budget is not None:  # the output counted, charged once: Envoy sends each record to one gateway
+            limit = ours.fields.get(RATE_LIMIT_TOKENS)
+            self._gw.limiter.charge(budget.string_value, int(limit.string_value or 0) if limit else 0,
+                                    output_tokens)
         self._gw.complete(
             key.string_value, status=status,
-            prompt_tokens=_number(fields, "prompt_tokens"), output_tokens=_number(fields, "output_tokens"),
+            prompt_tokens=_number(fields, "prompt_tokens"), output_tokens=output_tokens,
             token_source=source.string_value if source is not None else TOKENS_UNKNOWN,
             ttfb_s=_seconds(common.time_to_first_upstream_rx_byte)
             if common.HasField("time_to_first_upstream_rx_byte") else None,

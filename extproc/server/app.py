@@ -22,6 +22,8 @@ from extproc import children, environment
 from extproc import config as config_mod
 from extproc.envoy_contract import ENVOY_BUFFER_BYTES, EXTPROC_SERVICE
 from extproc.pool.info import PodInfoCollector
+from extproc.ratelimit import RateLimiter
+from extproc.ratelimit.redis_store import RedisStore
 from extproc.server import loops, processor
 from extproc.server.access_log import AccessLogService
 from extproc.server.admin import admin_app
@@ -121,7 +123,10 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
         shared = LocalState()
     scraper = MetricsScraper(registry, timeout=config.metrics_timeout_seconds)
     accounting = Accounting(shared, health=PodHealth(), samples=scraper.sample)
-    gateway = Gateway(config, registry=registry, accounting=accounting)
+    # Rate-limit budgets shared through Redis when there is one (turned on and off by reloads)
+    limit_store = RedisStore(redis_url, config.rate_limits.redis_timeout_s) if redis_url else None
+    limiter = RateLimiter(config.rate_limits, registry, store=limit_store)
+    gateway = Gateway(config, registry=registry, accounting=accounting, limiter=limiter)
     registry.register(PodInfoCollector(lambda: gateway.pool.all_pods()))  # GPU type etc. per pod
     prober = HealthProber(accounting.health)
     # Long prompts are parsed in a worker process: the parser holds the GIL, a thread would not help.
@@ -177,6 +182,8 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     heap.freeze_start()  # what the start allocated is never scanned again by the trims' collections
     if discovery is not None:
         background.append(discovery)
+    if limit_store is not None:  # connected before the first request needs it
+        background.append(asyncio.create_task(limit_store.start(), name="ratelimit-connect"))
     # SLO routing's profiles: files named in routing.slo.profiles and Redis aibrix:profile_* (every 10 s)
     background.append(asyncio.create_task(SloRefresh(gateway).run_profiles(redis_url), name="slo-profiles"))
     otel = otel_from_env(os.environ)
@@ -221,6 +228,7 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     await asyncio.gather(*background, return_exceptions=True)
     await scraper.close()
     await prober.close()
+    await limiter.close()
     close = getattr(shared, "close", None)
     if close is not None:
         await close()

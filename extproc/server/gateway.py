@@ -23,6 +23,7 @@ from extproc.envoy_contract import CLIENT_DESTINATION_HEADERS
 from extproc.openai import Request
 from extproc.pool import Pool
 from extproc.pool.pod import PodKey
+from extproc.ratelimit import RateLimiter
 from extproc.routing import Profile, Router, SettingError, StrategySpec, StrategySpecError
 from extproc.routing.framework import Hooks
 from extproc.routing.outcome import Outcome, Routed
@@ -62,9 +63,11 @@ disable_created_metrics()  # *_created series double the scrape for no routing v
 class Gateway:
     def __init__(self, config: Config, registry: CollectorRegistry | None = None,
                  clock: Callable[[], float] = time.monotonic, shared: SharedState | None = None,
-                 accounting: Accounting | None = None) -> None:
+                 accounting: Accounting | None = None, limiter: RateLimiter | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.clock = clock
+        # Per-key limits, checked before routing (extproc/ratelimit/); in process unless given a Redis one
+        self.limiter = limiter or RateLimiter(config.rate_limits, self.registry, clock=clock)
         self.accounting = accounting or Accounting(shared or LocalState())
         self.open = OpenRequests()
         # Keys unique per process and request, "<origin>.<n>"; clients never see or choose them. The
@@ -125,6 +128,7 @@ class Gateway:
                                    config.api_keys)
             self._keys_file = config.api_keys_file
         self.config = config
+        self.limiter.apply(config.rate_limits)
         # A sample is stamped when its scrape returns: the engine's count may be up to the scrape
         # timeout older, and a request takes milliseconds from the decision to the engine's queue.
         self.reconciler.grace_s = config.metrics_timeout_seconds + GRACE_MARGIN_SECONDS

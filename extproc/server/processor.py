@@ -27,6 +27,7 @@ from prometheus_client import Counter
 from extproc import openai
 from extproc.envoy_contract import ENVOY_MAX_HEADERS, EXTPROC_SERVICE, STRATEGY_HEADER
 from extproc.openai import OpenAIError, Request
+from extproc.ratelimit import Admission
 from extproc.routing import StrategySpec, StrategySpecError, strategy_names
 from extproc.routing.framework import UnknownStrategy
 from extproc.routing.outcome import Queued, Rejected, Routed
@@ -99,7 +100,7 @@ def parse_body(path: str, body: bytes, header_model: str | None) -> Request | Op
 class Stream:
     __slots__ = ("_gw", "_room", "_path", "_strategy", "_request_id", "_header_model", "_has_length",
                  "_decision", "_done", "_expect_trailers", "_spec", "_session", "_queued", "_one_message",
-                 "_traceparent")
+                 "_traceparent", "_authorization", "_limiting", "_admission")
 
     def __init__(self, gateway: Gateway, room: SloRoom | None = None) -> None:
         self._gw = gateway
@@ -117,6 +118,9 @@ class Stream:
         self._expect_trailers = False  # an HTTP/2 body followed by trailers: reply to those too
         self._queued: tuple | None = None  # (request, profile, Queued, body, end_of_stream): SLO queue
         self._one_message = False  # the body came first, with the headers as attributes
+        self._authorization: str | None = None  # whose rate-limit budget (hashed there; never logged)
+        self._limiting: tuple | None = None  # (budget, request, body, end_of_stream): for Redis's answer
+        self._admission: Admission | None = None  # the budget that admitted it (response headers)
 
     @property
     def decision(self) -> Routed | None:
@@ -201,6 +205,7 @@ class Stream:
         self._has_length = "content-length" in headers
         gw = self._gw
         gw.api_keys.check(headers.get("authorization"))
+        self._authorization = headers.get("authorization")
 
         if path == openai.MODELS_PATH:
             if method != "GET":
@@ -260,6 +265,35 @@ class Stream:
                               param="model", code="model_not_found")
         if self._session is not None or self._traceparent is not None:
             request = replace(request, session_key=self._session, traceparent=self._traceparent)
+        limiter = gw.limiter
+        if limiter.enabled and (budget := limiter.budget(self._authorization, request)) is not None:
+            if limiter.shared:  # Process awaits pass_limits() (no reply yet)
+                self._limiting = (budget, request, body, http_body.end_of_stream)
+                return None
+            self._admission = limiter.admit_here(budget, request)
+        return self._dispatch(request, body, http_body.end_of_stream)
+
+    @property
+    def limiting(self) -> bool:
+        return self._limiting is not None
+
+    async def pass_limits(self) -> ProcessingResponse | None:
+        """The request's budget in Redis (one bounded round trip), then routing; or a 429.
+        None: the request waits in the SLO queue next."""
+        budget, request, body, end_of_stream = self._limiting
+        self._limiting = None
+        try:
+            self._admission = await self._gw.limiter.admit_shared(budget, request)
+            return self._dispatch(request, body, end_of_stream)
+        except OpenAIError as err:
+            return self._reject(err)
+        except Exception:
+            log.exception("request %s: rate limit error", self._request_id)
+            return self._reject(OpenAIError(500, "internal gateway error", type="server_error"))
+
+    def _dispatch(self, request: Request, body: bytes, end_of_stream: bool) -> ProcessingResponse | None:
+        """Route the request, or hold it in the SLO queue (None)."""
+        gw = self._gw
         profile = gw.profile(self._spec, request.model)
         outcome = gw.route(request, profile, self._request_id)
         kind = outcome.__class__
@@ -269,9 +303,9 @@ class Stream:
             if kind is Rejected:
                 raise self._room.reject(request.model, outcome)  # type: ignore[arg-type]
             # slo-least-load-pulling, slo: Process awaits wait_queued() (no reply yet)
-            self._queued = (request, profile, outcome, body, http_body.end_of_stream)
+            self._queued = (request, profile, outcome, body, end_of_stream)
             return None
-        return self._routed(outcome, request, body, http_body.end_of_stream)  # type: ignore[arg-type]
+        return self._routed(outcome, request, body, end_of_stream)  # type: ignore[arg-type]
 
     @property
     def queued(self) -> bool:
@@ -302,12 +336,13 @@ class Stream:
         self._expect_trailers = not end_of_stream and not self._one_message
         new_body = openai.with_usage_requested(body, request) if gw.config.include_usage else None
         trace = gw.spans.traceparent(request) if gw.spans is not None else None
+        limits = responses.rate_limit_metadata(self._admission) if self._admission is not None else None
         if self._one_message:
             return responses.route_from_body(gw.config.destination_header, decision.pod, decision.key,
                                              self._request_id, self._strategy, new_body,
-                                             gw.client_forbidden_headers, trace)
+                                             gw.client_forbidden_headers, trace, limits)
         return responses.route(gw.config.destination_header, decision.pod, decision.key,
-                               self._request_id, self._strategy, new_body, self._has_length, trace)
+                               self._request_id, self._strategy, new_body, self._has_length, trace, limits)
 
     def _reply_headers(self) -> list[tuple[str, str]]:
         headers = [("request-id", self._request_id)]
@@ -324,6 +359,8 @@ class Stream:
             headers = [*headers, ("www-authenticate", "Bearer")]
         if (retry := getattr(err, "retry_after", None)) is not None:
             headers = [*headers, ("retry-after", str(retry))]
+        if (extra := getattr(err, "headers", None)) is not None:  # a rate limit's x-ratelimit-*, Retry-After
+            headers = [*headers, *extra]
         return responses.immediate(err.status, err.body(), headers)
 
 
@@ -352,6 +389,8 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
                     parsed = await asyncio.get_running_loop().run_in_executor(
                         self._pool, parse_body, *stream.parse_args(msg))
                 reply = stream.handle(msg, parsed)
+                if reply is None and stream.limiting:
+                    reply = await stream.pass_limits()
                 if reply is None and stream.queued:
                     reply = await stream.wait_queued()
                 yield reply

@@ -24,12 +24,15 @@ from extproc.envoy_contract import (
     KEY,
     LB_METADATA_NAMESPACE,
     POD,
+    RATE_LIMIT_BUCKET,
+    RATE_LIMIT_TOKENS,
     REQUEST_ID,
     STRATEGY,
     STRIP_USAGE,
     TRACEPARENT,
 )
 from extproc.pool.pod import Pod
+from extproc.ratelimit import Admission
 
 OVERWRITE = HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
@@ -62,16 +65,18 @@ def request_headers(remove: list[str]) -> ProcessingResponse:
 
 def route(destination_header: str, pod: Pod, key: str, request_id: str, strategy: str,
           new_body: bytes | None, has_content_length: bool,
-          traceparent: str | None = None) -> ProcessingResponse:
+          traceparent: str | None = None,
+          limits: list[tuple[str, str]] | None = None) -> ProcessingResponse:
     """Send the buffered request to the pod: the header ORIGINAL_DST follows, envoy.lb metadata (the
     endpoint-picker protocol), and our own metadata for the response side.
 
     clear_route_cache makes Envoy re-match routes now that the destination header exists.
     `new_body` replaces the request body (usage requested on the client's behalf); its length is set
     when the client sent one, as Envoy refuses a mutated body that disagrees with content-length.
+    `limits`: the request's rate-limit budget (`rate_limit_metadata`).
     """
     metadata = _decision(destination_header, pod, key, request_id, strategy, new_body is not None,
-                         traceparent)
+                         traceparent, limits)
     headers = [(destination_header, pod.address)]
     if traceparent:  # also as a header: Envoy Gateway's route does not add it from the metadata
         headers.append((TRACEPARENT, traceparent))
@@ -88,15 +93,15 @@ def route(destination_header: str, pod: Pod, key: str, request_id: str, strategy
 
 
 def route_from_body(destination_header: str, pod: Pod, key: str, request_id: str, strategy: str,
-                    new_body: bytes | None, remove: list[str], traceparent: str | None = None
-                    ) -> ProcessingResponse:
+                    new_body: bytes | None, remove: list[str], traceparent: str | None = None,
+                    limits: list[tuple[str, str]] | None = None) -> ProcessingResponse:
     """`route` for a request whose headers Envoy did not send (one message: the body). Envoy (1.40)
     applies no header mutation then: the destination is the envoy.lb metadata, which the route and
     the ORIGINAL_DST cluster follow, and the route itself sets the destination header and strips
     client-sent ones (envoy_bootstrap.py); it also sets a new body's content-length. The header
     mutation is there because Envoy clears the route cache only for a response that has one."""
     metadata = _decision(destination_header, pod, key, request_id, strategy, new_body is not None,
-                         traceparent)
+                         traceparent, limits)
     return ProcessingResponse(
         request_body=BodyResponse(response=CommonResponse(
             header_mutation=HeaderMutation(remove_headers=remove),
@@ -105,10 +110,19 @@ def route_from_body(destination_header: str, pod: Pod, key: str, request_id: str
         dynamic_metadata=metadata)
 
 
+def rate_limit_metadata(admission: Admission) -> list[tuple[str, str]]:
+    """An admitted request's budget as metadata: the x-ratelimit-* values Envoy adds to the response
+    (each under its header's name), and where the access log's output tokens are charged."""
+    return [*admission.headers(), (RATE_LIMIT_BUCKET, admission.bucket_id),
+            (RATE_LIMIT_TOKENS, str(admission.limits.tokens or 0))]
+
+
 def _decision(destination_header: str, pod: Pod, key: str, request_id: str, strategy: str,
-              strip_usage: bool, traceparent: str | None = None) -> Struct:
+              strip_usage: bool, traceparent: str | None = None,
+              limits: list[tuple[str, str]] | None = None) -> Struct:
     """The routing decision as dynamic metadata: envoy.lb (the endpoint-picker protocol) and ours
-    (with the span's traceparent, which the route sets on the request to the pod)."""
+    (with the span's traceparent, which the route sets on the request to the pod, and the rate-limit
+    headers Envoy adds to the response)."""
     metadata = Struct()
     metadata.fields[LB_METADATA_NAMESPACE].struct_value.fields[destination_header].string_value = pod.address
     ours = metadata.fields[GATEWAY_METADATA_NAMESPACE].struct_value.fields
@@ -120,6 +134,8 @@ def _decision(destination_header: str, pod: Pod, key: str, request_id: str, stra
         ours[STRIP_USAGE].bool_value = True
     if traceparent:
         ours[TRACEPARENT].string_value = traceparent
+    for name, value in limits or ():
+        ours[name].string_value = value
     return metadata
 
 
