@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
+
 import msgspec
 
 from extproc.lax import LaxError, as_bool, as_int

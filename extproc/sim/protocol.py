@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from extproc.lax import LaxError, as_bool, as_int
+from extproc.sim.prefix import block_hashes, token_block_hashes
 from extproc.tokens import CHARS_PER_TOKEN
 from extproc.tokens import estimate_tokens as _count
-from extproc.sim.prefix import block_hashes, token_block_hashes
 
 T = TypeVar("T")
 
