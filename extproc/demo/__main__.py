@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from extproc.demo.load import Outcome, drive
 from extproc.demo.plan import (
     BURST_LOAD,
-    BURST_MODES,
+    BURST_PHASES,
     BURST_SEED_OFFSET,
     FULL,
     LOAD,
@@ -230,13 +230,13 @@ class Demo:
             result.ttft_p99_s = quantile_from_buckets(burst, 0.99)
         return result
 
-    async def burst(self, session: aiohttp.ClientSession, mode: str) -> PhaseResult:
-        """load-balance under one capacity mode, on the same arrivals as the other mode's burst."""
+    async def burst(self, session: aiohttp.ClientSession, strategy: str, mode: str) -> PhaseResult:
+        """`strategy` under one capacity mode, on the same arrivals as the other burst phases."""
         await self.set_capacity_mode(session, mode)
         assert self.burst_factor is not None
         rng = random.Random(self.seed + BURST_SEED_OFFSET)
         rate = self.plan.rate * self.burst_factor
-        result = await self.phase(session, burst_label(mode), STRATEGIES["load-balance"],
+        result = await self.phase(session, burst_label(strategy, mode), STRATEGIES[strategy],
                                   burst_phases(self.phases), rng, burst_rate=rate)
         result.capacity_mode, result.rate_rps = mode, rate
         return result
@@ -246,7 +246,7 @@ class Demo:
         async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
             results = [await self.phase(session, s, STRATEGIES[s], self.phases, self.rng) for s in strategies]
             if self.burst_factor is not None:
-                results += [await self.burst(session, mode) for mode in BURST_MODES]
+                results += [await self.burst(session, *phase) for phase in BURST_PHASES]
             return results
 
 
@@ -264,8 +264,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds of each strategy's phases (default: 10,30,30; --quick 5,12,15)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--burst", action="store_true",
-                        help="then load-balance under capacity: observed and capacity: speed, each with the "
-                             "same load burst, and the capacity the gateway reported per pod")
+                        help="then least-request, and load-balance under capacity: observed and capacity: "
+                             "speed, each with the same load burst: the engines' TTFT p99 and queues, and "
+                             "the capacity the gateway reported per pod")
     parser.add_argument("--burst-factor", type=float, metavar="X",
                         help=f"the burst's rate as a multiple of the normal one (default: up to "
                              f"{BURST_LOAD:.0%} of the pool's saturated throughput, "
@@ -308,10 +309,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{phases.drain_s:.0f} s drain; logs in {log_dir}")
     if args.burst:
         bp = burst_phases(phases)
-        print(f"then --burst: load-balance with capacity: {' and '.join(BURST_MODES)}, each "
+        print(f"then --burst: {', '.join(burst_label(*p) for p in BURST_PHASES)}, each "
               f"{bp.warmup_s:.0f} s at {plan.rate:.1f} req/s, then {bp.measure_s:.0f} s measured at "
               f"{plan.rate * args.burst_factor:.1f} req/s ({args.burst_factor:.2f}x = "
-              f"{args.load * args.burst_factor:.0%} of saturated), the same arrivals for both")
+              f"{args.load * args.burst_factor:.0%} of saturated), the same arrivals for all")
     print()
     engines: dict[str, Proc] = {}
     stack = LocalStack(config_path=log_dir / "gateway.yaml", log_dir=log_dir)
@@ -345,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                      "saturated_tokens_per_s": plan.saturated, "cpu_share": shares}
             if args.burst:
                 extra["burst"] = {"factor": args.burst_factor, "rate_rps": plan.rate * args.burst_factor,
-                                  "phases": [burst_label(m) for m in BURST_MODES]}
+                                  "phases": [burst_label(*p) for p in BURST_PHASES]}
             write_json(results, args.json, extra)
             print(f"json: {args.json}")
         return 0
