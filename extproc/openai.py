@@ -7,9 +7,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
+
 import msgspec
 
 from extproc.lax import LaxError, as_bool, as_int
+from extproc.tokens import CHARS_PER_TOKEN, estimate_tokens  # routing needs prompt size, not token ids
 
 T = TypeVar("T")
 
@@ -18,8 +20,6 @@ COMPLETIONS_PATH = "/v1/completions"
 EMBEDDINGS_PATH = "/v1/embeddings"
 MODELS_PATH = "/v1/models"
 
-# A rough tokenizer estimate: routing needs prompt size, not exact token ids.
-CHARS_PER_TOKEN = 4
 # Of a prompt, routing keeps what it reads (prefix hashing takes the first 32k tokens by default,
 # ~128 K characters): a request holds this much for its whole generation, not an 8 MB prompt.
 ROUTED_PROMPT_CHARS = 1 << 20
@@ -191,11 +191,11 @@ def _prompt_text(path: str, data: _Body) -> str:
             return prompt
         if prompt and all(isinstance(p, str) for p in prompt):
             return "\n".join(prompt)
-        # token ids, or a batch of them: only their count matters
+        # token ids, or a batch of them: only their count matters (a stand-in text that many tokens long)
         if prompt and all(isinstance(p, int) for p in prompt):
-            return " " * (CHARS_PER_TOKEN * len(prompt))
+            return "-" * (CHARS_PER_TOKEN * len(prompt))
         if prompt and all(isinstance(p, list) for p in prompt):
-            return " " * (CHARS_PER_TOKEN * sum(len(p) for p in prompt))
+            return "-" * (CHARS_PER_TOKEN * sum(len(p) for p in prompt))
         raise bad_request("prompt must be a string, an array of strings or of token ids", param="prompt")
     return ""  # other model-addressed endpoints (embeddings, ...) are routed on model alone
 
@@ -226,10 +226,6 @@ def with_usage_requested(body: bytes, request: Request) -> bytes | None:
 
 
 _USAGE_MEMBER = b'"stream_options":{"include_usage":true}'
-
-
-def estimate_tokens(text: str) -> int:
-    return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
 
 
 def models_body(names: list[str], created: int = 0) -> bytes:

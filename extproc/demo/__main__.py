@@ -20,12 +20,28 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from extproc.demo.load import Outcome, drive
-from extproc.demo.plan import (BURST_LOAD, BURST_MODES, BURST_SEED_OFFSET, FULL, LOAD, MODEL, POOL, QUICK,
-                               STRATEGIES, Phases, Plan, burst_label, burst_phases)
-from extproc.demo.report import PhaseResult, summarise, table, write_json, write_png
+from extproc.demo.plan import (
+    BURST_LOAD,
+    BURST_PHASES,
+    BURST_SEED_OFFSET,
+    FULL,
+    LOAD,
+    MODEL,
+    POOL,
+    QUICK,
+    STRATEGIES,
+    Phases,
+    Plan,
+    burst_label,
+    burst_phases,
+)
+from extproc.demo.report import PhaseResult, quantile_from_buckets, summarise, table, write_json, write_png
 from extproc.localstack import LocalStack, Proc, free_port, http_get
 
 GENERATED = "vllm:generation_tokens_total"
+WAITING = "vllm:num_requests_waiting"
+TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
+QUEUE_SAMPLE_S = 0.25  # how often a burst phase reads the engines' queues
 CAPACITY = "extproc_pod_capacity_tokens_per_second"
 OBSERVED = "extproc_pod_observed_tokens_per_second"
 RELOAD_TIMEOUT_S = 20.0  # the gateway polls its file every second and applies a change after two polls
@@ -77,15 +93,37 @@ class Demo:
         self.seed, self.burst_factor = seed, burst_factor
         self.tty = sys.stdout.isatty()
 
-    async def generated(self, session: aiohttp.ClientSession) -> dict[str, float]:
-        """Output tokens each engine has generated so far."""
+    async def engine_samples(self, session: aiohttp.ClientSession) -> dict[str, list]:
+        """Each engine's /metrics samples."""
         out = {}
         for name, port in self.ports.items():
             async with session.get(f"http://127.0.0.1:{port}/metrics") as resp:
                 text = await resp.text()
-            out[name] = sum(s.value for f in text_string_to_metric_families(text)
-                            for s in f.samples if s.name == GENERATED)
+            out[name] = [s for f in text_string_to_metric_families(text) for s in f.samples]
         return out
+
+    async def generated(self, session: aiohttp.ClientSession) -> dict[str, float]:
+        """Output tokens each engine has generated so far."""
+        return {name: sum(s.value for s in samples if s.name == GENERATED)
+                for name, samples in (await self.engine_samples(session)).items()}
+
+    async def ttft_buckets(self, session: aiohttp.ClientSession) -> dict[float, float]:
+        """The pool's time-to-first-token histogram so far: cumulative count per upper bound, all engines."""
+        out: dict[float, float] = {}
+        for samples in (await self.engine_samples(session)).values():
+            for s in samples:
+                if s.name == TTFT_BUCKET:
+                    le = float(s.labels["le"])
+                    out[le] = out.get(le, 0.0) + s.value
+        return out
+
+    async def watch_queues(self, session: aiohttp.ClientSession, peaks: dict[str, float]) -> None:
+        """The deepest queue each engine has had, sampled until cancelled."""
+        while True:
+            for name, samples in (await self.engine_samples(session)).items():
+                waiting = sum(s.value for s in samples if s.name == WAITING)
+                peaks[name] = max(peaks.get(name, 0.0), waiting)
+            await asyncio.sleep(QUEUE_SAMPLE_S)
 
     async def gauges(self, session: aiohttp.ClientSession) -> dict[str, dict[str, float]]:
         """The gateway's capacity and observed gauges per pod of the demo's model."""
@@ -135,7 +173,8 @@ class Demo:
     async def phase(self, session: aiohttp.ClientSession, label: str, header: str, ph: Phases,
                     rng: random.Random, burst_rate: float | None = None) -> PhaseResult:
         """Warm-up at the plan's rate, the measured window (at `burst_rate` when given), the drain. A burst
-        phase also samples the gateway's capacity gauges as the burst begins and as its window ends."""
+        phase also samples the gateway's capacity gauges as the burst begins and as its window ends, the
+        engines' queues from the burst's start to the end of the drain, and their TTFT histograms then."""
         outcomes: list[Outcome] = []
         tasks: set[asyncio.Task] = set()
         stage = ["normal" if burst_rate else "warm-up"]
@@ -143,11 +182,16 @@ class Demo:
         shown = asyncio.create_task(self.progress(label, stage, outcomes, started,
                                                   ph.warmup_s + ph.measure_s + ph.drain_s))
         gauges: list[dict[str, dict[str, float]]] = []
+        ttft: list[dict[float, float]] = []
+        peaks: dict[str, float] = {}
+        watcher: asyncio.Task | None = None
         try:
             await drive(self.stack.url, header, self.plan, ph.warmup_s, rng, session, [], tasks)
             stage[0] = "burst" if burst_rate else "measuring"
             if burst_rate:
                 gauges.append(await self.gauges(session))
+                ttft.append(await self.ttft_buckets(session))
+                watcher = asyncio.create_task(self.watch_queues(session, peaks))
             before, t0 = await self.generated(session), time.monotonic()
             await drive(self.stack.url, header, self.plan, ph.measure_s, rng, session, outcomes, tasks,
                         rate=burst_rate)
@@ -158,8 +202,12 @@ class Demo:
             deadline = time.monotonic() + ph.drain_s
             while any(o.latency_s is None for o in outcomes) and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
+            if burst_rate:
+                ttft.append(await self.ttft_buckets(session))
         finally:
             shown.cancel()
+            if watcher is not None:
+                watcher.cancel()
             for o in outcomes:
                 o.unfinished = o.latency_s is None
             for task in list(tasks):  # the rest are cut off; their latency so far is a lower bound
@@ -175,15 +223,20 @@ class Demo:
                 pod.capacity_start = start[CAPACITY].get(name)
                 pod.capacity_end = end[CAPACITY].get(name)
                 pod.observed_end = end[OBSERVED].get(name)
+                pod.peak_waiting = int(peaks.get(name, 0))
+        if len(ttft) == 2:
+            start, end = ttft
+            burst = sorted((le, end[le] - start.get(le, 0.0)) for le in end)
+            result.ttft_p99_s = quantile_from_buckets(burst, 0.99)
         return result
 
-    async def burst(self, session: aiohttp.ClientSession, mode: str) -> PhaseResult:
-        """load-balance under one capacity mode, on the same arrivals as the other mode's burst."""
+    async def burst(self, session: aiohttp.ClientSession, strategy: str, mode: str) -> PhaseResult:
+        """`strategy` under one capacity mode, on the same arrivals as the other burst phases."""
         await self.set_capacity_mode(session, mode)
         assert self.burst_factor is not None
         rng = random.Random(self.seed + BURST_SEED_OFFSET)
         rate = self.plan.rate * self.burst_factor
-        result = await self.phase(session, burst_label(mode), STRATEGIES["load-balance"],
+        result = await self.phase(session, burst_label(strategy, mode), STRATEGIES[strategy],
                                   burst_phases(self.phases), rng, burst_rate=rate)
         result.capacity_mode, result.rate_rps = mode, rate
         return result
@@ -193,7 +246,7 @@ class Demo:
         async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
             results = [await self.phase(session, s, STRATEGIES[s], self.phases, self.rng) for s in strategies]
             if self.burst_factor is not None:
-                results += [await self.burst(session, mode) for mode in BURST_MODES]
+                results += [await self.burst(session, *phase) for phase in BURST_PHASES]
             return results
 
 
@@ -211,8 +264,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds of each strategy's phases (default: 10,30,30; --quick 5,12,15)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--burst", action="store_true",
-                        help="then load-balance under capacity: observed and capacity: speed, each with the "
-                             "same load burst, and the capacity the gateway reported per pod")
+                        help="then least-request, and load-balance under capacity: observed and capacity: "
+                             "speed, each with the same load burst: the engines' TTFT p99 and queues, and "
+                             "the capacity the gateway reported per pod")
     parser.add_argument("--burst-factor", type=float, metavar="X",
                         help=f"the burst's rate as a multiple of the normal one (default: up to "
                              f"{BURST_LOAD:.0%} of the pool's saturated throughput, "
@@ -255,10 +309,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{phases.drain_s:.0f} s drain; logs in {log_dir}")
     if args.burst:
         bp = burst_phases(phases)
-        print(f"then --burst: load-balance with capacity: {' and '.join(BURST_MODES)}, each "
+        print(f"then --burst: {', '.join(burst_label(*p) for p in BURST_PHASES)}, each "
               f"{bp.warmup_s:.0f} s at {plan.rate:.1f} req/s, then {bp.measure_s:.0f} s measured at "
               f"{plan.rate * args.burst_factor:.1f} req/s ({args.burst_factor:.2f}x = "
-              f"{args.load * args.burst_factor:.0%} of saturated), the same arrivals for both")
+              f"{args.load * args.burst_factor:.0%} of saturated), the same arrivals for all")
     print()
     engines: dict[str, Proc] = {}
     stack = LocalStack(config_path=log_dir / "gateway.yaml", log_dir=log_dir)
@@ -292,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                      "saturated_tokens_per_s": plan.saturated, "cpu_share": shares}
             if args.burst:
                 extra["burst"] = {"factor": args.burst_factor, "rate_rps": plan.rate * args.burst_factor,
-                                  "phases": [burst_label(m) for m in BURST_MODES]}
+                                  "phases": [burst_label(*p) for p in BURST_PHASES]}
             write_json(results, args.json, extra)
             print(f"json: {args.json}")
         return 0

@@ -37,19 +37,21 @@ class Phases:
 FULL = Phases(warmup_s=10.0, measure_s=30.0, drain_s=30.0)
 QUICK = Phases(warmup_s=5.0, measure_s=12.0, drain_s=15.0)
 
-# `--burst`: load-balance under each capacity estimate, the same arrivals for both: a normal-load part
-# (twice the warm-up, so the estimates settle to it), then the measured window at BURST_LOAD.
+# `--burst`: the same load burst, on the same arrivals, routed by least-request (the fleet simulation's
+# baseline) and by load-balance under each capacity estimate: each phase a normal-load part (twice the
+# warm-up, so the estimates settle to it), then the measured window at BURST_LOAD.
 BURST_LOAD = 0.95  # of the pool's saturated throughput: just under what it can serve
-BURST_MODES = ("observed", "speed")  # routing.load_balance.capacity, in the order they run
-BURST_SEED_OFFSET = 1_000_003  # the burst phases' own arrivals: the same for both, apart from the others'
+# (strategy, routing.load_balance.capacity), in the order they run; least-request reads no capacity
+BURST_PHASES = (("least-request", "speed"), ("load-balance", "observed"), ("load-balance", "speed"))
+BURST_SEED_OFFSET = 1_000_003  # the burst phases' own arrivals: the same for all, apart from the others'
 
 
 def burst_phases(phases: Phases) -> Phases:
     return Phases(2 * phases.warmup_s, phases.measure_s, phases.drain_s)
 
 
-def burst_label(mode: str) -> str:
-    return f"load-balance ({mode})"
+def burst_label(strategy: str, mode: str) -> str:
+    return f"load-balance ({mode})" if strategy == "load-balance" else f"{strategy} (burst)"
 
 
 def scenario() -> Scenario:

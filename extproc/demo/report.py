@@ -31,6 +31,7 @@ class PodResult:
     capacity_start: float | None = None
     capacity_end: float | None = None
     observed_end: float | None = None
+    peak_waiting: int | None = None  # --burst phases: the deepest engine queue (vllm:num_requests_waiting)
 
     def as_json(self) -> dict:
         out = {"gpu": self.gpu, "qps": self.qps, "output_tokens_per_s": self.output_tokens_per_s,
@@ -39,6 +40,8 @@ class PodResult:
         if self.capacity_end is not None:
             out["capacity_tokens_per_s"] = {"start": self.capacity_start, "end": self.capacity_end}
             out["observed_tokens_per_s_end"] = self.observed_end
+        if self.peak_waiting is not None:
+            out["peak_waiting"] = self.peak_waiting
         return out
 
 
@@ -54,6 +57,9 @@ class PhaseResult:
     p99_is_lower_bound: bool = False
     capacity_mode: str | None = None  # --burst phases: routing.load_balance.capacity in effect
     rate_rps: float | None = None     # --burst phases: the measured window's arrival rate
+    # --burst phases: time to first token, p99 over the pool, from the engines' own histograms between
+    # the burst's start and the end of its drain (the requests are not streamed: the client cannot time it)
+    ttft_p99_s: float | None = None
 
     @property
     def burst(self) -> bool:
@@ -65,7 +71,7 @@ class PhaseResult:
                "p99_is_lower_bound": self.p99_is_lower_bound,
                "pods": {name: p.as_json() for name, p in self.pods.items()}}
         if self.burst:
-            out.update(capacity_mode=self.capacity_mode, rate_rps=self.rate_rps)
+            out.update(capacity_mode=self.capacity_mode, rate_rps=self.rate_rps, ttft_p99_s=self.ttft_p99_s)
         return out
 
 
@@ -75,6 +81,23 @@ def p99(values: Sequence[float]) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+def quantile_from_buckets(buckets: Sequence[tuple[float, float]], q: float) -> float | None:
+    """The q-quantile of a histogram given as cumulative (upper bound, count) buckets in ascending order,
+    interpolated linearly inside its bucket as Prometheus' histogram_quantile does. None: no count."""
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if math.isinf(upper):
+                return lower  # past the last finite bound: that bound is all we know
+            return lower + (upper - lower) * (rank - below) / max(count - below, 1e-12)
+        lower, below = upper, count
+    return lower
 
 
 def summarise(strategy: str, header: str, measured: Sequence[Outcome], pods: Sequence[tuple[str, str]],
@@ -108,16 +131,22 @@ def _tokens(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{1000 * value:.0f}"
+
+
 def _block(r: PhaseResult) -> list[str]:
     """One phase's per-pod rows; a burst phase adds the capacity the gateway reported."""
-    rate = f"burst {r.rate_rps:.1f} req/s, capacity: {r.capacity_mode}; " if r.burst else ""
+    rate = (f"burst {r.rate_rps:.1f} req/s, capacity: {r.capacity_mode}, TTFT p99 "
+            f"{_ms(r.ttft_p99_s)} ms; " if r.burst else "")
     lines = [f"{r.strategy}  (routing-strategy: {r.header}; {rate}{r.requests} requests measured, "
              f"{r.failed} failed, {r.unfinished} cut off, p99 "
              f"{_seconds(r.p99_latency_s, r.p99_is_lower_bound)} s)"]
-    cap_head = f" {'cap start':>10} {'cap end':>8}" if r.burst else ""
+    cap_head = f" {'cap start':>10} {'cap end':>8} {'peak queue':>10}" if r.burst else ""
     lines.append(f"  {'pod':8} {'GPU':10} {'QPS':>6} {'out tok/s':>10} {'util':>6} {'p99 s':>7}{cap_head}")
     for name, p in r.pods.items():
-        cap = f" {_tokens(p.capacity_start):>10} {_tokens(p.capacity_end):>8}" if r.burst else ""
+        cap = (f" {_tokens(p.capacity_start):>10} {_tokens(p.capacity_end):>8} {_tokens(p.peak_waiting):>10}"
+               if r.burst else "")
         lines.append(f"  {name:8} {p.gpu:10} {p.qps:6.1f} {p.output_tokens_per_s:10.0f} "
                      f"{p.utilization:6.0%} {_seconds(p.p99_latency_s, p.p99_is_lower_bound):>7}{cap}")
     return lines + [""]
@@ -136,6 +165,11 @@ def _capacities(results: Sequence[PhaseResult], names: list[str], width: int,
     for r in bursts:
         caps = (_tokens(r.pods[n].capacity_end) for n in names)
         lines.append(f"{r.strategy:{width}} " + " ".join(f"{c:>8}" for c in caps))
+    lines.append(f"{'burst: queue':{width}} " + " ".join(f"{n:>8}" for n in names) + "  TTFT p99 ms")
+    for r in bursts:
+        peaks = (_tokens(r.pods[n].peak_waiting) for n in names)
+        lines.append(f"{r.strategy:{width}} " + " ".join(f"{c:>8}" for c in peaks)
+                     + f" {_ms(r.ttft_p99_s):>12}")
     return lines
 
 

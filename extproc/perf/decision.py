@@ -30,7 +30,7 @@ GPUS = {"A100": 0.012, "H100": 0.007, "L20": 0.02, "V100": 0.03}  # seconds per 
 SLOWDOWN = 0.03  # relative slowdown per request in flight (tpot = base x (1 + SLOWDOWN x batch))
 
 
-def _gateway(pods: int, strategy: str) -> Any:
+def _gateway(pods: int, strategy: str, capacity: str | None = None) -> Any:
     from extproc.config import parse
     from extproc.server.gateway import Gateway
     from extproc.state.accounting import Accounting
@@ -38,10 +38,13 @@ def _gateway(pods: int, strategy: str) -> Any:
     from extproc.telemetry.engine_metrics import EngineSample
 
     names = list(GPUS)
+    routing: dict[str, Any] = {"default_strategy": strategy, "seed": 1}
+    if capacity is not None:
+        routing["load_balance"] = {"capacity": capacity}
     config = parse({"models": {MODEL: {"pods": [
         {"name": f"pod-{i}", "address": f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:8000",
          "labels": {"gpu": names[i % len(names)]}} for i in range(pods)]}},
-        "routing": {"default_strategy": strategy, "seed": 1}}, {})
+        "routing": routing}, {})
     rng = random.Random(2)
     # One engine sample per pod, as the scrape loop would leave them: KV 5-85 % used (so ~1 in 20
     # pods is KV-critical), a short queue on some.
@@ -68,9 +71,11 @@ def _spans() -> tuple[Any, Any]:
 
 
 def decision_times(pod_counts: tuple[int, ...] = (10, 100, 1000), decisions: int = 3000,
-                   strategy: str | None = None, tracing: bool = False) -> dict[str, Any]:
+                   strategy: str | None = None, capacity: str | None = None,
+                   tracing: bool = False) -> dict[str, Any]:
     """Median and p99 µs per decision for each pool size, and the median of `complete` (the
-    post-response hooks) as `{n}_complete`."""
+    post-response hooks) as `{n}_complete`. `capacity`: routing.load_balance.capacity (None: the
+    default, `speed`)."""
     from extproc.openai import Request
     from extproc.perf.stack import strategy_for_bench
 
@@ -78,7 +83,7 @@ def decision_times(pod_counts: tuple[int, ...] = (10, 100, 1000), decisions: int
     rng = random.Random(1)
     out: dict[str, Any] = {"strategy": name, "tracing": tracing}
     for n in pod_counts:
-        gw = _gateway(n, name)
+        gw = _gateway(n, name, capacity)
         spans, provider = _spans() if tracing else (None, None)
         if spans is not None:
             gw.add_spans(spans)

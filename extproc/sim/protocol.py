@@ -5,16 +5,17 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from extproc.lax import LaxError, as_bool, as_int
 from extproc.sim.prefix import block_hashes, token_block_hashes
+from extproc.tokens import CHARS_PER_TOKEN
+from extproc.tokens import estimate_tokens as _count
 
 T = TypeVar("T")
 
-CHARS_PER_TOKEN = 4.0  # the usual English estimate for BPE tokenizers (OpenAI's "~4 characters per token")
 CHAT_TOKENS_PER_MESSAGE = 4  # role markers and separators a chat template adds per message
 
 # Tokens the simulator "generates": short words so streamed text looks like text and costs little to encode.
@@ -61,7 +62,7 @@ class ParsedRequest:
 
 
 def estimate_tokens(text: str) -> int:
-    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+    return max(1, _count(text))  # the gateway's estimate (extproc/tokens.py), at least one token
 
 
 def _content_text(content: Any) -> str:

@@ -42,7 +42,7 @@ def test_demo_runs_and_reports_every_pod_for_every_strategy(tmp_path: Path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_burst_runs_load_balance_under_both_capacity_modes_on_the_same_arrivals(tmp_path: Path):
+def test_burst_runs_least_request_and_both_capacity_modes_on_the_same_arrivals(tmp_path: Path):
     out = tmp_path / "demo.json"
     proc = subprocess.run([sys.executable, "-m", "extproc", "demo", "--quick", "--burst", "--phases",
                            "2,4,5", "--strategies", "load-balance", "--json", str(out),
@@ -50,17 +50,25 @@ def test_burst_runs_load_balance_under_both_capacity_modes_on_the_same_arrivals(
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "capacity tok/s" in proc.stdout and "cap start" in proc.stdout
     report = json.loads(out.read_text())
+    baseline = report["strategies"]["least-request (burst)"]
     observed = report["strategies"]["load-balance (observed)"]
     speed = report["strategies"]["load-balance (speed)"]
-    assert list(report["strategies"]) == ["load-balance", "load-balance (observed)", "load-balance (speed)"]
+    assert list(report["strategies"]) == ["load-balance", "least-request (burst)", "load-balance (observed)",
+                                          "load-balance (speed)"]
     assert (observed["capacity_mode"], speed["capacity_mode"]) == ("observed", "speed")
-    assert observed["rate_rps"] == speed["rate_rps"] == report["burst"]["rate_rps"] > report["rate_rps"]
-    assert observed["requests"] == speed["requests"] > 10  # the same seeded arrivals in both windows
-    for result in (observed, speed):
-        assert result["header"] == STRATEGIES["load-balance"] and result["failed"] == 0, result
+    assert baseline["rate_rps"] == observed["rate_rps"] == speed["rate_rps"] == report["burst"]["rate_rps"] \
+        > report["rate_rps"]
+    # the same seeded arrivals in every window
+    assert baseline["requests"] == observed["requests"] == speed["requests"] > 10
+    assert baseline["header"] == STRATEGIES["least-request"]
+    for result in (baseline, observed, speed):
+        assert result["failed"] == 0 and result["ttft_p99_s"] > 0, result  # the engines' histograms
         for pod, _ in POOL:
             cap = result["pods"][pod]["capacity_tokens_per_s"]
             assert cap["start"] > 0 and cap["end"] > 0, (pod, cap)
+            assert result["pods"][pod]["peak_waiting"] >= 0
+    for result in (observed, speed):
+        assert result["header"] == STRATEGIES["load-balance"], result
     for pod, gpu in POOL:
         seen, fitted = observed["pods"][pod], speed["pods"][pod]
         # capacity: observed -> the capacity gauge is the observed rate itself

@@ -79,3 +79,9 @@ def test_a_request_keeps_only_the_prompt_routing_reads():
     request = parse_request("/v1/chat/completions", body)
     assert request.prompt_tokens >= estimate_tokens(text)
     assert len(request.prompt) == ROUTED_PROMPT_CHARS
+
+
+def test_estimate_tokens_counts_a_short_word_as_a_token():
+    # AIBrix's synthetic prompt of n tokens is "hi " n times: 3 characters a token, not 4
+    assert estimate_tokens("hi " * 512) == 512
+    assert estimate_tokens("a prompt of ordinary English words") == 9  # by characters: 34 / 4, up

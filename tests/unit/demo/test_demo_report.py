@@ -8,7 +8,7 @@ import pytest
 from extproc.config import parse
 from extproc.demo.__main__ import CAPACITY, OBSERVED, gateway_config, mode_shown
 from extproc.demo.load import Outcome
-from extproc.demo.report import PhaseResult, p99, summarise, table
+from extproc.demo.report import PhaseResult, p99, quantile_from_buckets, summarise, table
 
 POOL = [("slow", "L20"), ("fast", "A100-80GB")]
 SATURATED = {"L20": 1000.0, "A100-80GB": 2000.0}
@@ -62,6 +62,29 @@ def test_burst_phases_show_and_export_the_reported_capacity():
     pod = speed.as_json()["pods"]["fast"]
     assert pod["capacity_tokens_per_s"] == {"start": 1500.0, "end": 1900.0}
     assert speed.as_json()["capacity_mode"] == "speed"
+
+
+def test_burst_phases_show_the_engines_queues_and_ttft():
+    observed, speed = burst_result("observed", 271.0), burst_result("speed", 987.0)
+    observed.pods["slow"].peak_waiting, observed.pods["fast"].peak_waiting = 9, 2
+    speed.pods["slow"].peak_waiting, speed.pods["fast"].peak_waiting = 3, 4
+    observed.ttft_p99_s, speed.ttft_p99_s = 0.293, 0.214
+    text = table([observed, speed], SATURATED)
+    rows = text[text.index("burst: queue"):].splitlines()
+    assert rows[1].split()[-3:] == ["9", "2", "293"] and rows[2].split()[-3:] == ["3", "4", "214"]
+    assert "TTFT p99 214 ms" in text
+    assert speed.as_json()["ttft_p99_s"] == 0.214 and speed.as_json()["pods"]["slow"]["peak_waiting"] == 3
+
+
+def test_quantile_from_buckets_interpolates_inside_the_bucket():
+    assert quantile_from_buckets([], 0.99) is None
+    assert quantile_from_buckets([(0.1, 0.0), (float("inf"), 0.0)], 0.99) is None
+    # 100 observations: 50 up to 0.1 s, 40 more up to 0.25 s, the last 10 up to 0.5 s
+    buckets = [(0.1, 50.0), (0.25, 90.0), (0.5, 100.0), (float("inf"), 100.0)]
+    assert quantile_from_buckets(buckets, 0.5) == pytest.approx(0.1)
+    assert quantile_from_buckets(buckets, 0.7) == pytest.approx(0.1 + 0.15 * 20 / 40)
+    assert quantile_from_buckets(buckets, 0.99) == pytest.approx(0.25 + 0.25 * 9 / 10)
+    assert quantile_from_buckets([(1.0, 10.0), (float("inf"), 20.0)], 0.99) == 1.0  # past the last bound
 
 
 def test_mode_shown_reads_the_capacity_mode_from_the_gauges():
