@@ -12,7 +12,6 @@ from extproc.optimizer.solver import Demand, Plan, PlanError, solve
 from extproc.optimizer.workload import TraceWindow, trace_rates
 
 HEADROOM = 0.5  # docs/optimizer.md, "Headroom": the figure the fleet simulation's runs support
-MISS_SHARE = 0.5  # of the requests a percentile SLO lets miss, the share the plan may leave to the router
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,16 +47,7 @@ def plan_demands(demands: list[Demand], profiles: Sequence[GpuProfile], current:
         return Replan([], None, None)
     try:
         plan = solve(profiles, demands, settings.time_limit, skip_unservable=True, current=current,
-                     headroom=settings.headroom, limits=settings.limits, slack=slack(profiles))
+                     headroom=settings.headroom, limits=settings.limits)
     except PlanError as e:
         return Replan(demands, None, str(e))
     return Replan(demands, plan, plan.unserved or None)
-
-
-def slack(profiles: Sequence[GpuProfile]) -> float:
-    """The share of requests the plan may leave to the router: half of what the strictest profile's SLO
-    percentile lets miss (P99: 0.5 %); 0 for a profile with no percentile."""
-    def percentile(p: GpuProfile) -> float:
-        value = p.slos.get("percentile")
-        return float(value) if isinstance(value, (int, float)) and 0 < value <= 100 else 100.0
-    return MISS_SHARE * (1.0 - max((percentile(p) for p in profiles), default=100.0) / 100.0)

@@ -65,7 +65,6 @@ class Plan:
     optimal: bool = True  # False only when the solver hit its time limit with a feasible plan
     unserved: str = ""  # with skip_unservable: the cells no GPU type serves within its SLO (not planned)
     skipped: int = 0  # how many cells those are
-    left_out: float = 0.0  # req/s the plan leaves to the router within the SLO's miss budget (`slack`)
 
     def as_json(self) -> dict[str, object]:
         return {"replicas": dict(self.replicas), "cost": self.cost, "solve_seconds": self.solve_seconds}
@@ -109,7 +108,7 @@ def _shape(c: _Cell) -> tuple[float, float]:
 
 def solve(profiles: Sequence[GpuProfile], demands: Iterable[Demand], time_limit: float = 30.0,
           skip_unservable: bool = False, current: Mapping[str, int] | None = None,
-          headroom: float = 0.0, limits: Mapping[str, int] | None = None, slack: float = 0.0) -> Plan:
+          headroom: float = 0.0, limits: Mapping[str, int] | None = None) -> Plan:
     """The cost-minimal plan. Raises PlanError when there are no profiles or a cell nobody can serve;
     with `skip_unservable` (the service: one odd request shape must not stop every re-plan) such cells
     are left out of the plan and named in `Plan.unserved`. With `current` (the replicas running now),
@@ -124,12 +123,7 @@ def solve(profiles: Sequence[GpuProfile], demands: Iterable[Demand], time_limit:
     shares, so it is solved at its tangent (an upper bound of sqrt: the plan stays on the safe side),
     HEADROOM_PASSES times with the tangent moved to the last solution; the counts are then cut to the
     exact bound and the cheapest pass wins. `limits`: the most replicas each deployment may run (its
-    autoscaler's maximum).
-
-    `slack`: the share of all requests the plan may leave to the router unplanned, where that saves a
-    replica: a P99 SLO lets 1 % of requests miss, and a rare long shape that only a type the plan would
-    otherwise not run serves within its SLO in the profile (measured alone, one at a time) costs a whole
-    replica of that type for a few requests a minute that the router can still place."""
+    autoscaler's maximum)."""
     if not profiles:
         raise PlanError("no GPU profiles: nothing to plan with")
     names = [p.gpu for p in profiles]
@@ -157,7 +151,7 @@ def solve(profiles: Sequence[GpuProfile], demands: Iterable[Demand], time_limit:
     spread: list[float] | None = _spread(cells, [(c, g) for c in range(len(cells)) for g in range(G)
                                                  if cells[c].tputs[g] > 0], None, G) if headroom > 0 else None
     for _ in range(HEADROOM_PASSES if headroom > 0 else 1):
-        x, pairs, ok = _milp(profiles, cells, current, time_limit, headroom, spread, limits, slack)
+        x, pairs, ok = _milp(profiles, cells, current, time_limit, headroom, spread, limits)
         spread = _spread(cells, pairs, x, G)
         load = dict.fromkeys(names, 0.0)
         served: list[dict[str, float]] = [{} for _ in cells]
@@ -176,10 +170,8 @@ def solve(profiles: Sequence[GpuProfile], demands: Iterable[Demand], time_limit:
     assert best is not None
     total, replicas, load, served, ok = best
     splits = tuple(CellSplit(*_shape(cell), cell.rps, served[c]) for c, cell in enumerate(cells))
-    rps = math.fsum(c.rps for c in cells)
-    return Plan(replicas, total, load, splits, time.perf_counter() - started, rps=rps, optimal=ok,
-                unserved=unserved, skipped=len(unservable),
-                left_out=max(0.0, rps - math.fsum(v for s in served for v in s.values())))
+    return Plan(replicas, total, load, splits, time.perf_counter() - started,
+                rps=sum(c.rps for c in cells), optimal=ok, unserved=unserved, skipped=len(unservable))
 
 
 def _spread(cells: list[_Cell], pairs: list[tuple[int, int]], x: np.ndarray | None, G: int) -> list[float]:
@@ -193,11 +185,9 @@ def _spread(cells: list[_Cell], pairs: list[tuple[int, int]], x: np.ndarray | No
 
 def _milp(profiles: Sequence[GpuProfile], cells: list[_Cell], current: Mapping[str, int] | None,
           time_limit: float, headroom: float, spread: list[float] | None,
-          limits: Mapping[str, int] | None, slack: float) -> tuple[np.ndarray, list[tuple[int, int]], bool]:
+          limits: Mapping[str, int] | None) -> tuple[np.ndarray, list[tuple[int, int]], bool]:
     """One solve: (x, the (cell, type) pairs of the share variables, optimal). With `spread` (Σ_c L_c/k_c
-    per type at the previous solve), each type's capacity row carries the headroom's tangent there.
-    With `slack`, each cell also gets a share left to the router (after the headroom's binaries), their
-    rates summing to at most slack x the total, at a token cost so nothing is left out for free."""
+    per type at the previous solve), each type's capacity row carries the headroom's tangent there."""
     names = [p.gpu for p in profiles]
     G = len(profiles)
     pairs = [(c, g) for c, cell in enumerate(cells) for g in range(G) if cell.tputs[g] > 0]
@@ -214,8 +204,6 @@ def _milp(profiles: Sequence[GpuProfile], cells: list[_Cell], current: Mapping[s
     root = [math.sqrt(max(v, SPREAD_FLOOR)) for v in spread] if headroom > 0 and spread else [0.0] * G
     U = G if headroom > 0 else 0
     u0 = G + P + D
-    L = len(cells) if slack > 0 else 0  # the shares left to the router
-    l0 = u0 + U
     rows: list[int] = []
     cols: list[int] = []
     vals: list[float] = []
@@ -230,11 +218,8 @@ def _milp(profiles: Sequence[GpuProfile], cells: list[_Cell], current: Mapping[s
         lower.append(lo)
         upper.append(hi)
 
-    for c in range(len(cells)):  # Σ_g s_cg (+ the share left out) = 1
-        add([*((G + k, 1.0) for k, (cc, _) in enumerate(pairs) if cc == c), *([(l0 + c, 1.0)] if L else [])],
-            1.0, 1.0)
-    if L:  # Σ_c r_c · left_c ≤ slack · Σ_c r_c
-        add([(l0 + c, cell.rps) for c, cell in enumerate(cells)], -np.inf, slack * sum(c.rps for c in cells))
+    for c in range(len(cells)):  # Σ_g s_cg = 1
+        add(((G + k, 1.0) for k, (cc, _) in enumerate(pairs) if cc == c), 1.0, 1.0)
     for g in range(G):  # Σ_c r_c s_cg / t_cg (+ the headroom's tangent) − n_g ≤ 0
         spare = headroom / (2 * root[g]) if root[g] else 0.0
         load = [(G + k, cells[c].rps / cells[c].tputs[g] * (1.0 + spare / cells[c].slots[g]))
@@ -247,7 +232,7 @@ def _milp(profiles: Sequence[GpuProfile], cells: list[_Cell], current: Mapping[s
     for g in range(D):  # |n_g - now_g| <= d_g as two rows: n_g - d_g <= now_g, -n_g - d_g <= -now_g
         add([(g, 1.0), (G + P + g, -1.0)], -np.inf, now[g])
         add([(g, -1.0), (G + P + g, -1.0)], -np.inf, -now[g])
-    A = coo_array((vals, (rows, cols)), shape=(len(lower), G + P + D + U + L)).tocsr()
+    A = coo_array((vals, (rows, cols)), shape=(len(lower), G + P + D + U)).tocsr()
 
     # n_g never needs to exceed the replicas g would need to serve alone everything it can serve
     work = np.zeros(G)
@@ -260,13 +245,10 @@ def _milp(profiles: Sequence[GpuProfile], cells: list[_Cell], current: Mapping[s
     for g, name in enumerate(names):
         if limits is not None and name in limits:
             n_max[g] = min(n_max[g], max(0, limits[name]))
-    ub = np.concatenate([n_max, np.ones(P), np.full(D, np.inf), np.ones(U + L)])
-    integrality = np.concatenate([np.ones(G), np.zeros(P + D), np.ones(U), np.zeros(L)])
-    # leaving a request out costs a token (1 % of the cheapest replica-hour per req/s): only to save one
-    token = 0.01 * min((p.cost for p in profiles if p.cost > 0), default=1.0)
-    objective = np.concatenate([cost, np.zeros(U), [token * c.rps for c in cells] if L else []])
-    res = milp(objective, constraints=LinearConstraint(A, lower, upper),
-               integrality=integrality, bounds=Bounds(np.zeros(G + P + D + U + L), ub),
+    ub = np.concatenate([n_max, np.ones(P), np.full(D, np.inf), np.ones(U)])
+    integrality = np.concatenate([np.ones(G), np.zeros(P + D), np.ones(U)])
+    res = milp(np.concatenate([cost, np.zeros(U)]), constraints=LinearConstraint(A, lower, upper),
+               integrality=integrality, bounds=Bounds(np.zeros(G + P + D + U), ub),
                options={"mip_rel_gap": 0.0, "time_limit": time_limit, "presolve": True})
     if res.x is None:
         raise PlanError(f"the solver found no plan: {res.message}")

@@ -148,7 +148,6 @@ def _tokens(b: int, precision: int) -> float:
 
 
 BURST_SIGMAS = 2.0  # the latest window counts as a change only this many Poisson sigmas above the average
-RECENT_SHARE = 0.25  # a cell's drop is judged on the newest quarter of the window
 
 
 def trace_rates(
@@ -162,12 +161,7 @@ def trace_rates(
     finish, so an overloaded fleet (completions capped by capacity) still scales up at once. It is a
     burst when its requests exceed what the average predicts for one window by more than BURST_SIGMAS
     Poisson standard deviations: a steady load read as max(average, latest) (AIBrix's rule) over-reads
-    itself by about a tenth, every re-plan, and the plan buys that tenth.
-
-    Without a burst, a cell whose newest quarter of the window holds BURST_SIGMAS fewer requests than
-    its average predicts has stopped or slowed: it counts at that quarter's rate. The average alone
-    lets a stream that stopped hold its replicas for the whole window, on top of the autoscaler's own
-    scale-down stabilization. A cell too sparse to tell (a few requests a quarter) keeps its average."""
+    itself by about a tenth, every re-plan, and the plan buys that tenth."""
     recent = [w for w in windows if now - window_seconds < w.end <= now + 1e-9]
     if not recent:
         return []
@@ -187,7 +181,7 @@ def trace_rates(
     expected = mean_total * latest.interval  # requests one window holds at the average rate
     burst = math.fsum(current.values()) * latest.interval > expected + BURST_SIGMAS * math.sqrt(expected)
     if not burst:
-        rates = _with_drops(average, recent, now, window_seconds)
+        rates = average
     else:
         rates = {key: max(average.get(key, 0.0), current.get(key, 0.0))
                  for key in set(average) | set(current)}
@@ -203,21 +197,3 @@ def trace_rates(
         if rates[key] > 0:
             out.append(Demand(_tokens(i, precision), _tokens(o, precision), rates[key]))
     return out
-
-
-def _with_drops(average: dict[tuple[int, int, int], float], recent: list[TraceWindow], now: float,
-                window_seconds: float) -> dict[tuple[int, int, int], float]:
-    newest = [w for w in recent if w.end > now - RECENT_SHARE * window_seconds]
-    span = sum(w.interval for w in newest)
-    if span <= 0:
-        return average
-    counts: dict[tuple[int, int, int], int] = {}
-    for w in newest:
-        for (i, o), n in w.counts.items():
-            counts[(i, o, w.precision)] = counts.get((i, o, w.precision), 0) + n
-    rates = dict(average)
-    for key, rate in average.items():
-        expected, seen = rate * span, counts.get(key, 0)
-        if expected - seen > BURST_SIGMAS * math.sqrt(expected):
-            rates[key] = seen / span
-    return rates

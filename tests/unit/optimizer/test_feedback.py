@@ -152,20 +152,3 @@ def test_the_dashboard_shows_what_the_gateways_observed_beside_the_plan() -> Non
                                "p99_tpot_s": pytest.approx(0.06, rel=0.02)}
     assert row["factor"] == pytest.approx(0.8)
     assert "P99 TPOT ms" in render_page(dashboard_data(state, {"default/a10": p}, EPOCH + 120))
-
-
-def test_the_plans_slack_is_half_what_the_percentile_lets_miss() -> None:
-    from dataclasses import replace
-
-    from extproc.optimizer.planning import slack
-    from tests.unit.optimizer.support import profile
-
-    p99 = replace(profile("a", 1.0, short=1, long=1), slos={"percentile": 99, "tpot": 0.05})
-    p90 = replace(p99, gpu="b", slos={"percentile": 90})
-    assert slack([p99]) == pytest.approx(0.005)
-    assert slack([p90]) == pytest.approx(0.05)
-    assert slack([p99, p90]) == pytest.approx(0.005)  # the strictest profile's
-    # no percentile (an older file), or a nonsense one: that profile counts as strict as can be
-    assert slack([profile("c", 1.0, short=1, long=1)]) == 0.0
-    assert slack([p99, profile("c", 1.0, short=1, long=1)]) == 0.0
-    assert slack([replace(p99, slos={"percentile": float("nan")})]) == 0.0

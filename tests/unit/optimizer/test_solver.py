@@ -231,21 +231,3 @@ def test_limits_bound_a_type_and_the_rest_goes_elsewhere() -> None:
     assert plan.replicas == {"cheap": 3, "dear": 2}
     with pytest.raises(PlanError):
         solve([cheap], [Demand(128, 16, 50.0)], limits={"cheap": 3})  # cannot serve it at all
-
-
-def test_slack_leaves_a_rare_shape_to_the_router_only_where_it_saves_a_replica() -> None:
-    # cheap serves short requests but long ones only within... never; slow serves both. 20 req/s short
-    # and 0.05 req/s long (0.25 %): without slack the long ones take a whole slow replica
-    cheap, slow = profile("cheap", 1.0, short=10, long=0), profile("slow", 3.0, short=10, long=1)
-    strict = solve([cheap, slow], rates(short=20, long=0.05))
-    assert strict.replicas == {"cheap": 2, "slow": 1} and strict.left_out == 0.0
-    # a 0.5 % budget lets them go: the plan drops the slow replica and says how much it left out
-    loose = solve([cheap, slow], rates(short=20, long=0.05), slack=0.005)
-    assert loose.replicas == {"cheap": 2, "slow": 0}
-    assert loose.left_out == pytest.approx(0.05)
-    # beyond the budget (1 req/s long is 4.8 %) nothing changes
-    assert solve([cheap, slow], rates(short=20, long=1), slack=0.005).replicas == {"cheap": 2, "slow": 1}
-    # and where leaving requests out saves nothing, none are: 20 short req/s fill exactly two replicas,
-    # 20.05 would need a third, which the budget's 0.1 req/s saves
-    assert solve([cheap], rates(short=20), slack=0.005).left_out == 0.0
-    assert solve([cheap], rates(short=20.05), slack=0.005).replicas == {"cheap": 2}

@@ -107,28 +107,6 @@ def test_decays_slowly_after_a_burst() -> None:
     assert trace_rates(ws, now=1010 + 240) == []  # out of the window
 
 
-
-def test_a_cell_that_stopped_counts_at_its_newest_quarter() -> None:
-    # 24 windows: chat "70:30" steady at 20/window throughout; code "120:50" at 10/window, stopped for
-    # the last 6 (the newest quarter); "100:60", 1 a minute, also absent lately: too sparse to tell
-    ws = []
-    for k in range(1, 25):
-        counts = {"70:30": 20}
-        if k <= 18:
-            counts["120:50"] = 10
-        if k % 6 == 0 and k <= 18:
-            counts["100:60"] = 1
-        ws.append(window(1000 + 10 * k, counts))
-    rates = {(round(d.input_tokens), round(d.output_tokens)): d.rps for d in trace_rates(ws, now=1241)}
-    assert rates[(128, 8)] == pytest.approx(2.0)  # unchanged: its average
-    assert (4096, 32) not in rates  # stopped: 0 in the newest 60 s against 60 expected
-    assert rates[(1024, 64)] == pytest.approx(3 / 240)  # 2.5 expected, 0 seen: within noise
-    # a stream at a third of its rate lately is read at that rate
-    for w in ws[-6:]:
-        w.counts[(120, 50)] = 3
-    rates = {(round(d.input_tokens), round(d.output_tokens)): d.rps for d in trace_rates(ws, now=1241)}
-    assert rates[(4096, 32)] == pytest.approx(0.3)
-
 def test_latest_window_scales_by_arrivals_when_completions_lag() -> None:
     ws = [window(1010, {"70:30": 10}, arrived=40)]  # overloaded: 40 arrived, 10 finished
     [d] = trace_rates(ws, now=1011)
