@@ -193,11 +193,11 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
                     await state.sync_once()
                 except TimeoutError:
                     run.timeouts += measured
-                    state._on_failure(TimeoutError("op_timeout"))
+                    state.turn_failed(TimeoutError("op_timeout"))
                     continue
                 except Exception as exc:
                     run.failures += measured
-                    state._on_failure(exc)
+                    state.turn_failed(exc)
                     continue
                 c1, t1 = time.process_time(), time.perf_counter()
                 written[g] = t1
