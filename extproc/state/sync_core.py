@@ -106,7 +106,8 @@ def parse_int(value: object) -> int | None:
 class WriteBatch:
     """One tick's writes. Every running and token value is absolute (the script moves the totals by
     the difference to the ledger), so resending a batch whose reply was lost changes nothing."""
-    heartbeat: bool
+    heartbeat: bool                                            # refresh our heartbeat with this tick
+    due: bool = False                                          # the once-a-heartbeat work is in it
     running: dict[PodKey, int] = field(default_factory=dict)   # own in-flight count
     tokens: dict[PodKey, int] = field(default_factory=dict)    # own cumulative tokens
     aibrix: dict[PodKey, int] = field(default_factory=dict)    # AIBrix rows: > 0 set, 0 delete
@@ -207,7 +208,7 @@ class SyncCore:
         when Redis lost our ledger) every value ever written, zeros included."""
         due = self._last_heartbeat is None or now - self._last_heartbeat >= self.heartbeat_interval
         full = self._full
-        batch = WriteBatch(heartbeat=due, reassert=full, read_tokens=due or full)
+        batch = WriteBatch(heartbeat=due, due=due, reassert=full, read_tokens=due or full)
         counts = self.counts
         written_running, written_tokens = self._written_running, self._written_tokens
         # Between failures only the pods whose counts moved (AIBrix rows: also those about to expire).
@@ -254,7 +255,7 @@ class SyncCore:
                 self._written_aibrix[key] = (n, now)
             else:
                 self._written_aibrix.pop(key, None)
-        if batch.heartbeat:
+        if batch.due:  # a busy gateway beats every tick; the periodic reads still come once a heartbeat
             self._last_heartbeat = now
         if batch.reassert:
             self._full = False
