@@ -38,7 +38,8 @@ SECTION_KEYS: dict[str, frozenset[str]] = {
                           "drain_notice_seconds", "include_usage", "request_timeout_seconds",
                           "api_keys_file"}),
     "telemetry": frozenset({"refresh_seconds", "timeout_seconds"}),
-    "redis": frozenset({"url", "sync_interval_seconds", "heartbeat_seconds", "timeout_seconds", "aibrix_rows"}),
+    "redis": frozenset({"url", "sync_interval_seconds", "heartbeat_seconds", "timeout_seconds",
+                        "aibrix_rows"}),
     "discovery": DISCOVERY_KEYS,  # typed by extproc.config.discovery
 }
 TOP_KEYS = frozenset({"models", "routing", *SECTION_KEYS})

@@ -87,6 +87,11 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--inflight", type=int, default=32, help="requests each pod holds, fleet-wide")
     s.add_argument("--interval", type=float, default=0.1, help="the gateways' sync interval, seconds")
     s.add_argument("--turns", type=int, default=30, help="fleet turns measured per run (after 5 warm-up)")
+    s.add_argument("--no-speed", dest="speed", action="store_false",
+                   help="leave out the speed evidence gateways share once a heartbeat")
+    s.add_argument("--baseline", type=Path, metavar="DIR",
+                   help="a checkout of an earlier version (git worktree or `git archive`): its RedisState "
+                        "runs each size first, against the same redis-server")
     s.add_argument("--json", type=Path, help="write every run's summary here")
     s.set_defaults(func=_sync)
 
@@ -195,9 +200,10 @@ def _sync(args: argparse.Namespace) -> int:
 
     print(" | ".join(sync.HEADER), flush=True)
     runs = sync.run(list(args.sizes), models=args.models, rate=args.rate, inflight=args.inflight,
-                    interval=args.interval, turns=args.turns, progress=lambda line: print(line, flush=True))
+                    interval=args.interval, turns=args.turns, speed=args.speed, baseline=args.baseline,
+                    progress=lambda line: print(line, flush=True))
     if args.json:
-        args.json.write_text(json.dumps([r.summary() for r in runs], indent=1))
+        args.json.write_text(json.dumps(runs, indent=1))
     return 0
 
 

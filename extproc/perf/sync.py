@@ -21,11 +21,14 @@ a count is at most that age plus one interval old when routing reads it.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import shutil
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -61,16 +64,20 @@ class SyncRun:
     bytes_in: list[int] = field(default_factory=list)        # per fleet turn (requests)
     keys: int = 0
     redis_memory: int = 0
+    code: str = "this"                # or "baseline": another checkout's RedisState (--baseline)
 
-    def summary(self) -> dict[str, float | int]:
+    def summary(self) -> dict[str, float | int | str]:
+        """Medians per turn; shares of a core and rates from means (heartbeat turns cost more)."""
         turns_per_second = 1 / self.interval
-        redis_cpu = statistics.median(self.redis_cpu_ms)
+        redis_cpu = statistics.fmean(self.redis_cpu_ms)
         return {
+            "code": self.code,
             "gateways": self.gateways, "pods": self.pods, "models": self.models, "rate": self.rate,
             "inflight": self.inflight, "interval_s": self.interval, "turns": self.turns,
             "sync_cpu_ms_median": round(statistics.median(self.cpu_ms), 2),
             "sync_cpu_ms_p99": round(_quantile(self.cpu_ms, 0.99), 2),
-            "sync_core_share": round(statistics.median(self.cpu_ms) / 1000 * turns_per_second, 3),
+            "sync_cpu_ms_mean": round(statistics.fmean(self.cpu_ms), 2),
+            "sync_core_share": round(statistics.fmean(self.cpu_ms) / 1000 * turns_per_second, 3),
             "turn_latency_ms_median": round(statistics.median(self.latency_ms), 2),
             "turn_latency_ms_max": round(max(self.latency_ms), 2),
             "timeouts": self.timeouts, "failures": self.failures, "wrong_views": self.wrong,
@@ -78,9 +85,9 @@ class SyncRun:
             "age_ms_max": round(max(self.age_ms), 1) if self.age_ms else -1,
             "redis_cpu_ms_per_fleet_turn": round(redis_cpu, 2),
             "redis_cores": round(redis_cpu / 1000 * turns_per_second, 3),
-            "redis_commands_per_s": round(statistics.median(self.commands) * turns_per_second),
-            "reply_bytes_per_s": round(statistics.median(self.bytes_out) * turns_per_second),
-            "request_bytes_per_s": round(statistics.median(self.bytes_in) * turns_per_second),
+            "redis_commands_per_s": round(statistics.fmean(self.commands) * turns_per_second),
+            "reply_bytes_per_s": round(statistics.fmean(self.bytes_out) * turns_per_second),
+            "request_bytes_per_s": round(statistics.fmean(self.bytes_in) * turns_per_second),
             "redis_keys": self.keys, "redis_memory_bytes": self.redis_memory,
         }
 
@@ -89,7 +96,8 @@ class Fleet:
     """G gateways' own counts on P pods, moved at the stated rate, and what each gateway last wrote:
     the truth every view is held against."""
 
-    def __init__(self, states: list[RedisState], pods: list[Pod], inflight: int, seed: int) -> None:
+    def __init__(self, states: list[RedisState], pods: list[Pod], inflight: int, seed: int,
+                 speed: bool) -> None:
         self.states = states
         self.pods = pods
         self.rng = random.Random(seed)
@@ -101,6 +109,11 @@ class Fleet:
         for p in range(len(pods)):
             for _ in range(inflight):
                 self._start(p)
+        if speed:  # as accounting does once a refresh: each gateway's evidence on the pods it routed to
+            for g, state in enumerate(states):
+                for p, pod in enumerate(pods):
+                    if self.held[g][p]:
+                        state.share_speed(pod.key, [time.time(), *(self.rng.random() for _ in range(32))])
 
     def _start(self, p: int) -> None:
         g = self.rng.randrange(len(self.states))
@@ -162,13 +175,13 @@ def _redis_counters(client: redis.Redis) -> tuple[float, int, int, int]:
 
 
 def make_pods(count: int, models: int) -> list[Pod]:
-    return [Pod(model=f"model-{i % models}", name=f"pod-{i}", address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:8000")
-            for i in range(count)]
+    return [Pod(model=f"model-{i % models}", name=f"pod-{i}",
+                address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:8000") for i in range(count)]
 
 
 async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: float = 10.0,
                   inflight: int = 32, interval: float = 0.1, turns: int = 30, warmup: int = 5,
-                  seed: int = 1, progress=None) -> SyncRun:
+                  seed: int = 1, speed: bool = True, progress=None) -> SyncRun:
     logging.getLogger("extproc.state").setLevel(logging.WARNING)  # one "reachable" line per gateway
     admin = redis.Redis.from_url(url)
     admin.flushall()
@@ -178,7 +191,7 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
     now = [time.time()]
     states = [RedisState(url, f"bench-gw-{g}", sync_interval=interval, gateway_ttl=3600.0,
                          clock=lambda: now[0]) for g in range(gateways)]
-    fleet = Fleet(states, make_pods(pods, models), inflight, seed)
+    fleet = Fleet(states, make_pods(pods, models), inflight, seed, speed)
     run = SyncRun(gateways, pods, models, rate, inflight, interval, turns)
     written: list[float] = [0.0] * gateways  # when each gateway last wrote
     try:
@@ -193,11 +206,11 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
                     await state.sync_once()
                 except TimeoutError:
                     run.timeouts += measured
-                    state.turn_failed(TimeoutError("op_timeout"))
+                    _failed(state, TimeoutError("op_timeout"))
                     continue
                 except Exception as exc:
                     run.failures += measured
-                    state.turn_failed(exc)
+                    _failed(state, exc)
                     continue
                 c1, t1 = time.process_time(), time.perf_counter()
                 written[g] = t1
@@ -230,34 +243,64 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
     return run
 
 
+# The --baseline child: that checkout's `extproc` first on the path, this bench loaded from its file.
+_CHILD = """
+import asyncio, importlib.util, json, sys
+base, bench, url, options = sys.argv[1:5]
+sys.path.insert(0, base)
+spec = importlib.util.spec_from_file_location("bench_sync", bench)
+module = sys.modules["bench_sync"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+run = asyncio.run(module.run_one(url, **json.loads(options)))
+run.code = "baseline"
+print(json.dumps(run.summary()))
+"""
+
+
 def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int, interval: float,
-        turns: int, progress=print) -> list[SyncRun]:
+        turns: int, speed: bool = True, baseline: Path | None = None, progress=print) -> list[dict]:
+    """Each size with this checkout's RedisState, after the --baseline checkout's when given, one
+    after the other against the same redis-server."""
     with tempfile.TemporaryDirectory(prefix="bench-sync-") as tmp:
         proc, port = start_redis(Path(tmp))
         url = f"redis://127.0.0.1:{port}/0"
         try:
-            out = []
+            out: list[dict] = []
             for gateways, pods in sizes:
-                out.append(asyncio.run(run_one(url, gateways, pods, models=models, rate=rate,
-                                               inflight=inflight, interval=interval, turns=turns,
-                                               progress=progress)))
-                progress(format_row(out[-1].summary()))
+                options = {"gateways": gateways, "pods": pods, "models": models, "rate": rate,
+                           "inflight": inflight, "interval": interval, "turns": turns, "speed": speed}
+                if baseline is not None:
+                    child = subprocess.run([sys.executable, "-c", _CHILD, str(baseline.resolve()), __file__,
+                                            url, json.dumps(options)], cwd=baseline, capture_output=True,
+                                           text=True)
+                    if child.returncode:
+                        raise RuntimeError(f"the baseline's run failed:\n{child.stderr[-3000:]}")
+                    out.append(json.loads(child.stdout.strip().splitlines()[-1]))
+                    progress(format_row(out[-1]))
+                out.append(asyncio.run(run_one(url, progress=progress, **options)).summary())
+                progress(format_row(out[-1]))
             return out
         finally:
             proc.stop()
             wait_until(lambda: not _pong(port), 5, "redis stopped")
 
 
-HEADER = ("G", "P", "sync CPU ms/turn (med, p99)", "core", "latency ms (med, max)", "timeouts",
+HEADER = ("code", "G", "P", "sync CPU ms/turn (med, p99)", "core (mean)", "latency ms (med, max)", "timeouts",
           "wrong", "age ms (med, max)", "Redis ms/fleet turn", "Redis cores", "cmds/s", "reply MB/s")
 
 
 def format_row(s: dict[str, float | int]) -> str:
     return " | ".join(str(x) for x in (
-        s["gateways"], s["pods"], f"{s['sync_cpu_ms_median']}, {s['sync_cpu_ms_p99']}", s["sync_core_share"],
+        s["code"], s["gateways"], s["pods"], f"{s['sync_cpu_ms_median']}, {s['sync_cpu_ms_p99']}",
+        s["sync_core_share"],
         f"{s['turn_latency_ms_median']}, {s['turn_latency_ms_max']}", s["timeouts"], s["wrong_views"],
         f"{s['age_ms_median']}, {s['age_ms_max']}", s["redis_cpu_ms_per_fleet_turn"], s["redis_cores"],
         s["redis_commands_per_s"], round(int(s["reply_bytes_per_s"]) / 1e6, 2)))
+
+
+def _failed(state: RedisState, exc: BaseException) -> None:
+    # `turn_failed` is new with issue 34; a --baseline checkout has only the private name.
+    (getattr(state, "turn_failed", None) or state._on_failure)(exc)
 
 
 def _quantile(values: list[float], q: float) -> float:

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import hashlib
 
-# KEYS: running totals, token totals, this gateway's ledger. ARGV: ttl seconds, R, then R pairs
-# (pod, in-flight), then pairs (pod, cumulative tokens). Values are absolute: the totals move by the
-# difference to the ledger, so sending a batch twice changes nothing. Returns 1 when the ledger was
-# missing (new gateway, reaped as silent, or Redis lost it): the caller then writes every value again.
+# KEYS: running totals, token totals, this gateway's ledger, the model's members. ARGV: ttl seconds,
+# this gateway, R, then R pairs (pod, in-flight), then pairs (pod, cumulative tokens). Values are
+# absolute: the totals move by the difference to the ledger, so sending a batch twice changes nothing.
+# Returns 1 when the ledger was missing (new gateway, reaped as silent, or Redis lost it): the caller
+# then writes every value again.
 WRITE = """
 local fresh = redis.call('HSETNX', KEYS[3], '~', '1')
+redis.call('SADD', KEYS[4], ARGV[2])
 local ttl = tonumber(ARGV[1])
-local last = 2 + 2 * tonumber(ARGV[2])
-for i = 3, #ARGV, 2 do
+local last = 3 + 2 * tonumber(ARGV[3])
+for i = 4, #ARGV, 2 do
   local running = i <= last
   local field = (running and 'r:' or 't:') .. ARGV[i]
   local total = running and KEYS[1] or KEYS[2]
@@ -29,14 +31,15 @@ for i = 3, #ARGV, 2 do
     end
   end
 end
-for k = 1, 3 do redis.call('EXPIRE', KEYS[k], ttl) end
+for k = 1, 4 do redis.call('EXPIRE', KEYS[k], ttl) end
 return fresh
 """
 
-# KEYS: running totals, a silent gateway's ledger. Takes its in-flight share out of the totals, once
-# (the marker goes with it); its cumulative tokens stay counted, and stay in its ledger so that, if
-# it was only paused, its writing them again adds nothing.
+# KEYS: running totals, a silent gateway's ledger, the model's members. ARGV: that gateway. Takes its
+# in-flight share out of the totals, once (the marker goes with it); its cumulative tokens stay
+# counted, and stay in its ledger so that, if it was only paused, its writing them again adds nothing.
 REAP = """
+redis.call('SREM', KEYS[3], ARGV[1])
 if redis.call('HDEL', KEYS[2], '~') == 0 then return 0 end
 local fields = redis.call('HGETALL', KEYS[2])
 for i = 1, #fields, 2 do

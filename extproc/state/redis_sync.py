@@ -48,6 +48,7 @@ from extproc.state.sync_core import (
     WriteBatch,
     aibrix_pod_key,
     ledger_key,
+    members_key,
     parse_int,
     pod_id,
     running_key,
@@ -168,8 +169,9 @@ class RedisState(SyncedState):
             pipe.lpop(FORWARD_PREFIX + inbox, MAX_RECEIVE)
         for model in models:
             pipe.hgetall(running_key(model))
-            if batch.read_tokens:
+            if batch.read_tokens:  # with the members: once a heartbeat, and after a failure
                 pipe.hgetall(tokens_key(model))
+                pipe.smembers(members_key(model))
         speed_pods = list(self.counts.pods.items()) if batch.read_speed else []
         for _, pod in speed_pods:
             pipe.hgetall(speed_key(pod))
@@ -193,13 +195,15 @@ class RedisState(SyncedState):
         seconds, micros = next(reads)
         self._offset = seconds + micros / 1e6 - (sent + done) / 2
         snap = Snapshot(server_now=seconds + micros / 1e6, gateways=dict(next(reads)), running={},
-                        tokens={} if batch.read_tokens else None)
+                        tokens={} if batch.read_tokens else None,
+                        members={} if batch.read_tokens else None)
         if inbox is not None:
             self.core.receive(next(reads) or ())
-        for pods in models.values():
+        for model, pods in models.items():
             _add_totals(snap.running, pods, next(reads))
-            if snap.tokens is not None:
+            if snap.tokens is not None and snap.members is not None:
                 _add_totals(snap.tokens, pods, next(reads))
+                snap.members[model] = next(reads)
         if speed_pods:
             snap.speed = {key: next(reads) for key, _ in speed_pods}
         for fields in reads:
@@ -240,15 +244,15 @@ class RedisState(SyncedState):
             for model in models:
                 changed.setdefault(model, ([], []))
         for model, (running, tokens) in changed.items():
-            pipe.evalsha(redis_scripts.WRITE_SHA, 3, running_key(model), tokens_key(model),
-                         ledger_key(model, self.field), KEY_TTL_SECONDS, len(running) // 2,
-                         *running, *tokens)
+            pipe.evalsha(redis_scripts.WRITE_SHA, 4, running_key(model), tokens_key(model),
+                         ledger_key(model, self.field), members_key(model), KEY_TTL_SECONDS, self.field,
+                         len(running) // 2, *running, *tokens)
             scripts.append(queued)
             queued += 1
-        for gateway in batch.reap:
-            for model in models:
-                pipe.evalsha(redis_scripts.REAP_SHA, 2, running_key(model), ledger_key(model, gateway))
-                queued += 1
+        for model, gateway in batch.reap:
+            pipe.evalsha(redis_scripts.REAP_SHA, 3, running_key(model), ledger_key(model, gateway),
+                         members_key(model), gateway)
+            queued += 1
         for key, evidence in batch.speed.items():
             name = speed_key(core.pod(key))
             pipe.hset(name, self.field, evidence)
@@ -362,9 +366,10 @@ class RedisState(SyncedState):
                     tokens = [x for pid, key in pods.items() if (t := self.counts.tokens.get(key, 0)) > 0
                               for x in (pid, str(t))]
                     ledger = ledger_key(model, self.field)
-                    pipe.eval(redis_scripts.WRITE, 3, running_key(model), tokens_key(model), ledger,
-                              KEY_TTL_SECONDS, 0, *tokens)
-                    pipe.eval(redis_scripts.REAP, 2, running_key(model), ledger)
+                    members = members_key(model)
+                    pipe.eval(redis_scripts.WRITE, 4, running_key(model), tokens_key(model), ledger, members,
+                              KEY_TTL_SECONDS, self.field, 0, *tokens)
+                    pipe.eval(redis_scripts.REAP, 3, running_key(model), ledger, members, self.field)
                 pods = self.counts.pods
                 for key in self.core.written_aibrix():
                     if key in pods:

@@ -17,10 +17,12 @@ Cluster a model's keys live on one shard and each model's writes are one atomic 
                                       The write script takes absolute values and moves the totals by
                                       the difference to the ledger, atomically: resending a batch
                                       whose reply was lost changes nothing
+  extproc:members:{<model>}           set of the gateways with a ledger on the model
   extproc:gateways                    sorted set, member "<instance>:<start ns>", score = last heartbeat
-                                      (Redis's clock, Unix seconds); a gateway silent for > 3 s is
-                                      reaped: its running share leaves the totals, once, by any
-                                      gateway that sees it (it writes everything again if it returns)
+                                      (Redis's clock, Unix seconds). A member of a model silent for
+                                      > 3 s (or gone from this set) is reaped: its running share
+                                      leaves the totals, once, by any gateway that sees it (it writes
+                                      everything again if it returns)
   extproc:speed:<namespace>/<pod>     ours: hash, per-gateway field, value = a JSON array: the sums
                                       that gateway fits the pod's speed from (state/speed.py `export`),
                                       written and read once a heartbeat
@@ -51,6 +53,7 @@ from extproc.state.shared import LocalCounts
 RUNNING_PREFIX = "extproc:running:"
 TOKENS_PREFIX = "extproc:tokens:"
 LEDGER_PREFIX = "extproc:ledger:"
+MEMBERS_PREFIX = "extproc:members:"
 GATEWAYS_KEY = "extproc:gateways"
 SPEED_PREFIX = "extproc:speed:"
 AIBRIX_POD_PREFIX = "aibrix:pod:"
@@ -87,6 +90,10 @@ def ledger_key(model: str, gateway: str) -> str:
     return f"{LEDGER_PREFIX}{model_tag(model)}:{gateway}"
 
 
+def members_key(model: str) -> str:
+    return MEMBERS_PREFIX + model_tag(model)
+
+
 def speed_key(pod: Pod) -> str:
     return SPEED_PREFIX + pod_id(pod)
 
@@ -112,7 +119,7 @@ class WriteBatch:
     tokens: dict[PodKey, int] = field(default_factory=dict)    # own cumulative tokens
     aibrix: dict[PodKey, int] = field(default_factory=dict)    # AIBrix rows: > 0 set, 0 delete
     prune: list[tuple[str, str]] = field(default_factory=list)  # (key, field) of long-dead gateways
-    reap: list[str] = field(default_factory=list)              # silent gateways to take out of totals
+    reap: list[tuple[str, str]] = field(default_factory=list)  # (model, silent gateway) to take out
     forwards: dict[str, list[str]] = field(default_factory=dict)  # owner -> "<key> <status>" entries
     speed: dict[PodKey, str] = field(default_factory=dict)     # own speed evidence (JSON), per heartbeat
     read_speed: bool = False                                   # read the others' with this tick
@@ -133,7 +140,8 @@ class Snapshot:
     running: dict[PodKey, int]                         # per tracked pod: fleet total (absent: 0)
     tokens: dict[PodKey, int] | None = None            # per pod: fleet cumulative tokens; None: not read
     aibrix: dict[str, int] = field(default_factory=dict)  # "ns/pod" -> AIBrix gateways' in-flight
-    speed: dict[PodKey, dict[str, str]] | None = None  # per pod: gateway field -> its evidence; None: not read
+    members: dict[str, set[str]] | None = None         # per model: gateways with a ledger; None: not read
+    speed: dict[PodKey, dict[str, str]] | None = None  # per pod: gateway -> its evidence; None: not read
 
 
 class SyncCore:
@@ -155,8 +163,9 @@ class SyncCore:
         self._last_heartbeat: float | None = None
         self._full = True                               # next batch re-asserts every own value
         self._prune: list[tuple[str, str]] = []
-        self._silent: set[str] = set()                  # gateways the last snapshot showed silent
-        self._reaped: set[str] = set()                  # ... already taken out of the totals
+        self._members: dict[str, set[str]] = {}         # per model: gateways with a ledger, last read
+        self._silent: set[tuple[str, str]] = set()      # (model, gateway) silent at the last snapshot
+        self._reaped: set[tuple[str, str]] = set()      # ... already taken out of the totals
         # Routing's echo of the other gateways between snapshots (routing_running): how many live peers
         # the last snapshot showed, and the requests this gateway started since then, per pod.
         self.peers = 0
@@ -308,7 +317,10 @@ class SyncCore:
         share in a total is what we wrote (confirmed before the read, in the same pipeline)."""
         me = self.me
         live = {g for g, beat in snap.gateways.items() if beat >= snap.server_now - self.gateway_ttl}
-        self._silent = set(snap.gateways) - live - {me}
+        if snap.members is not None:
+            self._members = snap.members
+        self._silent = {(model, g) for model, members in self._members.items() for g in members
+                        if g not in live and g != me}
         self._reaped &= self._silent  # a gateway heard again is reaped afresh when it next goes silent
         written = self._written_running
         # A pod missing from the totals is at 0: only the busy ones are looked at.

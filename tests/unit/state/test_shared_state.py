@@ -37,9 +37,9 @@ def core(**kw) -> SyncCore:
 
 
 def snap(now: float, gateways: dict[str, float], running: dict | None = None, tokens: dict | None = None,
-         aibrix: dict | None = None) -> Snapshot:
+         aibrix: dict | None = None, members: dict | None = None) -> Snapshot:
     return Snapshot(server_now=now, gateways=gateways, running=running or {}, tokens=tokens or {},
-                    aibrix=aibrix or {})
+                    aibrix=aibrix or {}, members=members)
 
 
 # -- LocalState ------------------------------------------------------------------------------------
@@ -172,21 +172,23 @@ def test_aibrix_gateways_are_added_and_a_total_below_own_share_counts_nothing():
     assert c.running(OTHER.key) == 1
 
 
-def test_silent_gateways_are_reaped_once_and_again_after_they_return():
+def test_silent_gateways_are_reaped_once_per_model_and_again_after_they_return():
     c = core(gateway_ttl=3.0)
     now = 10.0
-    c.apply(snap(now, {"gw-x:1": now - 100, "gw-y:1": now, ME: now}))
+    members = {"llama": {"gw-x:1", "gw-y:1", "gw-gone:1", ME}, "other": {"gw-y:1"}}
+    # gw-gone:1 left the heartbeat set (past the retention) without being reaped: reaped all the same
+    c.apply(snap(now, {"gw-x:1": now - 100, "gw-y:1": now, ME: now}, members=members))
     b = c.plan(now)
-    assert b.reap == ["gw-x:1"]
+    assert b.reap == [("llama", "gw-gone:1"), ("llama", "gw-x:1")]
     c.confirm(b, now)
-    c.apply(snap(now + 0.1, {"gw-x:1": now - 100, "gw-y:1": now, ME: now}))
+    c.apply(snap(now + 0.1, {"gw-x:1": now - 100, "gw-y:1": now, ME: now}))  # members as last read
     assert c.plan(now + 0.1).reap == []   # once
-    c.apply(snap(now + 0.2, {"gw-x:1": now + 0.2, "gw-y:1": now, ME: now}))  # back
+    c.apply(snap(now + 0.2, {"gw-x:1": now + 0.2, "gw-y:1": now, ME: now}, members=members))  # back
     c.apply(snap(now + 9, {"gw-x:1": now + 0.2, "gw-y:1": now + 9, ME: now}))  # silent again
-    assert c.plan(now + 9).reap == ["gw-x:1"]
+    assert ("llama", "gw-x:1") in c.plan(now + 9).reap
     c.failed()  # Redis may come back from a snapshot holding their shares again
-    c.apply(snap(now + 10, {"gw-x:1": now - 100, "gw-y:1": now + 10, ME: now}))
-    assert c.plan(now + 10).reap == ["gw-x:1"]
+    c.apply(snap(now + 10, {"gw-x:1": now - 100, "gw-y:1": now + 10, ME: now}, members=members))
+    assert c.plan(now + 10).reap == [("llama", "gw-gone:1"), ("llama", "gw-x:1")]
 
 
 # -- token deltas ----------------------------------------------------------------------------------
