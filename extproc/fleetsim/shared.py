@@ -4,7 +4,7 @@ Each simulated gateway runs the live backend's pure half, `extproc.state.sync_co
 own `LocalCounts`, exactly as `RedisState` does; only Redis itself is replaced, by `SyncHub`: each
 gateway's ledger (its own in-flight and cumulative tokens per pod), the per-pod totals a read returns
 (the in-flight of the gateways heard within the liveness window, as reaping leaves them; every
-gateway's tokens), `extproc:speed:<pod>` and the heartbeats.
+gateway's tokens), each gateway's speed evidence and the heartbeats.
 A gateway's own counts are exact; the others' are as of its last sync tick (~100 ms, phases spread),
 so a remote change is seen 0-2 ticks late, as through Redis.
 
@@ -33,7 +33,7 @@ class SyncHub:
         self.share_tokens = share_tokens
         self.running: dict[PodKey, dict[str, int]] = {}
         self.tokens: dict[PodKey, dict[str, int]] = {}
-        self.speed: dict[PodKey, dict[str, str]] = {}  # extproc:speed:<pod>: each gateway's evidence
+        self.speed: dict[PodKey, dict[str, str]] = {}  # each gateway's speed evidence per pod
         self.heartbeats: dict[str, float] = {}
 
     def write(self, field: str, batch: WriteBatch, now: float) -> None:

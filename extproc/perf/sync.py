@@ -109,11 +109,17 @@ class Fleet:
         for p in range(len(pods)):
             for _ in range(inflight):
                 self._start(p)
-        if speed:  # as accounting does once a refresh: each gateway's evidence on the pods it routed to
-            for g, state in enumerate(states):
-                for p, pod in enumerate(pods):
-                    if self.held[g][p]:
-                        state.share_speed(pod.key, [time.time(), *(self.rng.random() for _ in range(32))])
+        self.speed = speed
+        for g, state in enumerate(states):  # each gateway's speed evidence on the pods it routed to
+            for p in range(len(pods)):
+                if self.held[g][p]:
+                    self._measured(g, p)
+
+    def _measured(self, g: int, p: int) -> None:
+        """A record reached gateway g: its evidence on the pod changes, as accounting's export does."""
+        if self.speed:
+            vector = [time.time(), *(self.rng.random() for _ in range(32))]
+            self.states[g].share_speed(self.pods[p].key, vector)
 
     def _start(self, p: int) -> None:
         g = self.rng.randrange(len(self.states))
@@ -133,6 +139,7 @@ class Fleet:
                 self.held[g][p] -= 1
                 self.states[g].add_running(self.pods[p], -1)
                 self.states[g].add_tokens(self.pods[p], TOKENS_PER_REQUEST)
+                self._measured(g, p)
             self._start(p)
 
     def wrote(self, g: int) -> None:

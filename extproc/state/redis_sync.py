@@ -172,9 +172,10 @@ class RedisState(SyncedState):
             if batch.read_tokens:  # with the members: once a heartbeat, and after a failure
                 pipe.hgetall(tokens_key(model))
                 pipe.smembers(members_key(model))
-        speed_pods = list(self.counts.pods.items()) if batch.read_speed else []
-        for _, pod in speed_pods:
-            pipe.hgetall(speed_key(pod))
+        speed_reads = [(model, g) for model in models for g in self.core.speed_peers(model)
+                       ] if batch.read_speed else []
+        for model, gateway in speed_reads:
+            pipe.hgetall(speed_key(model, gateway))
         for key in aibrix_keys:
             pipe.hgetall(key)
         sent = self.clock()
@@ -204,8 +205,13 @@ class RedisState(SyncedState):
             if snap.tokens is not None and snap.members is not None:
                 _add_totals(snap.tokens, pods, next(reads))
                 snap.members[model] = next(reads)
-        if speed_pods:
-            snap.speed = {key: next(reads) for key, _ in speed_pods}
+        if batch.read_speed:
+            snap.speed = {}
+            for model, gateway in speed_reads:
+                pods = models[model]
+                for pid, raw in next(reads).items():
+                    if (key := pods.get(pid)) is not None:
+                        snap.speed.setdefault(key, {})[gateway] = raw
         for fields in reads:
             if fields and EXTPROC_MARK not in fields:
                 n = parse_int(fields.get("requests_running"))
@@ -253,9 +259,13 @@ class RedisState(SyncedState):
             pipe.evalsha(redis_scripts.REAP_SHA, 3, running_key(model), ledger_key(model, gateway),
                          members_key(model), gateway)
             queued += 1
-        for key, evidence in batch.speed.items():
-            name = speed_key(core.pod(key))
-            pipe.hset(name, self.field, evidence)
+        speed: dict[str, dict[str, str]] = {}
+        for key, raw in batch.speed.items():
+            pod = core.pod(key)
+            speed.setdefault(pod.model, {})[pod_id(pod)] = raw
+        for model, vectors in speed.items():
+            name = speed_key(model, self.field)
+            pipe.hset(name, mapping=vectors)
             pipe.expire(name, KEY_TTL_SECONDS)
             queued += 2
         for key, n in batch.aibrix.items():
@@ -268,9 +278,6 @@ class RedisState(SyncedState):
             else:
                 pipe.delete(name)
                 queued += 1
-        for name, gateway in batch.prune:
-            pipe.hdel(name, gateway)
-            queued += 1
         for owner, entries in batch.forwards.items():
             name = FORWARD_PREFIX + owner
             pipe.rpush(name, *entries)

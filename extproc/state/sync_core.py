@@ -23,9 +23,10 @@ Cluster a model's keys live on one shard and each model's writes are one atomic 
                                       > 3 s (or gone from this set) is reaped: its running share
                                       leaves the totals, once, by any gateway that sees it (it writes
                                       everything again if it returns)
-  extproc:speed:<namespace>/<pod>     ours: hash, per-gateway field, value = a JSON array: the sums
-                                      that gateway fits the pod's speed from (state/speed.py `export`),
-                                      written and read once a heartbeat
+  extproc:speed:{<model>}:<gateway>   ours: hash, field "<ns>/<pod>", value = the sums that gateway
+                                      fits the pod's speed from (state/speed.py `export`), as
+                                      little-endian doubles in base64; a vector is written when it
+                                      changed, every live member's hash read once a heartbeat
   extproc:done:<origin>               ours: list of "<request key> <status>", requests a gateway process
                                       routed whose access-log record reached another (one Envoy's log
                                       stream goes to one replica); the router pops it and releases them
@@ -37,7 +38,9 @@ heartbeat refresh.
 
 from __future__ import annotations
 
-import json
+import base64
+import math
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -94,8 +97,8 @@ def members_key(model: str) -> str:
     return MEMBERS_PREFIX + model_tag(model)
 
 
-def speed_key(pod: Pod) -> str:
-    return SPEED_PREFIX + pod_id(pod)
+def speed_key(model: str, gateway: str) -> str:
+    return f"{SPEED_PREFIX}{model_tag(model)}:{gateway}"
 
 
 def aibrix_pod_key(gateway: str, pod: Pod) -> str:
@@ -118,10 +121,9 @@ class WriteBatch:
     running: dict[PodKey, int] = field(default_factory=dict)   # own in-flight count
     tokens: dict[PodKey, int] = field(default_factory=dict)    # own cumulative tokens
     aibrix: dict[PodKey, int] = field(default_factory=dict)    # AIBrix rows: > 0 set, 0 delete
-    prune: list[tuple[str, str]] = field(default_factory=list)  # (key, field) of long-dead gateways
     reap: list[tuple[str, str]] = field(default_factory=list)  # (model, silent gateway) to take out
     forwards: dict[str, list[str]] = field(default_factory=dict)  # owner -> "<key> <status>" entries
-    speed: dict[PodKey, str] = field(default_factory=dict)     # own speed evidence (JSON), per heartbeat
+    speed: dict[PodKey, str] = field(default_factory=dict)     # own speed evidence that changed, encoded
     read_speed: bool = False                                   # read the others' with this tick
     read_tokens: bool = False                                  # read the token totals with this tick
     # Every own value ever written, zeros included: Redis came back from an older snapshot (RDB), or
@@ -129,8 +131,8 @@ class WriteBatch:
     reassert: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.heartbeat or self.running or self.tokens or self.aibrix or self.prune
-                    or self.reap or self.forwards or self.speed)
+        return bool(self.heartbeat or self.running or self.tokens or self.aibrix or self.reap
+                    or self.forwards or self.speed)
 
 
 @dataclass(slots=True)
@@ -162,8 +164,9 @@ class SyncCore:
         self._pending: dict[PodKey, int] = {}           # shared token deltas not yet taken
         self._last_heartbeat: float | None = None
         self._full = True                               # next batch re-asserts every own value
-        self._prune: list[tuple[str, str]] = []
+        self._written_speed: dict[PodKey, str] = {}
         self._members: dict[str, set[str]] = {}         # per model: gateways with a ledger, last read
+        self._live: set[str] = set()                    # gateways heard within the liveness window
         self._silent: set[tuple[str, str]] = set()      # (model, gateway) silent at the last snapshot
         self._reaped: set[tuple[str, str]] = set()      # ... already taken out of the totals
         # Routing's echo of the other gateways between snapshots (routing_running): how many live peers
@@ -241,12 +244,14 @@ class SyncCore:
                     batch.aibrix[key] = n
         for key in self._retiring:
             batch.running[key] = 0
-        batch.prune = self._prune
         batch.reap = sorted(self._silent - self._reaped)
         batch.forwards, self._outbox, self._outbox_size = self._outbox, {}, 0
         if due:  # the fit moves slowly: once a heartbeat is enough, and keeps each tick small
             batch.read_speed = True
-            batch.speed = {key: json.dumps(v) for key, v in self.speed_out.items() if key in counts.pods}
+            written = self._written_speed
+            for key, vector in self.speed_out.items():
+                if key in counts.pods and ((raw := encode_vector(vector)) != written.get(key) or full):
+                    batch.speed[key] = raw
         # The heartbeat goes first in any batch that writes counts, so a reader that sees our
         # counts also sees us alive and never reaps them.
         batch.heartbeat = due or bool(batch.running or batch.tokens)
@@ -269,13 +274,17 @@ class SyncCore:
         if batch.reassert:
             self._full = False
         self._reaped.update(batch.reap)
-        if batch.prune is self._prune:
-            self._prune = []
+        self._written_speed.update(batch.speed)
+
+    def speed_peers(self, model: str) -> list[str]:
+        """The live gateways (not this one) whose speed evidence on the model to read."""
+        return sorted(self._members.get(model, set()) & self._live - {self.me})
 
     def lost_ledger(self) -> None:
         """Redis answered that our ledger was gone (taken for dead, or Redis lost it): the totals miss
         our unchanged values, so the next batch writes every value again."""
         self._full = True
+        self._written_speed = {}
 
     def unsent(self, batch: WriteBatch) -> None:
         """The batch may not have reached Redis: its forwards go out again with the next one (a
@@ -310,6 +319,7 @@ class SyncCore:
         self.up = False
         self._full = True  # Redis may come back empty or from an old snapshot: re-assert everything
         self._reaped = set()  # ... with silent gateways back in its totals
+        self._written_speed = {}  # ... and without our speed evidence
         self.peer_speed = {}  # each gateway fits on its own records until Redis is back
 
     def apply(self, snap: Snapshot) -> None:
@@ -319,6 +329,7 @@ class SyncCore:
         live = {g for g, beat in snap.gateways.items() if beat >= snap.server_now - self.gateway_ttl}
         if snap.members is not None:
             self._members = snap.members
+        self._live = live
         self._silent = {(model, g) for model, members in self._members.items() for g in members
                         if g not in live and g != me}
         self._reaped &= self._silent  # a gateway heard again is reaped afresh when it next goes silent
@@ -333,17 +344,10 @@ class SyncCore:
         if snap.tokens is not None:
             for key in self.counts.pods:
                 self._count_tokens(key, snap.tokens.get(key, 0))
-        prune: list[tuple[str, str]] = []
         if snap.speed is not None:
             self.peer_speed = {key: [v for g, raw in fields.items() if g != me and g in live
-                                     if (v := _vector(raw)) is not None]
+                                     if (v := decode_vector(raw)) is not None]
                                for key, fields in snap.speed.items()}
-            known = snap.gateways.keys()
-            for key, fields in snap.speed.items():
-                pod = self.counts.pods.get(key)
-                if pod is not None:
-                    prune.extend((speed_key(pod), g) for g in fields if g != me and g not in known)
-        self._prune = prune
         self.up = True
         self.peers = len(live - {me})
         self._started = {}
@@ -376,7 +380,7 @@ class SyncCore:
             else:
                 self._written_running.pop(key, None)
             for table in (self.others, self._written_tokens, self._seen, self._pending, self.speed_out,
-                          self.peer_speed):
+                          self.peer_speed, self._written_speed):
                 table.pop(key, None)
             # Its AIBrix row (if any) is left to its 500 ms expiry.
             self._written_aibrix.pop(key, None)
@@ -388,14 +392,18 @@ class SyncCore:
         return list(self._written_aibrix)
 
 
-def _vector(raw: str) -> list[float] | None:
+def encode_vector(vector: list[float]) -> str:
+    """Speed evidence on the wire: little-endian doubles in base64 (a tenth of JSON's decoding cost)."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}d", *vector)).decode()
+
+
+def decode_vector(raw: str) -> list[float] | None:
     try:
-        value = json.loads(raw)
-    except ValueError:
+        data = base64.b64decode(raw, validate=True)
+        values = struct.unpack(f"<{len(data) // 8}d", data) if len(data) % 8 == 0 else None
+    except (ValueError, struct.error):
         return None
-    if not isinstance(value, list) or not all(isinstance(x, (int, float)) for x in value):
-        return None
-    return [float(x) for x in value]
+    return list(values) if values and all(map(math.isfinite, values)) else None
 
 
 class SyncedState:

@@ -3,7 +3,7 @@ token deltas across outages) and the Redis URL rules."""
 
 from __future__ import annotations
 
-import json
+import math
 import re
 
 import pytest
@@ -15,7 +15,7 @@ from extproc.fleetsim.shared import SimSharedState, SyncHub
 from extproc.pool.pod import Pod
 from extproc.state.redis_sync import RedisState
 from extproc.state.shared import LocalCounts, LocalState
-from extproc.state.sync_core import Snapshot, SyncCore
+from extproc.state.sync_core import Snapshot, SyncCore, decode_vector, encode_vector
 
 POD = Pod("llama", "pod-a", "10.0.0.1:8000", namespace="team")
 OTHER = Pod("llama", "pod-b", "10.0.0.2:8000", namespace="team")
@@ -357,18 +357,22 @@ def test_retries_while_redis_is_down_are_at_most_about_a_second_apart():
     assert max(pauses) <= 1.2  # Redis back: each gateway tries again within this, converging within 2 s
 
 
-def test_speed_evidence_is_sent_and_read_once_a_heartbeat_and_dropped_when_redis_is():
+def test_speed_evidence_is_sent_when_changed_and_read_once_a_heartbeat_and_dropped_when_redis_is():
     c = core(heartbeat_interval=1.0)
     c.speed_out[POD.key] = [1.0, 2.0]
     first = c.plan(10.0)
-    assert first.read_speed and json.loads(first.speed[POD.key]) == [1.0, 2.0]
+    assert first.read_speed and decode_vector(first.speed[POD.key]) == [1.0, 2.0]
     c.confirm(first, 10.0)
     assert not c.plan(10.1).read_speed and not c.plan(10.1).speed  # between heartbeats: counts only
+    assert c.plan(11.0).read_speed and not c.plan(11.0).speed  # unchanged: not sent again
+    c.speed_out[POD.key] = [1.5, 2.0]
+    assert decode_vector(c.plan(11.0).speed[POD.key]) == [1.5, 2.0]
     now = 11.0
     c.apply(Snapshot(server_now=now, gateways={"gw-live:1": now, "gw-dead:1": now - 10, ME: now},
                      running={}, tokens={}, speed={POD.key: {
-                         "gw-live:1": "[3.0, 4.0]", "gw-dead:1": "[5.0]", ME: "[1.0, 2.0]", "x": "{"}}))
-    assert c.peer_speed == {POD.key: [[3.0, 4.0]]}  # live others only; garbage skipped
+                         "gw-live:1": encode_vector([3.0, 4.0]), "gw-dead:1": encode_vector([5.0]),
+                         ME: encode_vector([1.0, 2.0]), "x": "{", "y": encode_vector([math.nan])}}))
+    assert c.peer_speed == {POD.key: [[3.0, 4.0]]}  # live others only; garbage and NaN skipped
     c.apply(snap(now + 0.1, {"gw-live:1": now}))  # a tick that did not read speed keeps the last
     assert c.peer_speed == {POD.key: [[3.0, 4.0]]}
     c.failed()
