@@ -305,8 +305,8 @@ class RedisState(SyncedState):
         ours = set(await client.zrange(GATEWAYS_KEY, 0, -1))
         keys: list[str] = []
         async for key in client.scan_iter(match=AIBRIX_POD_PATTERN, count=SCAN_COUNT):
-            instance, start = key[len(AIBRIX_POD_PREFIX):].split(":", 2)[:2]
-            if f"{instance}:{start}" not in ours:
+            writer = ":".join(key[len(AIBRIX_POD_PREFIX):].split(":", 2)[:2])  # ours: "<instance>:<ns>"
+            if writer not in ours:
                 keys.append(key)
         return keys
 
