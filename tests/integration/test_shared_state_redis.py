@@ -237,9 +237,24 @@ async def test_a_silent_gateway_drops_out_after_the_liveness_window(redis_server
     b = gateways.start(redis_server.url, "gw-b")
     b.add_running(POD, 4)
     await eventually(lambda: a.running(POD.key) == 4, 5, "A sees B")
-    await gateways.silence(b)  # crashed: no close(), its field stays in Redis
+    await gateways.silence(b)  # crashed: no close(), its share stays in Redis until reaped
     took = await eventually(lambda: a.running(POD.key) == 0, 6, "B left out of the sum")
     assert 1.5 < took < 4.5, took  # about the 3 s liveness window after B's last heartbeat
+
+
+async def test_a_gateway_reaped_while_paused_counts_again_when_it_resumes(redis_server, gateways, raw):
+    a = gateways.start(redis_server.url, "gw-a")
+    b = gateways.start(redis_server.url, "gw-b")
+    a.add_running(POD, 1)
+    b.add_running(POD, 4)
+    await eventually(lambda: a.running(POD.key) == 5, 5, "A sees B")
+    await gateways.silence(b)  # paused past the liveness window: A takes its 4 out of the total
+    await eventually(lambda: a.running(POD.key) == 1, 6, "B reaped")
+    assert await raw.hgetall("extproc:running:{llama}") == {"team/a100-0": "1"}
+    assert not await raw.sismember("extproc:members:{llama}", b.field)
+    gateways.tasks[b.field] = asyncio.create_task(b.run())  # B resumes, its counts unchanged
+    await eventually(lambda: a.running(POD.key) == 5, 5, "B's 4 written again and seen by A")
+    assert await raw.hgetall("extproc:running:{llama}") == {"team/a100-0": "5"}
 
 
 async def test_redis_outage_falls_back_locally_and_sharing_resumes(redis_server, gateways, caplog):
