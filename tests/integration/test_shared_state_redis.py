@@ -7,6 +7,7 @@ import asyncio
 import logging
 import re
 import shutil
+import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -255,6 +256,26 @@ async def test_a_gateway_reaped_while_paused_counts_again_when_it_resumes(redis_
     gateways.tasks[b.field] = asyncio.create_task(b.run())  # B resumes, its counts unchanged
     await eventually(lambda: a.running(POD.key) == 5, 5, "B's 4 written again and seen by A")
     assert await raw.hgetall("extproc:running:{llama}") == {"team/a100-0": "5"}
+
+
+async def test_a_redis_too_slow_for_a_turn_is_counted_logged_and_survived(redis_server, gateways, caplog):
+    caplog.set_level(logging.INFO, logger="extproc.state.redis_sync")
+    a = gateways.start(redis_server.url, "gw-a", op_timeout=0.2)
+    b = gateways.start(redis_server.url, "gw-b", op_timeout=0.2)
+    a.add_running(POD, 2)
+    await eventually(lambda: b.running(POD.key) == 2, 5, "synced")
+    redis_server.proc.popen.send_signal(signal.SIGSTOP)  # Redis stalls: connections open, no answer
+    try:
+        failures = lambda: gateways.registries[b.field].get_sample_value(  # noqa: E731
+            "extproc_redis_sync_failures_total", {"reason": "timeout"}) or 0
+        await eventually(lambda: failures() >= 1 and not b.up, 3, "a timed-out turn")
+        assert b.running(POD.key) == 0  # its own counts only
+        assert any("did not answer a sync turn within 0.2s (redis.timeout_seconds)" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        redis_server.proc.popen.send_signal(signal.SIGCONT)
+    await eventually(lambda: a.up and b.up and b.running(POD.key) == 2, 10, "sharing resumes")
+    assert gateways.registries[b.field].get_sample_value("extproc_redis_sync_seconds") < 0.2
 
 
 async def test_redis_outage_falls_back_locally_and_sharing_resumes(redis_server, gateways, caplog):
