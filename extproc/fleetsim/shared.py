@@ -53,7 +53,8 @@ class SyncHub:
                         tokens={} if tokens else None, speed={} if speed else None)
         for key in keys:
             if snap.speed is not None:
-                snap.speed[key] = dict(self.speed.get(key, {}))
+                for g, raw in self.speed.get(key, {}).items():
+                    snap.speed.setdefault(g, {})[key] = raw
             snap.running[key] = sum(n for g, n in self.running.get(key, {}).items() if g in live)
             if snap.tokens is not None:
                 fields = self.tokens.get(key, {})

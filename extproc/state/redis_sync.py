@@ -172,8 +172,8 @@ class RedisState(SyncedState):
             if batch.read_tokens:  # with the members: once a heartbeat, and after a failure
                 pipe.hgetall(tokens_key(model))
                 pipe.smembers(members_key(model))
-        speed_reads = [(model, g) for model in models for g in self.core.speed_peers(model)
-                       ] if batch.read_speed else []
+        speed_reads = [(model, g) for g in self.core.speed_peers() for model in self.core.peer_members(g)
+                       if model in models] if batch.read_speed else []
         for model, gateway in speed_reads:
             pipe.hgetall(speed_key(model, gateway))
         for key in aibrix_keys:
@@ -208,10 +208,10 @@ class RedisState(SyncedState):
         if batch.read_speed:
             snap.speed = {}
             for model, gateway in speed_reads:
-                pods = models[model]
+                pods, vectors = models[model], snap.speed.setdefault(gateway, {})
                 for pid, raw in next(reads).items():
                     if (key := pods.get(pid)) is not None:
-                        snap.speed.setdefault(key, {})[gateway] = raw
+                        vectors[key] = raw
         for fields in reads:
             if fields and EXTPROC_MARK not in fields:
                 n = parse_int(fields.get("requests_running"))

@@ -26,7 +26,9 @@ Cluster a model's keys live on one shard and each model's writes are one atomic 
   extproc:speed:{<model>}:<gateway>   ours: hash, field "<ns>/<pod>", value = the sums that gateway
                                       fits the pod's speed from (state/speed.py `export`), as
                                       little-endian doubles in base64; a vector is written when it
-                                      changed, every live member's hash read once a heartbeat
+                                      changed. Once a heartbeat a gateway reads up to 8 live peers'
+                                      hashes, in turn, and fits on each peer's last read (decayed
+                                      by its age), so the reads stay bounded however many gateways
   extproc:done:<origin>               ours: list of "<request key> <status>", requests a gateway process
                                       routed whose access-log record reached another (one Envoy's log
                                       stream goes to one replica); the router pops it and releases them
@@ -71,6 +73,7 @@ FORWARD_PREFIX = "extproc:done:"
 FORWARD_TTL_SECONDS = 60         # an inbox nobody pops (its gateway died) goes away
 MAX_FORWARDS = 10_000            # unsent while Redis is down: past this, reconciliation releases them
 MAX_RECEIVE = 2_000              # popped per tick
+SPEED_PEERS_PER_HEARTBEAT = 8    # peers whose speed evidence is read per heartbeat, in turn
 
 
 def pod_id(pod: Pod) -> str:
@@ -144,7 +147,7 @@ class Snapshot:
     tokens: dict[PodKey, int] | None = None            # per pod: fleet cumulative tokens; None: not read
     aibrix: dict[str, int] = field(default_factory=dict)  # "ns/pod" -> AIBrix gateways' in-flight
     members: dict[str, set[str]] | None = None         # per model: gateways with a ledger; None: not read
-    speed: dict[PodKey, dict[str, str]] | None = None  # per pod: gateway -> its evidence; None: not read
+    speed: dict[str, dict[PodKey, str]] | None = None  # per peer read: pod -> its evidence; None: none
 
 
 class SyncCore:
@@ -179,6 +182,8 @@ class SyncCore:
         # Speed evidence: this gateway's own to publish, and the other live gateways' as last read.
         self.speed_out: dict[PodKey, list[float]] = {}
         self.peer_speed: dict[PodKey, list[list[float]]] = {}
+        self._peer_vectors: dict[str, dict[PodKey, list[float]]] = {}  # per peer: its last read
+        self._speed_turn = 0                            # where the peers' rotation stands
         self._outbox: dict[str, list[str]] = {}
         self._outbox_size = 0
         self._received: list[tuple[str, int]] = []
@@ -278,9 +283,20 @@ class SyncCore:
         for key in batch.speed:
             self._written_speed[key] = self.speed_out[key]
 
-    def speed_peers(self, model: str) -> list[str]:
-        """The live gateways (not this one) whose speed evidence on the model to read."""
-        return sorted(self._members.get(model, set()) & self._live - {self.me})
+    def speed_peers(self) -> list[str]:
+        """The live peers whose speed evidence to read with this heartbeat: all of them up to 8, else
+        8 in turn (each read every G/8 heartbeats: the evidence is decayed by its age when merged, so
+        a peer read late only lacks its latest records)."""
+        peers = sorted(set().union(*self._members.values()) & self._live - {self.me}) if self._members else []
+        if len(peers) <= SPEED_PEERS_PER_HEARTBEAT:
+            return peers
+        start = self._speed_turn * SPEED_PEERS_PER_HEARTBEAT % len(peers)
+        self._speed_turn += 1
+        return (peers + peers)[start:start + SPEED_PEERS_PER_HEARTBEAT]
+
+    def peer_members(self, gateway: str) -> list[str]:
+        """The models on which a peer holds a ledger (and so may have speed evidence)."""
+        return [model for model, members in self._members.items() if gateway in members]
 
     def lost_ledger(self) -> None:
         """Redis answered that our ledger was gone (taken for dead, or Redis lost it): the totals miss
@@ -323,6 +339,7 @@ class SyncCore:
         self._reaped = set()  # ... with silent gateways back in its totals
         self._written_speed = {}  # ... and without our speed evidence
         self.peer_speed = {}  # each gateway fits on its own records until Redis is back
+        self._peer_vectors = {}
 
     def apply(self, snap: Snapshot) -> None:
         """A snapshot read: other live gateways' counts, and token deltas since the last one. Our own
@@ -347,9 +364,18 @@ class SyncCore:
             for key in self.counts.pods:
                 self._count_tokens(key, snap.tokens.get(key, 0))
         if snap.speed is not None:
-            self.peer_speed = {key: [v for g, raw in fields.items() if g != me and g in live
-                                     if (v := decode_vector(raw)) is not None]
-                               for key, fields in snap.speed.items()}
+            for g, vectors in snap.speed.items():  # each peer read replaces what it said before
+                if g != me:
+                    self._peer_vectors[g] = {key: v for key, raw in vectors.items()
+                                             if (v := decode_vector(raw)) is not None}
+            peer_speed: dict[PodKey, list[list[float]]] = {}
+            for g in list(self._peer_vectors):
+                if g not in live:
+                    del self._peer_vectors[g]
+                    continue
+                for key, v in self._peer_vectors[g].items():
+                    peer_speed.setdefault(key, []).append(v)
+            self.peer_speed = peer_speed
         self.up = True
         self.peers = len(live - {me})
         self._started = {}
@@ -382,7 +408,7 @@ class SyncCore:
             else:
                 self._written_running.pop(key, None)
             for table in (self.others, self._written_tokens, self._seen, self._pending, self.speed_out,
-                          self.peer_speed, self._written_speed):
+                          self.peer_speed, self._written_speed, *self._peer_vectors.values()):
                 table.pop(key, None)
             # Its AIBrix row (if any) is left to its 500 ms expiry.
             self._written_aibrix.pop(key, None)

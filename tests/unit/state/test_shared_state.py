@@ -368,10 +368,12 @@ def test_speed_evidence_is_sent_when_changed_and_read_once_a_heartbeat_and_dropp
     c.speed_out[POD.key] = [1.5, 2.0]
     assert decode_vector(c.plan(11.0).speed[POD.key]) == [1.5, 2.0]
     now = 11.0
-    c.apply(Snapshot(server_now=now, gateways={"gw-live:1": now, "gw-dead:1": now - 10, ME: now},
-                     running={}, tokens={}, speed={POD.key: {
-                         "gw-live:1": encode_vector([3.0, 4.0]), "gw-dead:1": encode_vector([5.0]),
-                         ME: encode_vector([1.0, 2.0]), "x": "{", "y": encode_vector([math.nan])}}))
+    c.apply(Snapshot(server_now=now, gateways={"gw-live:1": now, "gw-dead:1": now - 10, ME: now, "x": now},
+                     running={}, tokens={}, speed={
+                         "gw-live:1": {POD.key: encode_vector([3.0, 4.0])},
+                         "gw-dead:1": {POD.key: encode_vector([5.0])},
+                         ME: {POD.key: encode_vector([1.0, 2.0])},
+                         "x": {POD.key: "{", OTHER.key: encode_vector([math.nan])}}))
     assert c.peer_speed == {POD.key: [[3.0, 4.0]]}  # live others only; garbage and NaN skipped
     c.apply(snap(now + 0.1, {"gw-live:1": now}))  # a tick that did not read speed keeps the last
     assert c.peer_speed == {POD.key: [[3.0, 4.0]]}
@@ -392,3 +394,22 @@ def test_workers_share_speed_evidence_through_the_segment():
     assert two.peer_speed() == {POD.key: [evidence]} and one.peer_speed() == {}
     WorkerState(fd, 0)  # worker 0 restarted: its predecessor's evidence is gone with it
     assert two.peer_speed() == {}
+
+
+def test_speed_evidence_of_many_peers_is_read_eight_at_a_time_in_turn_and_kept_between_reads():
+    from extproc.state.sync_core import SPEED_PEERS_PER_HEARTBEAT
+    c = core()
+    now = 10.0
+    peers = [f"gw-{i:02}:1" for i in range(20)]
+    c.apply(snap(now, {g: now for g in [*peers, ME]}, members={"llama": {*peers, ME}}))
+    turns = [c.speed_peers() for _ in range(3)]
+    assert all(len(t) == SPEED_PEERS_PER_HEARTBEAT for t in turns)
+    assert set().union(*turns) == set(peers) and turns[0] == peers[:8]  # every peer within 3 heartbeats
+    c.apply(Snapshot(server_now=now, gateways={g: now for g in [*peers, ME]}, running={}, tokens={},
+                     speed={"gw-00:1": {POD.key: encode_vector([1.0])}}))
+    c.apply(Snapshot(server_now=now + 1, gateways={g: now + 1 for g in [*peers, ME]}, running={}, tokens={},
+                     speed={"gw-10:1": {POD.key: encode_vector([2.0])}}))
+    assert sorted(c.peer_speed[POD.key]) == [[1.0], [2.0]]  # gw-00's last read still counts
+    c.apply(Snapshot(server_now=now + 9, gateways={"gw-10:1": now + 9, ME: now + 9}, running={}, tokens={},
+                     speed={}))
+    assert c.peer_speed == {POD.key: [[2.0]]}  # gw-00 no longer heard: its evidence goes
