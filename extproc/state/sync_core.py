@@ -128,6 +128,7 @@ class WriteBatch:
     reap: list[tuple[str, str]] = field(default_factory=list)  # (model, silent gateway) to take out
     forwards: dict[str, list[str]] = field(default_factory=dict)  # owner -> "<key> <status>" entries
     speed: dict[PodKey, str] = field(default_factory=dict)     # own speed evidence that changed, encoded
+    speed_sent: dict[PodKey, list[float]] = field(default_factory=dict)  # ... as it was when planned
     read_speed: bool = False                                   # read the others' with this tick
     read_tokens: bool = False                                  # read the token totals with this tick
     # Every own value ever written, zeros included: Redis came back from an older snapshot (RDB), or
@@ -258,6 +259,7 @@ class SyncCore:
             for key, vector in self.speed_out.items():
                 if key in counts.pods and (full or vector != written.get(key)):
                     batch.speed[key] = encode_vector(vector)
+                    batch.speed_sent[key] = vector
         # The heartbeat goes first in any batch that writes counts, so a reader that sees our
         # counts also sees us alive and never reaps them.
         batch.heartbeat = due or bool(batch.running or batch.tokens)
@@ -280,8 +282,7 @@ class SyncCore:
         if batch.reassert:
             self._full = False
         self._reaped.update(batch.reap)
-        for key in batch.speed:
-            self._written_speed[key] = self.speed_out[key]
+        self._written_speed.update(batch.speed_sent)  # not speed_out: it may have moved since the plan
 
     def speed_peers(self) -> list[str]:
         """The live peers whose speed evidence to read with this heartbeat: all of them up to 8, else
