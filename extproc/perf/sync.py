@@ -3,19 +3,22 @@
 A real `redis-server` on a free loopback port; G of the project's own `RedisState` objects, built as
 `server/app.py` builds them, in this one process. Every pod holds `inflight` requests spread over the
 gateways and completes `rate` of them a second fleet-wide (each replaced by a new one at a random
-gateway, with its tokens credited), so the fleet changes at a stated rate.
+gateway, with its tokens credited and, unless --no-speed, that gateway's speed evidence on the pod
+changed), so the fleet changes at a stated rate.
 
 A fleet turn is one sync of every gateway, one after another: each gateway's CPU is this process's CPU
-across its own `sync_once` (Redis runs in another process), its latency the wall time of that call.
-Redis's CPU, commands and bytes come from its INFO, taken per fleet turn; the real fleet runs
-1/interval fleet turns a second, so Redis's cores = its CPU per fleet turn / interval. Gateways that
-run one after another do not queue behind each other in Redis, so latency here is the floor; the
-`op_timeout` verdict (a turn that would time out) compares it with the gateway's timeout.
+across its own `sync_once` (Redis runs in another process), its latency the wall time of that call,
+and a turn that takes longer than the gateway's timeout (0.5 s) fails as it would in a gateway.
+Redis's CPU, commands (those run inside scripts included) and bytes come from its INFO, taken per
+fleet turn; the real fleet runs 1/interval fleet turns a second, so Redis's cores = its CPU per fleet
+turn / interval. Gateways that run one after another do not queue behind each other in Redis, so
+latency here is the floor. The gateways' clock is virtual (turn x interval).
 
-Staleness: after each gateway's sync, its view of every pod (`running`) is held against the fleet's
-truth at the moment of that sync, and the age of the oldest value in it (the read's time minus the
-time the oldest contributing gateway wrote) is recorded; routing reads a view until the next sync, so
-a count is at most that age plus one interval old when routing reads it.
+Freshness: after each gateway's sync, its view of every pod's other gateways (`running` less its own)
+is held against what those gateways last wrote (`wrong_views`: pods that differ; 0 means each view is
+exact as of its read, so in a real fleet, where gateways sync side by side, a count is at most two
+intervals plus a turn's latency old when routing reads it). `age_ms` is the read's wall time less the
+oldest contributor's write: here that is the serial fleet turn's length, not a real fleet's staleness.
 """
 
 from __future__ import annotations
