@@ -51,6 +51,12 @@ def profile_key(model: str, deployment: str) -> str:
     return profile_key_prefix(model) + deployment
 
 
+def profile_index_key(model: str) -> str:
+    """Ours: the set of a model's profile keys (gen-profile adds each key it writes), so readers find
+    them without scanning the keyspace."""
+    return f"extproc:profiles:{model}"
+
+
 class ProfileError(ValueError):
     """A profile that cannot be used; the message names the offending key."""
 
@@ -212,11 +218,6 @@ def deployment_key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
-def _glob_escape(text: str) -> str:
-    """A model name taken literally in a Redis MATCH pattern."""
-    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
-
-
 class ProfileStore:
     def __init__(self) -> None:
         self._files: dict[str, GpuProfile] = {}  # gpu -> profile, whatever the model
@@ -266,16 +267,20 @@ class ProfileStore:
         best = max(found, key=lambda p: p.created)
         return dataclasses.replace(best, gpu=key)
 
-    async def refresh_redis(self, redis: Any, models: Iterable[str]) -> int:
-        """SCAN each model's profile keys and take what is newer; returns how many keys were read."""
+    async def refresh_redis(self, redis: Any, deployments: Mapping[str, Iterable[str]]) -> int:
+        """Read each model's profiles by key, without scanning the keyspace: AIBrix's
+        `aibrix:profile_<model>_<deployment>` of the deployments serving it (as AIBrix writes them),
+        and every key in the model's index (as gen-profile writes them); take what is newer. Returns
+        how many keys were read."""
         n = 0
-        for model in models:
-            pattern = f"{_glob_escape(profile_key_prefix(model))}*"
-            keys = [k async for k in redis.scan_iter(match=pattern, count=100)]
+        for model, names in deployments.items():
+            indexed = await redis.smembers(profile_index_key(model))
+            keys = sorted({profile_key(model, name) for name in names if name}
+                          | {k.decode() if isinstance(k, bytes) else k for k in indexed})
             if not keys:
                 continue
             for key, raw in zip(keys, await redis.mget(keys)):
                 if raw is not None:
-                    self.offer_redis(model, key.decode() if isinstance(key, bytes) else key, raw)
+                    self.offer_redis(model, key, raw)
                     n += 1
         return n

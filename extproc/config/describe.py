@@ -11,7 +11,10 @@ from extproc.environment import redact_url
 
 
 def describe(config: Config) -> list[str]:
-    redis = f"on ({redact_url(config.redis_url)})" if config.redis_url else "off"
+    sync = config.redis_sync
+    redis = (f"on ({redact_url(config.redis_url)}; sync every {sync.interval_seconds:g} s, heartbeat "
+             f"{sync.heartbeat_seconds:g} s, timeout {sync.timeout_seconds:g} s, AIBrix rows "
+             f"{'on' if sync.aibrix_rows else 'off'})" if config.redis_url else "off")
     lines = [f"default strategy: {config.default_strategy}; destination header: {config.destination_header}; "
              f"max body: {config.max_body_bytes} bytes; Redis: {redis}",
              f"model paths: {', '.join(sorted(config.model_paths))}",

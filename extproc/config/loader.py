@@ -26,6 +26,7 @@ from extproc.config.schema import (
     TOP_KEYS,
     Config,
     ConfigError,
+    RedisSync,
     check_known,
 )
 from extproc.config.source import DuplicateKey, read_yaml
@@ -106,7 +107,8 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
                   metrics_refresh_seconds=_number(telemetry, "refresh_seconds", 1.0, minimum=0.05),
                   metrics_timeout_seconds=_number(telemetry, "timeout_seconds", 0.5, minimum=0.01),
                   redis_url=environment.redis_url_from_env(env, _optional_str(redis, "url")),
-                  redis_instance=environment.pod_name(env), tracing=environment.tracing_enabled(env),
+                  redis_instance=environment.pod_name(env), redis_sync=_redis_sync(redis),
+                  tracing=environment.tracing_enabled(env),
                   api_keys_file=_keys_file(gateway), api_keys=environment.api_keys(env),
                   discovery=discovery, rate_limits=rate_limits)
 
@@ -156,11 +158,31 @@ def _optional_str(section: dict[str, Any], key: str) -> str | None:
     return value or None
 
 
-def _number(section: dict[str, Any], key: str, default: float, minimum: float = 1) -> float:
+def _number(section: dict[str, Any], key: str, default: float, minimum: float = 1, where: str = "") -> float:
     value = section.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
-        raise ConfigError(f"{key} must be a number >= {minimum}, not {value!r}")
+        name = f"{where}.{key}" if where else key
+        raise ConfigError(f"{name} must be a number >= {minimum}, not {value!r}")
     return value
+
+
+def _redis_sync(redis: dict[str, Any]) -> RedisSync:
+    """`redis.*` timing: a turn must fit its interval's order and come well inside the liveness
+    window (3 heartbeats), or every gateway would take the others for dead between two turns."""
+    interval = _number(redis, "sync_interval_seconds", 0.1, minimum=0.01, where="redis")
+    heartbeat = _number(redis, "heartbeat_seconds", 1.0, minimum=0.1, where="redis")
+    timeout = _number(redis, "timeout_seconds", 0.5, minimum=0.01, where="redis")
+    if heartbeat < interval:
+        raise ConfigError(f"redis.heartbeat_seconds {heartbeat} is below redis.sync_interval_seconds "
+                          f"{interval}: a heartbeat goes with a sync turn")
+    if interval + timeout >= 3 * heartbeat:
+        raise ConfigError(f"redis.sync_interval_seconds + redis.timeout_seconds ({interval + timeout:g}) "
+                          f"must stay below the liveness window, 3 x redis.heartbeat_seconds "
+                          f"({3 * heartbeat:g})")
+    aibrix_rows = redis.get("aibrix_rows", False)
+    if not isinstance(aibrix_rows, bool):
+        raise ConfigError(f"redis.aibrix_rows must be true or false, not {aibrix_rows!r}")
+    return RedisSync(interval, heartbeat, timeout, aibrix_rows)
 
 
 def _section(raw: dict[str, Any], name: str) -> dict[str, Any]:

@@ -39,7 +39,8 @@ SECTION_KEYS: dict[str, frozenset[str]] = {
                           "drain_notice_seconds", "include_usage", "request_timeout_seconds",
                           "api_keys_file", "fail_open"}),
     "telemetry": frozenset({"refresh_seconds", "timeout_seconds"}),
-    "redis": frozenset({"url"}),
+    "redis": frozenset({"url", "sync_interval_seconds", "heartbeat_seconds", "timeout_seconds",
+                        "aibrix_rows"}),
     "discovery": DISCOVERY_KEYS,  # typed by extproc.config.discovery
 }
 TOP_KEYS = frozenset({"models", "routing", "rate_limits", *SECTION_KEYS})  # rate_limits: extproc.ratelimit
@@ -47,6 +48,19 @@ TOP_KEYS = frozenset({"models", "routing", "rate_limits", *SECTION_KEYS})  # rat
 
 class ConfigError(ValueError):
     pass
+
+
+@dataclass(slots=True, frozen=True)
+class RedisSync:
+    """How the shared state keeps step with Redis (`redis.*`; docs/kubernetes.md sizes them)."""
+    interval_seconds: float = 0.1   # a sync turn: own changes out, the others' totals in
+    heartbeat_seconds: float = 1.0  # liveness beat; a gateway silent for 3 heartbeats is reaped
+    timeout_seconds: float = 0.5    # a turn not answered within this fails: local counts until one is
+    aibrix_rows: bool = False       # also write and read AIBrix gateways' aibrix:pod:* rows
+
+    @property
+    def gateway_ttl(self) -> float:
+        return 3 * self.heartbeat_seconds
 
 
 @dataclass(slots=True, frozen=True)
@@ -75,6 +89,7 @@ class Config:
     # REDIS_HOST/REDIS_PORT, with REDIS_PASSWORD added. None: this gateway keeps its counts to itself.
     redis_url: str | None = field(default=None, repr=False)  # may carry a password
     redis_instance: str | None = None  # this gateway's name in Redis (POD_NAME; None: the hostname)
+    redis_sync: RedisSync = field(default_factory=lambda: RedisSync())  # read once, at start
     tracing: bool = False  # request traces for the GPU optimizer (AIBRIX_GPU_OPTIMIZER_TRACING_FLAG)
     api_keys_file: str | None = None  # optional client API keys (extproc.server.auth)
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # EXTPROC_API_KEYS

@@ -1,9 +1,10 @@
 """Shared state between simulated gateway replicas, with the Redis sync's delay.
 
 Each simulated gateway runs the live backend's pure half, `extproc.state.sync_core.SyncCore`, over its
-own `LocalCounts`, exactly as `RedisState` does; only Redis itself is replaced, by `SyncHub` (the
-hashes `aibrix:rrq:<pod>`, `extproc:tokens:<pod>` and `extproc:speed:<pod>`, one field per gateway,
-plus the heartbeats).
+own `LocalCounts`, exactly as `RedisState` does; only Redis itself is replaced, by `SyncHub`: each
+gateway's ledger (its own in-flight and cumulative tokens per pod), the per-pod totals a read returns
+(the in-flight of the gateways heard within the liveness window, as reaping leaves them; every
+gateway's tokens), each gateway's speed evidence and the heartbeats.
 A gateway's own counts are exact; the others' are as of its last sync tick (~100 ms, phases spread),
 so a remote change is seen 0-2 ticks late, as through Redis.
 
@@ -20,9 +21,11 @@ from extproc.pool.pod import PodKey
 from extproc.state.shared import LocalCounts
 from extproc.state.sync_core import Snapshot, SyncCore, SyncedState, WriteBatch
 
+GATEWAY_TTL = 3.0  # SyncCore's default liveness window
+
 
 class SyncHub:
-    """What Redis holds, in memory: per pod, each gateway's field in the running and token hashes."""
+    """What Redis holds, in memory: per pod, each gateway's ledger value; totals are summed at a read."""
 
     __slots__ = ("share_tokens", "running", "tokens", "speed", "heartbeats")
 
@@ -30,7 +33,7 @@ class SyncHub:
         self.share_tokens = share_tokens
         self.running: dict[PodKey, dict[str, int]] = {}
         self.tokens: dict[PodKey, dict[str, int]] = {}
-        self.speed: dict[PodKey, dict[str, str]] = {}  # extproc:speed:<pod>: each gateway's evidence
+        self.speed: dict[PodKey, dict[str, str]] = {}  # each gateway's speed evidence per pod
         self.heartbeats: dict[str, float] = {}
 
     def write(self, field: str, batch: WriteBatch, now: float) -> None:
@@ -43,18 +46,19 @@ class SyncHub:
         for key, evidence in batch.speed.items():
             self.speed.setdefault(key, {})[field] = evidence
 
-    def read(self, field: str, keys: Iterable[PodKey], now: float, speed: bool = False) -> Snapshot:
-        snap = Snapshot(server_now=now, gateways=dict(self.heartbeats), running={}, tokens={},
-                        speed={} if speed else None)
+    def read(self, field: str, keys: Iterable[PodKey], now: float, speed: bool = False,
+             tokens: bool = True) -> Snapshot:
+        live = {g for g, beat in self.heartbeats.items() if beat >= now - GATEWAY_TTL}
+        snap = Snapshot(server_now=now, gateways=dict(self.heartbeats), running={},
+                        tokens={} if tokens else None, speed={} if speed else None)
         for key in keys:
             if snap.speed is not None:
-                snap.speed[key] = dict(self.speed.get(key, {}))
-            snap.running[key] = dict(self.running.get(key, {}))
-            tokens = self.tokens.get(key, {})
-            if self.share_tokens:
-                snap.tokens[key] = dict(tokens)
-            else:
-                snap.tokens[key] = {field: tokens[field]} if field in tokens else {}
+                for g, raw in self.speed.get(key, {}).items():
+                    snap.speed.setdefault(g, {})[key] = raw
+            snap.running[key] = sum(n for g, n in self.running.get(key, {}).items() if g in live)
+            if snap.tokens is not None:
+                fields = self.tokens.get(key, {})
+                snap.tokens[key] = sum(fields.values()) if self.share_tokens else fields.get(field, 0)
         return snap
 
 
@@ -75,4 +79,5 @@ class SimSharedState(SyncedState):
         batch = self.core.plan(now)
         self.hub.write(self.field, batch, now)
         self.core.confirm(batch, now)
-        self.core.apply(self.hub.read(self.field, list(self.counts.pods), now, batch.read_speed))
+        self.core.apply(self.hub.read(self.field, list(self.counts.pods), now, batch.read_speed,
+                                      batch.read_tokens))

@@ -111,7 +111,8 @@ class OptimizerService:
     async def refresh_profiles(self) -> None:
         self.store.load_files(self.profile_files())  # cheap, and a regenerated file takes effect
         if self.redis is not None:
-            await self.store.refresh_redis(self.redis, list(self.fleet.models))
+            await self.store.refresh_redis(self.redis, {model: [d.name for d in state.deployments.values()]
+                                                        for model, state in self.fleet.models.items()})
 
     async def tick(self, now: float | None = None) -> None:
         """One cycle: deployments, profiles (every profile_refresh s), then a re-plan of every model."""

@@ -23,6 +23,15 @@ the gateway's tally (extproc_output_tokens_total) against the tokens the upstrea
 """
 
 
+SYNC_HELP = """\
+G gateways (the project's own RedisState, in this process) x P pods against a real redis-server on a
+free loopback port; every pod holds --inflight requests and completes --rate a second fleet-wide. Per
+gateway turn: sync CPU and latency; per fleet turn: Redis CPU, commands and bytes (INFO), scaled to
+1/interval fleet turns a second; staleness and views that disagree with what the others last wrote.
+See extproc/perf/sync.py for how each figure is taken.
+"""
+
+
 def add_parser(sub: Any) -> None:
     """Register `bench` on the `extproc` command's subparsers."""
     bench = sub.add_parser("bench", help="gateway benchmarks: overhead against Envoy alone, memory")
@@ -70,6 +79,23 @@ def add_parser(sub: Any) -> None:
     m.add_argument("--sequential", type=int, default=80, help="--large-bodies: bodies one after another")
     m.add_argument("--concurrent", type=int, default=8, help="--large-bodies: bodies at once, per round")
     m.set_defaults(func=_memory)
+
+    s = kinds.add_parser("sync", help="Redis sharing: sync CPU, Redis CPU, commands, bytes, staleness; G x P",
+                         description=SYNC_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("--sizes", type=_sizes, default=((1, 1000), (16, 1000)),
+                   help="gateways x pods per run, e.g. 1x1000,16x1000")
+    s.add_argument("--models", type=int, default=1, help="models the pods are spread over")
+    s.add_argument("--rate", type=float, default=10.0, help="completions per pod per second, fleet-wide")
+    s.add_argument("--inflight", type=int, default=32, help="requests each pod holds, fleet-wide")
+    s.add_argument("--interval", type=float, default=0.1, help="the gateways' sync interval, seconds")
+    s.add_argument("--turns", type=int, default=30, help="fleet turns measured per run (after 5 warm-up)")
+    s.add_argument("--no-speed", dest="speed", action="store_false",
+                   help="leave out the speed evidence gateways share once a heartbeat")
+    s.add_argument("--baseline", type=Path, metavar="DIR",
+                   help="a checkout of an earlier version (git worktree or `git archive`): its RedisState "
+                        "runs each size first, against the same redis-server")
+    s.add_argument("--json", type=Path, help="write every run's summary here")
+    s.set_defaults(func=_sync)
 
     f = kinds.add_parser("floor", help="server CPU per ext_proc stream of a trivial server (no routing)")
     f.add_argument("--servers", type=lambda t: tuple(t.split(",")), default=("aio", "sync"),
@@ -182,6 +208,26 @@ def _floor(args: argparse.Namespace) -> int:
                Path(tempfile.mkdtemp(prefix="extproc-floor-")))
     print(render(runs, args.concurrency))
     return 0
+
+
+def _sync(args: argparse.Namespace) -> int:
+    from extproc.perf import sync
+
+    print(" | ".join(sync.HEADER), flush=True)
+    runs = sync.run(list(args.sizes), models=args.models, rate=args.rate, inflight=args.inflight,
+                    interval=args.interval, turns=args.turns, speed=args.speed, baseline=args.baseline,
+                    progress=lambda line: print(line, flush=True))
+    if args.json:
+        args.json.write_text(json.dumps(runs, indent=1))
+    return 0
+
+
+def _sizes(text: str) -> tuple[tuple[int, int], ...]:
+    out = []
+    for part in text.split(","):
+        g, _, p = part.partition("x")
+        out.append((int(g), int(p)))
+    return tuple(out)
 
 
 def _memory(args: argparse.Namespace) -> int:

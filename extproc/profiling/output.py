@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from extproc.gpu_profiles import profile_key
+from extproc.gpu_profiles import profile_index_key, profile_key
 
 
 class OutputError(ValueError):
@@ -64,7 +64,10 @@ def store_redis(target: RedisTarget, deployment: str, profile: dict[str, Any]) -
                          socket_connect_timeout=10)
     key = target.key(deployment)
     try:
-        client.set(key, json.dumps(profile))
+        with client.pipeline(transaction=True) as pipe:  # the key, and its place in the model's index
+            pipe.set(key, json.dumps(profile))
+            pipe.sadd(profile_index_key(target.model), key)
+            pipe.execute()
     except redis.RedisError as exc:
         message = str(exc)
         if target.password:

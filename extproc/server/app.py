@@ -116,7 +116,11 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     if redis_url:
         from extproc.state.redis_sync import RedisState  # the Redis client loads only when used
 
-        shared = RedisState(redis_url, config.redis_instance, registry=registry)
+        sync = config.redis_sync
+        shared = RedisState(redis_url, config.redis_instance, sync_interval=sync.interval_seconds,
+                            heartbeat_interval=sync.heartbeat_seconds, gateway_ttl=sync.gateway_ttl,
+                            op_timeout=sync.timeout_seconds, aibrix_snapshots=sync.aibrix_rows,
+                            registry=registry)
     elif worker is not None:  # one of `serve --workers N`: counts shared with the others in memory
         shared = WorkerState(worker.segment_fd, worker.index)
     else:

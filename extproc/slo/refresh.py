@@ -85,8 +85,11 @@ class SloRefresh:
         store.load_files(state.settings.profiles)
         models = self._gw.pool.models()
         if client is not None:
+            deployments: dict[str, set[str]] = {model: set() for model in models}
+            for pod in self._gw.pool.all_pods():
+                deployments.setdefault(pod.model, set()).add(deployment_of(pod))
             try:
-                await asyncio.wait_for(store.refresh_redis(client, models), timeout=5)
+                await asyncio.wait_for(store.refresh_redis(client, deployments), timeout=5)
             except Exception as exc:  # Redis down: keep what we have
                 log.warning("SLO profiles from Redis unavailable: %s", exc)
         for model in models:

@@ -1,10 +1,11 @@
 """RedisState: the shared state kept in step with Redis by one background loop.
 
-The request path only touches in-memory counts (`LocalCounts`, `SyncCore`). Every ~100 ms `run()`
-sends one pipeline — this gateway's changed values, the heartbeat, then the reads of every tracked
-pod's hashes — and turns the replies into the snapshot routing reads. Any failure (refused, timed
-out, auth, a restart) makes the gateway use its local counts until a tick succeeds again; nothing
-here ever raises into a caller or waits on the request path.
+The request path only touches in-memory counts (`LocalCounts`, `SyncCore`). Every `sync_interval`
+`run()` sends one pipeline — this gateway's changed values (one script per model that changed), the
+heartbeat, then one read of each tracked model's totals — and turns the replies into the snapshot
+routing reads. Any failure (refused, timed out, auth, a restart) makes the gateway use its local
+counts until a tick succeeds again, counted in `extproc_redis_sync_failures_total` and logged once
+per outage; nothing here ever raises into a caller or waits on the request path.
 """
 
 from __future__ import annotations
@@ -20,16 +21,19 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError
 
 from extproc.cancellation import raise_if_cancelled
 from extproc.environment import redact_url
-from extproc.pool.pod import Pod
+from extproc.pool.pod import Pod, PodKey
+from extproc.state import redis_scripts
 from extproc.state.shared import LocalCounts
 from extproc.state.sync_core import (
     AIBRIX_POD_PATTERN,
+    AIBRIX_POD_PREFIX,
     AIBRIX_SNAPSHOT_TTL_MS,
     EXTPROC_MARK,
     FORWARD_PREFIX,
@@ -43,6 +47,8 @@ from extproc.state.sync_core import (
     SyncedState,
     WriteBatch,
     aibrix_pod_key,
+    ledger_key,
+    members_key,
     parse_int,
     pod_id,
     running_key,
@@ -65,7 +71,7 @@ class RedisState(SyncedState):
     def __init__(self, url: str, instance: str | None = None, *, sync_interval: float = 0.1,
                  heartbeat_interval: float = 1.0, gateway_ttl: float = 3.0, op_timeout: float = 0.5,
                  registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time,
-                 aibrix_snapshots: bool = True) -> None:
+                 aibrix_snapshots: bool = False) -> None:
         self.url = url
         self.instance = instance or default_instance()
         # "<instance>:<start ns>": a restarted gateway is a new field, never a continuation of its
@@ -81,7 +87,16 @@ class RedisState(SyncedState):
         self._gauge = Gauge("extproc_redis_up", "1 while in-flight counts and tokens are shared "
                             "through Redis", registry=registry)
         self._gauge.set(0)
+        self._failed_turns = Counter("extproc_redis_sync_failures", "Redis sync turns that failed "
+                                     "(reason: timeout = no answer within redis.timeout_seconds); the "
+                                     "gateway routes on its own counts until a turn succeeds",
+                                     ["reason"], registry=registry)
+        self._last_turn = Gauge("extproc_redis_sync_seconds", "Wall time of the last successful Redis "
+                                "sync turn", registry=registry)
         self._client: aioredis.Redis | None = None
+        self._scripts_loaded = False
+        self._model_pods: dict[str, dict[str, PodKey]] = {}
+        self._layout = -1
         self._offset = 0.0               # Redis server clock minus ours, for skew-free heartbeats
         self._aibrix_keys: list[str] = []
         self._last_scan: float | None = None
@@ -94,6 +109,10 @@ class RedisState(SyncedState):
 
 
     # -- the loop ------------------------------------------------------------------------------------
+
+    def turn_failed(self, exc: BaseException) -> None:
+        """A turn driven from outside `run()` (the sync bench) failed: as `run()` handles it."""
+        self._on_failure(exc)
 
     async def run(self) -> None:
         """Sync every `sync_interval` while Redis answers; back off (up to 1 s) while it does not."""
@@ -129,51 +148,72 @@ class RedisState(SyncedState):
                 raise
 
     async def _sync(self, client: aioredis.Redis, batch: WriteBatch, now: float) -> None:
+        if not self._scripts_loaded:  # a new connection: Redis may have restarted without them
+            async with asyncio.timeout(self.op_timeout):
+                await client.script_load(redis_scripts.WRITE)
+                await client.script_load(redis_scripts.REAP)
+            self._scripts_loaded = True
         if self.core.aibrix_snapshots and (self._last_scan is None
                                            or now - self._last_scan >= self.heartbeat_interval):
             async with asyncio.timeout(self.op_timeout):
                 self._aibrix_keys = await self._scan_aibrix(client)
             self._last_scan = now
-        pods = list(self.counts.pods.items())
+        models = self._models()
         aibrix_keys = self._aibrix_keys
         pipe = client.pipeline(transaction=False)
-        writes = self._queue_writes(pipe, batch, now + self._offset)
+        writes, scripts = self._queue_writes(pipe, batch, now + self._offset, models)
         pipe.time()
         pipe.zrange(GATEWAYS_KEY, 0, -1, withscores=True)
         inbox = self.core.inbox
         if inbox is not None:
             pipe.lpop(FORWARD_PREFIX + inbox, MAX_RECEIVE)
-        for _, pod in pods:
-            pipe.hgetall(running_key(pod))
-            pipe.hgetall(tokens_key(pod))
-            if batch.read_speed:
-                pipe.hgetall(speed_key(pod))
+        for model in models:
+            pipe.hgetall(running_key(model))
+            if batch.read_tokens:  # with the members: once a heartbeat, and after a failure
+                pipe.hgetall(tokens_key(model))
+                pipe.smembers(members_key(model))
+        speed_reads = [(model, g) for g in self.core.speed_peers() for model in self.core.peer_members(g)
+                       if model in models] if batch.read_speed else []
+        for model, gateway in speed_reads:
+            pipe.hgetall(speed_key(model, gateway))
         for key in aibrix_keys:
             pipe.hgetall(key)
         sent = self.clock()
+        started = time.perf_counter()
         async with asyncio.timeout(self.op_timeout):
             replies = await pipe.execute(raise_on_error=False)
         for reply in replies:
+            if isinstance(reply, NoScriptError):
+                self._scripts_loaded = False  # flushed: loaded again with the next turn
             if isinstance(reply, Exception):
                 raise reply
         done = self.clock()
+        self._last_turn.set(time.perf_counter() - started)
         self.core.confirm(batch, now)
+        if any(replies[i] == 1 for i in scripts):
+            self.core.lost_ledger()
         reads = iter(replies[writes:])
         seconds, micros = next(reads)
         self._offset = seconds + micros / 1e6 - (sent + done) / 2
-        snap = Snapshot(server_now=seconds + micros / 1e6, gateways=dict(next(reads)),
-                        running={}, tokens={})
+        snap = Snapshot(server_now=seconds + micros / 1e6, gateways=dict(next(reads)), running={},
+                        tokens={} if batch.read_tokens else None,
+                        members={} if batch.read_tokens else None)
         if inbox is not None:
             self.core.receive(next(reads) or ())
+        for model, pods in models.items():
+            _add_totals(snap.running, pods, next(reads))
+            if snap.tokens is not None and snap.members is not None:
+                _add_totals(snap.tokens, pods, next(reads))
+                snap.members[model] = next(reads)
         if batch.read_speed:
             snap.speed = {}
-        for key, _ in pods:
-            snap.running[key] = _int_fields(next(reads))
-            snap.tokens[key] = _int_fields(next(reads))
-            if snap.speed is not None:
-                snap.speed[key] = next(reads)
+            for model, gateway in speed_reads:
+                pods, vectors = models[model], snap.speed.setdefault(gateway, {})
+                for pid, raw in next(reads).items():
+                    if (key := pods.get(pid)) is not None:
+                        vectors[key] = raw
         for fields in reads:
-            if fields and EXTPROC_MARK not in fields and fields.get("gateway_instance_id") != self.field:
+            if fields and EXTPROC_MARK not in fields:
                 n = parse_int(fields.get("requests_running"))
                 if n and n > 0:
                     pid = f"{fields.get('namespace', '')}/{fields.get('pod_name', '')}"
@@ -181,31 +221,55 @@ class RedisState(SyncedState):
         self.core.apply(snap)
         self._on_success()
 
-    def _queue_writes(self, pipe: Any, batch: WriteBatch, server_now: float) -> int:
-        """Queue the batch; returns how many replies it adds."""
+    def _models(self) -> dict[str, dict[str, PodKey]]:
+        """Per tracked model: "ns/pod" -> key of its tracked pods, as its totals name them (rebuilt
+        only when the pods change)."""
+        if self._layout != self.counts.layout:
+            models: dict[str, dict[str, PodKey]] = {}
+            for key, pod in self.counts.pods.items():
+                models.setdefault(pod.model, {})[pod_id(pod)] = key
+            self._model_pods, self._layout = models, self.counts.layout
+        return self._model_pods
+
+    def _queue_writes(self, pipe: Any, batch: WriteBatch, server_now: float,
+                      models: dict[str, dict[str, PodKey]]) -> tuple[int, list[int]]:
+        """Queue the batch; returns how many replies it adds and which of them are write scripts."""
         queued = 0
-        pods = self.counts.pods
+        scripts: list[int] = []
+        core = self.core
         if batch.heartbeat:
             pipe.zadd(GATEWAYS_KEY, {self.field: server_now})
             pipe.zremrangebyscore(GATEWAYS_KEY, "-inf", server_now - GATEWAY_RETENTION_SECONDS)
             queued += 2
-        for key, n in batch.running.items():
-            name = running_key(pods[key])
-            pipe.hset(name, self.field, n)
-            pipe.expire(name, KEY_TTL_SECONDS)
-            queued += 2
-        for key, t in batch.tokens.items():
-            name = tokens_key(pods[key])
-            pipe.hset(name, self.field, t)
-            pipe.expire(name, KEY_TTL_SECONDS)
-            queued += 2
-        for key, evidence in batch.speed.items():
-            name = speed_key(pods[key])
-            pipe.hset(name, self.field, evidence)
+        changed: dict[str, tuple[list[str], list[str]]] = {}
+        for table, side in ((batch.running, 0), (batch.tokens, 1)):
+            for key, n in table.items():
+                pod = core.pod(key)
+                changed.setdefault(pod.model, ([], []))[side].extend((pod_id(pod), str(n)))
+        if batch.heartbeat:  # every tracked model's ledger: its expiry refreshed, its loss noticed
+            for model in models:
+                changed.setdefault(model, ([], []))
+        for model, (running, tokens) in changed.items():
+            pipe.evalsha(redis_scripts.WRITE_SHA, 4, running_key(model), tokens_key(model),
+                         ledger_key(model, self.field), members_key(model), KEY_TTL_SECONDS, self.field,
+                         len(running) // 2, *running, *tokens)
+            scripts.append(queued)
+            queued += 1
+        for model, gateway in batch.reap:
+            pipe.evalsha(redis_scripts.REAP_SHA, 3, running_key(model), ledger_key(model, gateway),
+                         members_key(model), gateway)
+            queued += 1
+        speed: dict[str, dict[str, str]] = {}
+        for key, raw in batch.speed.items():
+            pod = core.pod(key)
+            speed.setdefault(pod.model, {})[pod_id(pod)] = raw
+        for model, vectors in speed.items():
+            name = speed_key(model, self.field)
+            pipe.hset(name, mapping=vectors)
             pipe.expire(name, KEY_TTL_SECONDS)
             queued += 2
         for key, n in batch.aibrix.items():
-            pod = pods[key]
+            pod = core.pod(key)
             name = aibrix_pod_key(self.field, pod)
             if n > 0:
                 pipe.hset(name, mapping=self._aibrix_row(pod, n))
@@ -214,15 +278,12 @@ class RedisState(SyncedState):
             else:
                 pipe.delete(name)
                 queued += 1
-        for name, gateway in batch.prune:
-            pipe.hdel(name, gateway)
-            queued += 1
         for owner, entries in batch.forwards.items():
             name = FORWARD_PREFIX + owner
             pipe.rpush(name, *entries)
             pipe.expire(name, FORWARD_TTL_SECONDS)
             queued += 2
-        return queued
+        return queued, scripts
 
     def _aibrix_row(self, pod: Pod, running: int) -> dict[str, str]:
         """The fields AIBrix's appendGatewayPodSnapshotToPipeline writes, plus our marker."""
@@ -239,9 +300,14 @@ class RedisState(SyncedState):
         }
 
     async def _scan_aibrix(self, client: aioredis.Redis) -> list[str]:
+        """AIBrix gateways' rows; rows our own gateways wrote (their name is in our heartbeat set)
+        are never read: the totals already hold them."""
+        ours = set(await client.zrange(GATEWAYS_KEY, 0, -1))
         keys: list[str] = []
         async for key in client.scan_iter(match=AIBRIX_POD_PATTERN, count=SCAN_COUNT):
-            keys.append(key)
+            writer = ":".join(key[len(AIBRIX_POD_PREFIX):].split(":", 2)[:2])  # ours: "<instance>:<ns>"
+            if writer not in ours:
+                keys.append(key)
         return keys
 
     def _connect(self) -> aioredis.Redis:
@@ -266,10 +332,18 @@ class RedisState(SyncedState):
         self.core.failed()
         self._gauge.set(0)
         self._failures += 1
+        self._scripts_loaded = False
+        timeout = isinstance(exc, TimeoutError)
+        self._failed_turns.labels("timeout" if timeout else "error").inc()
         if not self._reported_down:  # once per outage, not once per tick
             self._reported_down = True
-            log.warning("Redis at %s unreachable (%s); routing on this gateway's own counts until "
-                        "it returns", redact_url(self.url), self._scrub(exc))
+            if timeout:
+                log.warning("Redis at %s did not answer a sync turn within %gs (redis.timeout_seconds); "
+                            "routing on this gateway's own counts until a turn succeeds",
+                            redact_url(self.url), self.op_timeout)
+            else:
+                log.warning("Redis at %s unreachable (%s); routing on this gateway's own counts until "
+                            "it returns", redact_url(self.url), self._scrub(exc))
         # A cancelled or broken connection may be mid-reply: start the next attempt afresh.
         client, self._client = self._client, None
         if client is not None:
@@ -285,23 +359,25 @@ class RedisState(SyncedState):
         return text
 
     async def close(self) -> None:
-        """Leave the fleet: publish the last tokens, delete our running fields and heartbeat, so
-        other gateways stop counting us at once rather than after the 3 s liveness window."""
+        """Leave the fleet: publish the last tokens, take our in-flight share out of the totals and
+        our heartbeat out of the set, so others stop counting us at once rather than after the 3 s
+        liveness window."""
         async with self._lock:
             self._closed = True
             client, self._client = self._client, None
             if client is None:
                 return
             try:
-                pods = self.counts.pods
                 pipe = client.pipeline(transaction=False)
-                for key, t in self.counts.tokens.items():
-                    if key in pods:
-                        pipe.hset(tokens_key(pods[key]), self.field, t)
-                        pipe.expire(tokens_key(pods[key]), KEY_TTL_SECONDS)
-                for key in self.core.written_running():
-                    if key in pods:
-                        pipe.hdel(running_key(pods[key]), self.field)
+                for model, pods in self._models().items():
+                    tokens = [x for pid, key in pods.items() if (t := self.counts.tokens.get(key, 0)) > 0
+                              for x in (pid, str(t))]
+                    ledger = ledger_key(model, self.field)
+                    members = members_key(model)
+                    pipe.eval(redis_scripts.WRITE, 4, running_key(model), tokens_key(model), ledger, members,
+                              KEY_TTL_SECONDS, self.field, 0, *tokens)
+                    pipe.eval(redis_scripts.REAP, 3, running_key(model), ledger, members, self.field)
+                pods = self.counts.pods
                 for key in self.core.written_aibrix():
                     if key in pods:
                         pipe.delete(aibrix_pod_key(self.field, pods[key]))
@@ -323,13 +399,15 @@ def retry_pause(failures: int, sync_interval: float, jitter: float) -> float:
     return min(MAX_BACKOFF_SECONDS, sync_interval * 2 ** min(failures, 5)) * jitter
 
 
-def _int_fields(fields: dict[str, str]) -> dict[str, int]:
-    out = {}
-    for name, value in fields.items():
-        n = parse_int(value)
-        if n is not None:
-            out[name] = n
-    return out
+def _add_totals(into: dict[PodKey, int], pods: dict[str, PodKey], fields: dict[str, str]) -> None:
+    """A model's totals hash, for the pods this gateway tracks (a pod absent from it is at 0)."""
+    for pid, value in fields.items():
+        key = pods.get(pid)
+        if key is not None:
+            try:
+                into[key] = int(value)
+            except ValueError:
+                pass
 
 
 async def _close_quietly(client: aioredis.Redis, timeout: float) -> None:

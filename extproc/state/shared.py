@@ -65,7 +65,7 @@ class SharedState(Protocol):
 class LocalCounts:
     """This gateway's own counts: what `LocalState` is and what `RedisState` overlays."""
 
-    __slots__ = ("pods", "running", "tokens", "completed", "_taken")
+    __slots__ = ("pods", "running", "tokens", "completed", "_taken", "changed", "layout")
 
     def __init__(self) -> None:
         self.pods: dict[PodKey, Pod] = {}
@@ -73,11 +73,24 @@ class LocalCounts:
         self.tokens: dict[PodKey, int] = {}      # cumulative since start: idempotent to publish
         self.completed: dict[PodKey, int] = {}   # requests ended (AIBrix publishes it as "seq")
         self._taken: dict[PodKey, int] = {}      # tokens already handed out by take_local_deltas
+        # Pods whose counts moved since the Redis sync last took them (a sync then looks at these
+        # only, not at every pod), and a number that moves whenever the set of pods does.
+        self.changed: set[PodKey] = set()
+        self.layout = 0
+
+    def _add(self, key: PodKey, pod: Pod) -> None:
+        if key not in self.pods:
+            self.pods[key] = pod
+            self.layout += 1
+
+    def take_changed(self) -> set[PodKey]:
+        out, self.changed = self.changed, set()
+        return out
 
     def add_running(self, pod: Pod, delta: int) -> None:
         key = pod.key
-        if key not in self.pods:
-            self.pods[key] = pod
+        self._add(key, pod)
+        self.changed.add(key)
         # Clamped at 0, as AIBrix clamps: a stray decrement (a request routed by a previous
         # process) must not hide a real one started later.
         self.running[key] = max(0, self.running.get(key, 0) + delta)
@@ -88,13 +101,15 @@ class LocalCounts:
         if tokens <= 0:
             return
         key = pod.key
-        if key not in self.pods:
-            self.pods[key] = pod
+        self._add(key, pod)
+        self.changed.add(key)
         self.tokens[key] = self.tokens.get(key, 0) + tokens
 
     def track(self, pods: Iterable[Pod]) -> None:
         for pod in pods:
-            self.pods[pod.key] = pod
+            if self.pods.get(pod.key) is not pod:
+                self.pods[pod.key] = pod
+                self.layout += 1
 
     def take_local_deltas(self) -> dict[PodKey, int]:
         out = {}
@@ -120,6 +135,8 @@ class LocalCounts:
         for key in gone:
             for table in (self.pods, self.running, self.tokens, self.completed, self._taken):
                 table.pop(key, None)
+            self.changed.discard(key)
+        self.layout += bool(gone)
         return gone
 
 

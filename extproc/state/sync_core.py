@@ -3,71 +3,106 @@
 No I/O and no clock of its own, so unit tests drive it in fake time and the fleet simulation could
 drive it in virtual time. `redis_sync.RedisState` does the network part.
 
-Redis layout (the issue's; see KEYS below for how it relates to what AIBrix itself writes):
+Redis layout. Cost follows what changed, not gateways x pods: Redis keeps each pod's fleet-wide totals,
+so a read returns one number per busy pod whatever the number of gateways, and a gateway writes only
+the pods whose own count changed. Keys of one model share a hash tag, `{<model>}`, so on a Redis
+Cluster a model's keys live on one shard and each model's writes are one atomic script there.
 
-  aibrix:rrq:<namespace>/<pod>     hash, field "<instance>:<start ns>" per gateway, value the
-                                   gateway's in-flight count on that pod as a decimal integer (≥ 0);
-                                   expires 10 minutes after the last write
-  aibrix:rrq:gateways              sorted set, member = that same field, score = last heartbeat
-                                   (Unix seconds on the Redis server's clock); a field whose gateway
-                                   has not beaten for > 3 s is left out of the sum
-  extproc:tokens:<namespace>/<pod> ours: hash, the same per-gateway field, value = that gateway's
-                                   cumulative completed output tokens on the pod since it started
-  aibrix:pod:<gateway>:<ns>:<pod>  what AIBrix's gateway really writes and reads (see below)
-  extproc:speed:<namespace>/<pod>  ours: hash, the same per-gateway field, value = a JSON array: the
-                                   sums that gateway fits the pod's speed from (state/speed.py
-                                   `export`), written and read once a heartbeat
-  extproc:done:<origin>            ours: list of "<request key> <status>", requests a gateway process
-                                   routed whose access-log record reached another (one Envoy's log
-                                   stream goes to one replica); the router pops it and releases them
+  extproc:running:{<model>}           hash, field "<namespace>/<pod>", the in-flight total of every
+                                      live gateway (a pod at 0 has no field)
+  extproc:tokens:{<model>}            hash, same fields, the completed output tokens of every gateway
+                                      ever (cumulative: a gateway's share stays when it goes)
+  extproc:ledger:{<model>}:<gateway>  hash, this gateway's own share: "r:<ns>/<pod>" in flight,
+                                      "t:<ns>/<pod>" cumulative tokens, "~" present while counted.
+                                      The write script takes absolute values and moves the totals by
+                                      the difference to the ledger, atomically: resending a batch
+                                      whose reply was lost changes nothing
+  extproc:members:{<model>}           set of the gateways with a ledger on the model
+  extproc:gateways                    sorted set, member "<instance>:<start ns>", score = last heartbeat
+                                      (Redis's clock, Unix seconds). A member of a model silent for
+                                      > 3 s (or gone from this set) is reaped: its running share
+                                      leaves the totals, once, by any gateway that sees it (it writes
+                                      everything again if it returns)
+  extproc:speed:{<model>}:<gateway>   ours: hash, field "<ns>/<pod>", value = the sums that gateway
+                                      fits the pod's speed from (state/speed.py `export`), as
+                                      little-endian doubles in base64; a vector is written when it
+                                      changed. Once a heartbeat a gateway reads up to 8 live peers'
+                                      hashes, in turn, and fits on each peer's last read (decayed
+                                      by its age), so the reads stay bounded however many gateways
+  extproc:done:<origin>               ours: list of "<request key> <status>", requests a gateway process
+                                      routed whose access-log record reached another (one Envoy's log
+                                      stream goes to one replica); the router pops it and releases them
+  aibrix:pod:<gateway>:<ns>:<pod>     AIBrix's own rows, only with `redis.aibrix_rows: true` (below)
+
+Every key but the heartbeat set and the AIBrix rows expires 10 minutes after its last write or
+heartbeat refresh.
 """
 
 from __future__ import annotations
 
-import json
+import binascii
+import functools
+import math
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from extproc.pool.pod import Pod, PodKey
 from extproc.state.shared import LocalCounts
 
-# Keys. AIBrix's gateway (vllm-project/aibrix, pkg/cache/cache_gateway_snapshot.go, #2159) does not
-# use the aibrix:rrq layout the issue describes: every 100 ms each AIBrix gateway HSETs a hash
-# aibrix:pod:<POD_NAME>:<namespace>:<pod> (fields gateway_instance_id, pod_uid, pod_name, namespace,
-# node_name, requests_running, seq, update_time) with a 500 ms PEXPIRE, and sums requests_running of
-# the other gateways' hashes (SCAN aibrix:pod:*). We follow the issue's layout for our own gateways,
-# and additionally write and read AIBrix's snapshots so a fleet mixing both counts each other.
-RUNNING_PREFIX = "aibrix:rrq:"
-GATEWAYS_KEY = "aibrix:rrq:gateways"
+# AIBrix's gateway (vllm-project/aibrix, pkg/cache/cache_gateway_snapshot.go, #2159): every 100 ms each
+# AIBrix gateway HSETs a hash aibrix:pod:<POD_NAME>:<namespace>:<pod> (fields gateway_instance_id,
+# pod_uid, pod_name, namespace, node_name, requests_running, seq, update_time) with a 500 ms PEXPIRE,
+# and sums requests_running of the other gateways' hashes (SCAN aibrix:pod:*). With `aibrix_rows` on,
+# our gateways write the same rows (so AIBrix gateways count ours) and read AIBrix's; rows our own
+# gateways wrote are never read back (the totals already hold them).
+RUNNING_PREFIX = "extproc:running:"
 TOKENS_PREFIX = "extproc:tokens:"
+LEDGER_PREFIX = "extproc:ledger:"
+MEMBERS_PREFIX = "extproc:members:"
+GATEWAYS_KEY = "extproc:gateways"
 SPEED_PREFIX = "extproc:speed:"
 AIBRIX_POD_PREFIX = "aibrix:pod:"
 AIBRIX_POD_PATTERN = "aibrix:pod:*"
-KEY_TTL_SECONDS = 600            # the issue's 10-minute expiry of the per-pod hashes
+KEY_TTL_SECONDS = 600            # totals and ledgers expire this long after their last write
 AIBRIX_SNAPSHOT_TTL_MS = 500     # AIBrix's gatewayPodSnapshotTTL
-EXTPROC_MARK = "extproc_field"   # extra field in our aibrix:pod rows: AIBrix ignores it, we skip
-                                 # those rows because the aibrix:rrq hash already counts them
-GATEWAY_RETENTION_SECONDS = 600  # heartbeat members this stale are removed and their fields deleted
+AIBRIX_REFRESH_SECONDS = 0.3     # an unchanged AIBrix row is rewritten this often, before it expires
+EXTPROC_MARK = "extproc_field"   # extra field in our aibrix:pod rows: AIBrix ignores it
+GATEWAY_RETENTION_SECONDS = 600  # heartbeat members this stale leave the set (reaped long before)
 FORWARD_PREFIX = "extproc:done:"
 FORWARD_TTL_SECONDS = 60         # an inbox nobody pops (its gateway died) goes away
 MAX_FORWARDS = 10_000            # unsent while Redis is down: past this, reconciliation releases them
 MAX_RECEIVE = 2_000              # popped per tick
+SPEED_PEERS_PER_HEARTBEAT = 8    # peers whose speed evidence is read per heartbeat, in turn
 
 
 def pod_id(pod: Pod) -> str:
     return f"{pod.namespace}/{pod.name}"  # AIBrix's utils.GeneratePodKey
 
 
-def running_key(pod: Pod) -> str:
-    return RUNNING_PREFIX + pod_id(pod)
+def model_tag(model: str) -> str:
+    """The `{...}` hash tag of a model's keys (Redis Cluster hashes only what is inside the braces)."""
+    return "{" + model.replace("{", "(").replace("}", ")") + "}"
 
 
-def tokens_key(pod: Pod) -> str:
-    return TOKENS_PREFIX + pod_id(pod)
+def running_key(model: str) -> str:
+    return RUNNING_PREFIX + model_tag(model)
 
 
-def speed_key(pod: Pod) -> str:
-    return SPEED_PREFIX + pod_id(pod)
+def tokens_key(model: str) -> str:
+    return TOKENS_PREFIX + model_tag(model)
+
+
+def ledger_key(model: str, gateway: str) -> str:
+    return f"{LEDGER_PREFIX}{model_tag(model)}:{gateway}"
+
+
+def members_key(model: str) -> str:
+    return MEMBERS_PREFIX + model_tag(model)
+
+
+def speed_key(model: str, gateway: str) -> str:
+    return f"{SPEED_PREFIX}{model_tag(model)}:{gateway}"
 
 
 def aibrix_pod_key(gateway: str, pod: Pod) -> str:
@@ -83,22 +118,25 @@ def parse_int(value: object) -> int | None:
 
 @dataclass(slots=True)
 class WriteBatch:
-    """One tick's writes. Every value is absolute (HSET), so resending a batch whose reply was lost
-    (a timeout after Redis applied it) changes nothing: no HINCRBY whose fate is unknown."""
-    heartbeat: bool
+    """One tick's writes. Every running and token value is absolute (the script moves the totals by
+    the difference to the ledger), so resending a batch whose reply was lost changes nothing."""
+    heartbeat: bool                                            # refresh our heartbeat with this tick
+    due: bool = False                                          # the once-a-heartbeat work is in it
     running: dict[PodKey, int] = field(default_factory=dict)   # own in-flight count
     tokens: dict[PodKey, int] = field(default_factory=dict)    # own cumulative tokens
     aibrix: dict[PodKey, int] = field(default_factory=dict)    # AIBrix rows: > 0 set, 0 delete
-    prune: list[tuple[str, str]] = field(default_factory=list)  # (key, field) of long-dead gateways
+    reap: list[tuple[str, str]] = field(default_factory=list)  # (model, silent gateway) to take out
     forwards: dict[str, list[str]] = field(default_factory=dict)  # owner -> "<key> <status>" entries
-    speed: dict[PodKey, str] = field(default_factory=dict)     # own speed evidence (JSON), per heartbeat
+    speed: dict[PodKey, str] = field(default_factory=dict)     # own speed evidence that changed, encoded
+    speed_sent: dict[PodKey, list[float]] = field(default_factory=dict)  # ... as it was when planned
     read_speed: bool = False                                   # read the others' with this tick
-    # Every own field ever written, zeros included: Redis came back from an older snapshot (RDB), and a
-    # count that went to 0 since would otherwise stay there at its old value.
+    read_tokens: bool = False                                  # read the token totals with this tick
+    # Every own value ever written, zeros included: Redis came back from an older snapshot (RDB), or
+    # lost our ledger, and a count that went to 0 since would otherwise stay at its old value.
     reassert: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.heartbeat or self.running or self.tokens or self.aibrix or self.prune
+        return bool(self.heartbeat or self.running or self.tokens or self.aibrix or self.reap
                     or self.forwards or self.speed)
 
 
@@ -106,15 +144,16 @@ class WriteBatch:
 class Snapshot:
     server_now: float                                  # Redis's clock, Unix seconds
     gateways: dict[str, float]                         # heartbeat member -> score
-    running: dict[PodKey, dict[str, int]]              # per pod: gateway field -> in-flight
-    tokens: dict[PodKey, dict[str, int]]               # per pod: gateway field -> cumulative tokens
+    running: dict[PodKey, int]                         # per tracked pod: fleet total (absent: 0)
+    tokens: dict[PodKey, int] | None = None            # per pod: fleet cumulative tokens; None: not read
     aibrix: dict[str, int] = field(default_factory=dict)  # "ns/pod" -> AIBrix gateways' in-flight
-    speed: dict[PodKey, dict[str, str]] | None = None  # per pod: gateway field -> its evidence; None: not read
+    members: dict[str, set[str]] | None = None         # per model: gateways with a ledger; None: not read
+    speed: dict[str, dict[PodKey, str]] | None = None  # per peer read: pod -> its evidence; None: none
 
 
 class SyncCore:
     def __init__(self, me: str, counts: LocalCounts, *, gateway_ttl: float = 3.0,
-                 heartbeat_interval: float = 1.0, aibrix_snapshots: bool = True) -> None:
+                 heartbeat_interval: float = 1.0, aibrix_snapshots: bool = False) -> None:
         self.me = me
         self.counts = counts
         self.gateway_ttl = gateway_ttl
@@ -122,14 +161,19 @@ class SyncCore:
         self.aibrix_snapshots = aibrix_snapshots
         self.up = False
         self.others: dict[PodKey, int] = {}             # live other gateways' in-flight, last snapshot
-        self._written_running: dict[PodKey, int] = {}
+        self._written_running: dict[PodKey, int] = {}   # what our ledger holds
         self._written_tokens: dict[PodKey, int] = {}
-        self._written_aibrix: dict[PodKey, int] = {}
-        self._seen: dict[PodKey, dict[str, int]] = {}   # other gateways' token values already counted
+        self._written_aibrix: dict[PodKey, tuple[int, float]] = {}  # AIBrix row: (count, when written)
+        self._retiring: dict[PodKey, Pod] = {}          # forgotten pods whose ledger value is not 0 yet
+        self._seen: dict[PodKey, int] = {}              # the others' token total already counted
         self._pending: dict[PodKey, int] = {}           # shared token deltas not yet taken
         self._last_heartbeat: float | None = None
         self._full = True                               # next batch re-asserts every own value
-        self._prune: list[tuple[str, str]] = []
+        self._written_speed: dict[PodKey, list[float]] = {}
+        self._members: dict[str, set[str]] = {}         # per model: gateways with a ledger, last read
+        self._live: set[str] = set()                    # gateways heard within the liveness window
+        self._silent: set[tuple[str, str]] = set()      # (model, gateway) silent at the last snapshot
+        self._reaped: set[tuple[str, str]] = set()      # ... already taken out of the totals
         # Routing's echo of the other gateways between snapshots (routing_running): how many live peers
         # the last snapshot showed, and the requests this gateway started since then, per pod.
         self.peers = 0
@@ -139,6 +183,8 @@ class SyncCore:
         # Speed evidence: this gateway's own to publish, and the other live gateways' as last read.
         self.speed_out: dict[PodKey, list[float]] = {}
         self.peer_speed: dict[PodKey, list[list[float]]] = {}
+        self._peer_vectors: dict[str, dict[PodKey, list[float]]] = {}  # per peer: its last read
+        self._speed_turn = 0                            # where the peers' rotation stands
         self._outbox: dict[str, list[str]] = {}
         self._outbox_size = 0
         self._received: list[tuple[str, int]] = []
@@ -172,47 +218,92 @@ class SyncCore:
 
     # -- the sync tick -----------------------------------------------------------------------------
 
+    def pod(self, key: PodKey) -> Pod:
+        """A pod a batch names: tracked, or forgotten with its last zero still to write."""
+        return self.counts.pods.get(key) or self._retiring[key]
+
     def plan(self, now: float) -> WriteBatch:
-        """What to send now: changed values every tick, every value again each heartbeat (Redis may
-        have restarted empty, and it refreshes the 10-minute expiry)."""
+        """What to send now: the values that changed since they were written; after a failure (or
+        when Redis lost our ledger) every value ever written, zeros included."""
         due = self._last_heartbeat is None or now - self._last_heartbeat >= self.heartbeat_interval
-        full = self._full or due
-        batch = WriteBatch(heartbeat=due, reassert=self._full)
+        full = self._full
+        batch = WriteBatch(heartbeat=due, due=due, reassert=full, read_tokens=due or full)
         counts = self.counts
-        for key in counts.pods:
+        written_running, written_tokens = self._written_running, self._written_tokens
+        # Between failures only the pods whose counts moved (AIBrix rows: also those about to expire).
+        keys = counts.pods.keys() if full else counts.take_changed() | self._written_aibrix.keys()
+        if full:
+            counts.take_changed()
+        for key in keys:
+            if key not in counts.pods:
+                continue
             n = counts.running.get(key, 0)
-            if (n != self._written_running.get(key, 0) or (full and n > 0)
-                    or (batch.reassert and key in self._written_running)):
+            if n != written_running.get(key, 0) or (full and (n > 0 or key in written_running)):
                 batch.running[key] = n
             t = counts.tokens.get(key, 0)
-            if t != self._written_tokens.get(key, 0) or (full and t > 0):
+            if t != written_tokens.get(key, 0) or (full and t > 0):
                 batch.tokens[key] = t
-            # AIBrix rows expire in 500 ms: rewritten every tick while busy, deleted once idle.
-            if self.aibrix_snapshots and (n > 0 or self._written_aibrix.get(key, 0) > 0):
-                batch.aibrix[key] = n
-        batch.prune = self._prune
+            if self.aibrix_snapshots:
+                row = self._written_aibrix.get(key)
+                # Rows expire in 500 ms: rewritten when changed or about to expire, deleted once idle.
+                if (n > 0 and (row is None or row[0] != n or now - row[1] >= AIBRIX_REFRESH_SECONDS)
+                        or n == 0 and row is not None):
+                    batch.aibrix[key] = n
+        for key in self._retiring:
+            batch.running[key] = 0
+        batch.reap = sorted(self._silent - self._reaped)
         batch.forwards, self._outbox, self._outbox_size = self._outbox, {}, 0
         if due:  # the fit moves slowly: once a heartbeat is enough, and keeps each tick small
             batch.read_speed = True
-            batch.speed = {key: json.dumps(v) for key, v in self.speed_out.items() if key in counts.pods}
-        # The heartbeat goes first in any batch that writes fields, so a reader that sees our
-        # field also sees us alive and never prunes it.
+            written = self._written_speed
+            for key, vector in self.speed_out.items():
+                if key in counts.pods and (full or vector != written.get(key)):
+                    batch.speed[key] = encode_vector(vector)
+                    batch.speed_sent[key] = vector
+        # The heartbeat goes first in any batch that writes counts, so a reader that sees our
+        # counts also sees us alive and never reaps them.
         batch.heartbeat = due or bool(batch.running or batch.tokens)
         return batch
 
     def confirm(self, batch: WriteBatch, now: float) -> None:
         self._written_running.update(batch.running)
         self._written_tokens.update(batch.tokens)
+        for key in list(self._retiring):
+            if batch.running.get(key) == 0:
+                del self._retiring[key]
+                self._written_running.pop(key, None)
         for key, n in batch.aibrix.items():
             if n > 0:
-                self._written_aibrix[key] = n
+                self._written_aibrix[key] = (n, now)
             else:
                 self._written_aibrix.pop(key, None)
-        if batch.heartbeat:
+        if batch.due:  # a busy gateway beats every tick; the periodic reads still come once a heartbeat
             self._last_heartbeat = now
-        self._full = False
-        if batch.prune is self._prune:
-            self._prune = []
+        if batch.reassert:
+            self._full = False
+        self._reaped.update(batch.reap)
+        self._written_speed.update(batch.speed_sent)  # not speed_out: it may have moved since the plan
+
+    def speed_peers(self) -> list[str]:
+        """The live peers whose speed evidence to read with this heartbeat: all of them up to 8, else
+        8 in turn (each read every G/8 heartbeats: the evidence is decayed by its age when merged, so
+        a peer read late only lacks its latest records)."""
+        peers = sorted(set().union(*self._members.values()) & self._live - {self.me}) if self._members else []
+        if len(peers) <= SPEED_PEERS_PER_HEARTBEAT:
+            return peers
+        start = self._speed_turn * SPEED_PEERS_PER_HEARTBEAT % len(peers)
+        self._speed_turn += 1
+        return (peers + peers)[start:start + SPEED_PEERS_PER_HEARTBEAT]
+
+    def peer_members(self, gateway: str) -> list[str]:
+        """The models on which a peer holds a ledger (and so may have speed evidence)."""
+        return [model for model, members in self._members.items() if gateway in members]
+
+    def lost_ledger(self) -> None:
+        """Redis answered that our ledger was gone (taken for dead, or Redis lost it): the totals miss
+        our unchanged values, so the next batch writes every value again."""
+        self._full = True
+        self._written_speed = {}
 
     def unsent(self, batch: WriteBatch) -> None:
         """The batch may not have reached Redis: its forwards go out again with the next one (a
@@ -245,74 +336,80 @@ class SyncCore:
     def failed(self) -> None:
         """A tick failed: fall back to local counts until a snapshot arrives again."""
         self.up = False
-        self._full = True  # Redis may come back empty (restarted): re-assert everything
+        self._full = True  # Redis may come back empty or from an old snapshot: re-assert everything
+        self._reaped = set()  # ... with silent gateways back in its totals
+        self._written_speed = {}  # ... and without our speed evidence
         self.peer_speed = {}  # each gateway fits on its own records until Redis is back
+        self._peer_vectors = {}
 
     def apply(self, snap: Snapshot) -> None:
-        """A snapshot read: other live gateways' counts, and token deltas since the last one."""
+        """A snapshot read: other live gateways' counts, and token deltas since the last one. Our own
+        share in a total is what we wrote (confirmed before the read, in the same pipeline)."""
         me = self.me
         live = {g for g, beat in snap.gateways.items() if beat >= snap.server_now - self.gateway_ttl}
-        known = snap.gateways.keys()
-        prune: list[tuple[str, str]] = []
-        others: dict[PodKey, int] = {}
-        pods = self.counts.pods
-        for key, fields in snap.running.items():
-            total = sum(max(0, n) for g, n in fields.items() if g != me and g in live)
-            pod = pods.get(key)
-            if pod is not None:
-                total += snap.aibrix.get(pod_id(pod), 0)
-                prune.extend((running_key(pod), g) for g in fields if g != me and g not in known)
-            others[key] = total
-        for key, fields in snap.tokens.items():
-            pod = pods.get(key)
-            if pod is not None:
-                prune.extend((tokens_key(pod), g) for g in fields if g != me and g not in known)
-            self._count_tokens(key, fields)
+        if snap.members is not None:
+            self._members = snap.members
+        self._live = live
+        self._silent = {(model, g) for model, members in self._members.items() for g in members
+                        if g not in live and g != me}
+        self._reaped &= self._silent  # a gateway heard again is reaped afresh when it next goes silent
+        written = self._written_running
+        # A pod missing from the totals is at 0: only the busy ones are looked at.
+        others = {key: n for key, total in snap.running.items() if (n := total - written.get(key, 0)) > 0}
+        if snap.aibrix:
+            for key, pod in self.counts.pods.items():
+                if n := snap.aibrix.get(pod_id(pod), 0):
+                    others[key] = others.get(key, 0) + n
         self.others = others
+        if snap.tokens is not None:
+            for key in self.counts.pods:
+                self._count_tokens(key, snap.tokens.get(key, 0))
         if snap.speed is not None:
-            self.peer_speed = {key: [v for g, raw in fields.items() if g != me and g in live
-                                     if (v := _vector(raw)) is not None]
-                               for key, fields in snap.speed.items()}
-            for key, fields in snap.speed.items():
-                pod = pods.get(key)
-                if pod is not None:
-                    prune.extend((speed_key(pod), g) for g in fields if g != me and g not in known)
-        self._prune = prune
+            for g, vectors in snap.speed.items():  # each peer read replaces what it said before
+                if g != me:
+                    self._peer_vectors[g] = {key: v for key, raw in vectors.items()
+                                             if (v := decode_vector(raw)) is not None}
+            peer_speed: dict[PodKey, list[list[float]]] = {}
+            for g in list(self._peer_vectors):
+                if g not in live:
+                    del self._peer_vectors[g]
+                    continue
+                for key, v in self._peer_vectors[g].items():
+                    peer_speed.setdefault(key, []).append(v)
+            self.peer_speed = peer_speed
         self.up = True
         self.peers = len(live - {me})
         self._started = {}
 
-    def _count_tokens(self, key: PodKey, fields: dict[str, int]) -> None:
+    def _count_tokens(self, key: PodKey, total: int) -> None:
         delta = 0
-        own = fields.get(self.me)
-        if own is not None:
-            taken = self.counts.taken(key)
-            if own > taken:  # own tokens published, not yet handed out locally
-                delta += own - taken
-                self.counts.mark_taken(key, own)
+        own = self._written_tokens.get(key, 0)
+        taken = self.counts.taken(key)
+        if own > taken:  # own tokens published, not yet handed out locally
+            delta += own - taken
+            self.counts.mark_taken(key, own)
+        others = max(0, total - own)
         seen = self._seen.get(key)
         if seen is None:
             # First read of this pod: a baseline, or we would count its whole history at once.
-            self._seen[key] = {g: n for g, n in fields.items() if g != self.me}
-        else:
-            for g, n in fields.items():
-                if g == self.me:
-                    continue
-                before = seen.get(g)
-                if before is None:
-                    delta += n  # a gateway new to this pod: all it has is new
-                elif n > before:
-                    delta += n - before
-                # A field that vanished (Redis restarted, pruned) keeps its remembered value,
-                # so its return with the same cumulative total counts nothing twice.
-                seen[g] = max(n, before or 0)
+            self._seen[key] = others
+        elif others > seen:
+            delta += others - seen
+            self._seen[key] = others
+        # A total that fell (Redis restarted) keeps the remembered one: as the gateways write their
+        # cumulative values again it climbs back, and only what goes beyond is new.
         if delta:
             self._pending[key] = self._pending.get(key, 0) + delta
 
     def forget(self, live: list[PodKey] | set[PodKey]) -> None:
+        pods = dict(self.counts.pods)
         for key in self.counts.forget(live):
-            for table in (self.others, self._written_running, self._written_tokens, self._seen,
-                          self._pending, self.speed_out, self.peer_speed):
+            if self._written_running.get(key, 0) > 0:
+                self._retiring[key] = pods[key]  # its last zero goes out with the next batch
+            else:
+                self._written_running.pop(key, None)
+            for table in (self.others, self._written_tokens, self._seen, self._pending, self.speed_out,
+                          self.peer_speed, self._written_speed, *self._peer_vectors.values()):
                 table.pop(key, None)
             # Its AIBrix row (if any) is left to its 500 ms expiry.
             self._written_aibrix.pop(key, None)
@@ -324,14 +421,27 @@ class SyncCore:
         return list(self._written_aibrix)
 
 
-def _vector(raw: str) -> list[float] | None:
+def encode_vector(vector: list[float]) -> str:
+    """Speed evidence on the wire: little-endian doubles in base64 (read G x P times a heartbeat, so
+    decoding must be cheap: a tenth of JSON's cost)."""
+    return binascii.b2a_base64(_doubles(len(vector)).pack(*vector), newline=False).decode()
+
+
+def decode_vector(raw: str) -> list[float] | None:
     try:
-        value = json.loads(raw)
-    except ValueError:
+        data = binascii.a2b_base64(raw)
+    except (binascii.Error, ValueError):
         return None
-    if not isinstance(value, list) or not all(isinstance(x, (int, float)) for x in value):
+    if not data or len(data) % 8:
         return None
-    return [float(x) for x in value]
+    values = _doubles(len(data) // 8).unpack(data)
+    # A NaN or an infinity anywhere makes the sum one (finite values too large to add are refused too).
+    return list(values) if math.isfinite(sum(values)) else None
+
+
+@functools.cache
+def _doubles(n: int) -> struct.Struct:
+    return struct.Struct(f"<{n}d")
 
 
 class SyncedState:

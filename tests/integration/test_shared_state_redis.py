@@ -7,6 +7,7 @@ import asyncio
 import logging
 import re
 import shutil
+import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -162,14 +163,14 @@ async def test_tokens_counted_at_one_gateway_reach_the_other_once(redis_server, 
     await eventually(collected, 5, "300 tokens at both")
     a.add_tokens(ONLY_A, 50)
     b.add_tokens(ONLY_A, 7)
-    await eventually(lambda: collected() or total_b.get(ONLY_A.key) == 357 == total_a.get(ONLY_A.key),
+    await eventually(lambda: not collected() and total_b.get(ONLY_A.key) == 357 == total_a.get(ONLY_A.key),
                      5, "357 tokens at both")
-    await asyncio.sleep(0.3)  # several more sync ticks: nothing may be counted twice
+    await asyncio.sleep(1.3)  # past a heartbeat (token totals are read once one): nothing counted twice
     collected()
     assert total_a == total_b == {ONLY_A.key: 357}
 
 
-async def test_layout_is_aibrix_layout(redis_server, gateways, raw):
+async def test_layout_totals_per_model_and_a_ledger_per_gateway(redis_server, gateways, raw):
     a = gateways.start(redis_server.url, "gw-a")
     b = gateways.start(redis_server.url, "gw-b")
     a.add_running(POD, 2)
@@ -177,12 +178,31 @@ async def test_layout_is_aibrix_layout(redis_server, gateways, raw):
     a.add_tokens(POD, 11)
     await eventually(lambda: a.running(POD.key) == 3 and b.running(POD.key) == 3, 5, "synced")
     assert re.fullmatch(r"gw-a:\d{19}", a.field)
-    assert await raw.hgetall("aibrix:rrq:team/a100-0") == {a.field: "2", b.field: "1"}
-    assert 590 <= await raw.ttl("aibrix:rrq:team/a100-0") <= 600
-    beats = dict(await raw.zrange("aibrix:rrq:gateways", 0, -1, withscores=True))
+    # One number per busy pod, whatever the number of gateways; idle pods have no field.
+    assert await raw.hgetall("extproc:running:{llama}") == {"team/a100-0": "3"}
+    assert 590 <= await raw.ttl("extproc:running:{llama}") <= 600
+    await eventually(lambda: raw.hgetall("extproc:tokens:{llama}"), 5, "tokens written")
+    assert await raw.hgetall("extproc:tokens:{llama}") == {"team/a100-0": "11"}
+    assert await raw.hgetall(f"extproc:ledger:{{llama}}:{a.field}") == {"~": "1", "r:team/a100-0": "2",
+                                                                       "t:team/a100-0": "11"}
+    assert await raw.hgetall(f"extproc:ledger:{{llama}}:{b.field}") == {"~": "1", "r:team/a100-0": "1"}
+    beats = dict(await raw.zrange("extproc:gateways", 0, -1, withscores=True))
     assert set(beats) == {a.field, b.field}
     assert all(abs(score - time.time()) < 5 for score in beats.values())  # Unix seconds
-    assert await raw.hgetall("extproc:tokens:team/a100-0") == {a.field: "11"}
+    assert await raw.keys("aibrix:*") == []  # AIBrix's rows only when asked for (redis.aibrix_rows)
+    # Leaving: its share and heartbeat go at once; the token total stays for the others to read.
+    await a.close()
+    assert await raw.hgetall("extproc:running:{llama}") == {"team/a100-0": "1"}
+    assert await raw.hgetall("extproc:tokens:{llama}") == {"team/a100-0": "11"}
+    assert await raw.zscore("extproc:gateways", a.field) is None
+    await eventually(lambda: b.running(POD.key) == 1, 5, "B stops counting A")
+
+
+async def test_aibrix_rows_when_asked_for_and_never_read_back(redis_server, gateways, raw):
+    a = gateways.start(redis_server.url, "gw-a", aibrix_snapshots=True)
+    b = gateways.start(redis_server.url, "gw-b", aibrix_snapshots=True)
+    a.add_running(POD, 2)
+    await eventually(lambda: b.running(POD.key) == 2, 5, "synced")
     # What AIBrix's own gateway writes and reads: a hash per gateway and pod, 500 ms expiry.
     row = await raw.hgetall(f"aibrix:pod:{a.field}:team:a100-0")
     assert AIBRIX_ROW_FIELDS <= row.keys()
@@ -190,16 +210,16 @@ async def test_layout_is_aibrix_layout(redis_server, gateways, raw):
         a.field, "team", "a100-0", "2")
     assert re.fullmatch(r"\d\d:\d\d:\d\d\.\d{3}", row["update_time"])
     assert 0 < await raw.pttl(f"aibrix:pod:{a.field}:team:a100-0") <= 500
-    # Leaving: fields and heartbeat go at once; the token total stays for the others to read.
+    # Still there a second later (rewritten before it expires), counted once (the totals hold it).
+    await asyncio.sleep(1.2)  # past two 500 ms expiries and a rescan of the rows
+    assert await raw.exists(f"aibrix:pod:{a.field}:team:a100-0") == 1
+    assert b.running(POD.key) == 2 and b._aibrix_keys == []
     await a.close()
-    assert await raw.hgetall("aibrix:rrq:team/a100-0") == {b.field: "1"}
-    assert await raw.zscore("aibrix:rrq:gateways", a.field) is None
     assert await raw.exists(f"aibrix:pod:{a.field}:team:a100-0") == 0
-    await eventually(lambda: b.running(POD.key) == 1, 5, "B stops counting A")
 
 
 async def test_an_aibrix_gateways_snapshot_is_counted(redis_server, gateways, raw):
-    a = gateways.start(redis_server.url, "gw-a")
+    a = gateways.start(redis_server.url, "gw-a", aibrix_snapshots=True)
     a.add_running(POD, 1)
 
     async def aibrix_gateway_writes() -> bool:  # what pkg/cache/cache_gateway_snapshot.go does
@@ -218,9 +238,44 @@ async def test_a_silent_gateway_drops_out_after_the_liveness_window(redis_server
     b = gateways.start(redis_server.url, "gw-b")
     b.add_running(POD, 4)
     await eventually(lambda: a.running(POD.key) == 4, 5, "A sees B")
-    await gateways.silence(b)  # crashed: no close(), its field stays in Redis
+    await gateways.silence(b)  # crashed: no close(), its share stays in Redis until reaped
     took = await eventually(lambda: a.running(POD.key) == 0, 6, "B left out of the sum")
     assert 1.5 < took < 4.5, took  # about the 3 s liveness window after B's last heartbeat
+
+
+async def test_a_gateway_reaped_while_paused_counts_again_when_it_resumes(redis_server, gateways, raw):
+    a = gateways.start(redis_server.url, "gw-a")
+    b = gateways.start(redis_server.url, "gw-b")
+    a.add_running(POD, 1)
+    b.add_running(POD, 4)
+    await eventually(lambda: a.running(POD.key) == 5, 5, "A sees B")
+    await gateways.silence(b)  # paused past the liveness window: A takes its 4 out of the total
+    await eventually(lambda: a.running(POD.key) == 1, 6, "B reaped")
+    assert await raw.hgetall("extproc:running:{llama}") == {"team/a100-0": "1"}
+    assert not await raw.sismember("extproc:members:{llama}", b.field)
+    gateways.tasks[b.field] = asyncio.create_task(b.run())  # B resumes, its counts unchanged
+    await eventually(lambda: a.running(POD.key) == 5, 5, "B's 4 written again and seen by A")
+    assert await raw.hgetall("extproc:running:{llama}") == {"team/a100-0": "5"}
+
+
+async def test_a_redis_too_slow_for_a_turn_is_counted_logged_and_survived(redis_server, gateways, caplog):
+    caplog.set_level(logging.INFO, logger="extproc.state.redis_sync")
+    a = gateways.start(redis_server.url, "gw-a", op_timeout=0.2)
+    b = gateways.start(redis_server.url, "gw-b", op_timeout=0.2)
+    a.add_running(POD, 2)
+    await eventually(lambda: b.running(POD.key) == 2, 5, "synced")
+    redis_server.proc.popen.send_signal(signal.SIGSTOP)  # Redis stalls: connections open, no answer
+    try:
+        failures = lambda: gateways.registries[b.field].get_sample_value(  # noqa: E731
+            "extproc_redis_sync_failures_total", {"reason": "timeout"}) or 0
+        await eventually(lambda: failures() >= 1 and not b.up, 3, "a timed-out turn")
+        assert b.running(POD.key) == 0  # its own counts only
+        assert any("did not answer a sync turn within 0.2s (redis.timeout_seconds)" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        redis_server.proc.popen.send_signal(signal.SIGCONT)
+    await eventually(lambda: a.up and b.up and b.running(POD.key) == 2, 10, "sharing resumes")
+    assert gateways.registries[b.field].get_sample_value("extproc_redis_sync_seconds") < 0.2
 
 
 async def test_redis_outage_falls_back_locally_and_sharing_resumes(redis_server, gateways, caplog):

@@ -1,7 +1,7 @@
 """Through real Envoy: Redis SIGKILLed and restarted, from an older snapshot, while two gateways route.
 No request fails; each gateway routes on its own counts while Redis is away; within 2 s of its return
 both agree on the truth again (a count that went to 0 meanwhile is not left at its snapshot value);
-the aibrix:rrq hashes hold no field of a gateway gone longer than the retention."""
+a gateway dead in the snapshot is reaped (its share leaves the totals, its heartbeat the set)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,13 @@ import pytest
 import redis
 
 from extproc.localstack import LocalStack, wait_until
-from extproc.state.sync_core import GATEWAY_RETENTION_SECONDS, GATEWAYS_KEY, RUNNING_PREFIX
+from extproc.state.sync_core import (
+    GATEWAY_RETENTION_SECONDS,
+    GATEWAYS_KEY,
+    ledger_key,
+    members_key,
+    running_key,
+)
 from tests.integration.sim_fixtures import SimProcess, start_sim
 from tests.support.redis_server import RedisServer
 from tests.support.traffic import Load, chat, engine_tokens, request
@@ -24,8 +30,8 @@ from tests.support.traffic import Load, chat, engine_tokens, request
 MODEL = "llama2-7b"
 LOAD_MODEL = "load"
 POD = "p0"
-HASH = f"{RUNNING_PREFIX}default/{POD}"
-DEAD = "gw-dead:1"  # a gateway that died long ago, its field still in the snapshot
+POD_ID = f"default/{POD}"
+DEAD = "gw-dead:1"  # a gateway that died long ago, its share still in the snapshot
 
 
 @pytest.fixture
@@ -78,8 +84,13 @@ def running(s: LocalStack) -> float:
     return s.running(MODEL, POD)
 
 
-def fields(client: redis.Redis) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in client.hgetall(HASH).items()}
+def total(client: redis.Redis) -> int:
+    return int(client.hget(running_key(MODEL), POD_ID) or 0)
+
+
+def ledger(client: redis.Redis, gateway: str) -> int:
+    """The gateway's in-flight share on the pod, as its ledger holds it."""
+    return int(client.hget(ledger_key(MODEL, gateway), f"r:{POD_ID}") or 0)
 
 
 async def test_redis_killed_and_restarted_from_a_snapshot(gateways, redis_server, sim, load_sim, tmp_path):
@@ -97,9 +108,12 @@ async def test_redis_killed_and_restarted_from_a_snapshot(gateways, redis_server
         await asyncio.to_thread(wait_until, lambda: running(a) == 7 and running(b) == 7, 10, "7 shared")
         # The snapshot Redis will come back from: these counts, and a gateway gone for longer than the
         # retention (its heartbeat that old), taken atomically with BGSAVE inside MULTI.
+        # Its share as the write script would have left it: in its ledger, the members and the total.
         with client.pipeline(transaction=True) as pipe:
             pipe.zadd(GATEWAYS_KEY, {DEAD: time.time() - GATEWAY_RETENTION_SECONDS - 100})
-            pipe.hset(HASH, DEAD, 9)
+            pipe.hset(ledger_key(MODEL, DEAD), mapping={"~": 1, f"r:{POD_ID}": 9})
+            pipe.sadd(members_key(MODEL), DEAD)
+            pipe.hincrby(running_key(MODEL), POD_ID, 9)
             pipe.bgsave()
             pipe.execute()
         await asyncio.to_thread(wait_until, lambda: client.info("persistence")["rdb_bgsave_in_progress"] == 0,
@@ -119,16 +133,19 @@ async def test_redis_killed_and_restarted_from_a_snapshot(gateways, redis_server
         redis_server[0] = RedisServer(tmp_path, redis_server[0].port, *redis_server[0].extra)
         back = time.monotonic()
         client = redis.Redis(port=redis_server[0].port)
-        assert fields(client)[DEAD] == 9  # the snapshot was restored
+        assert total(client) == 7 + 9 and ledger(client, DEAD) == 9  # the snapshot was restored
         # both sharing again (each has read Redis since), and both at the truth
         await asyncio.to_thread(wait_until, lambda: up() and running(a) == 3 and running(b) == 3, 2,
                                 "both gateways agree on b's 3 within 2 s of Redis's return")
         converged = time.monotonic() - back
-        # The dead gateway's heartbeat is past the retention: dropped, and its field pruned.
-        await asyncio.to_thread(wait_until, lambda: DEAD not in fields(client), 5, "stale field pruned")
+        # The dead gateway is reaped (its share out of the total) and its heartbeat, past the retention,
+        # dropped; the live ones' snapshot values rewritten (a's 4 is 0 now, b's 3 is its 3 new ones).
+        assert total(client) == 3 and ledger(client, DEAD) == 0
+        assert not client.sismember(members_key(MODEL), DEAD)
         assert client.zscore(GATEWAYS_KEY, DEAD) is None
-        live = fields(client)
-        assert len(live) == 2 and sorted(live.values()) == [0, 3], live  # a's snapshot value rewritten
+        live = {key: int(client.hget(key, f"r:{POD_ID}") or 0)
+                for key in client.scan_iter(match=ledger_key(MODEL, "gw-[ab]:*"))}
+        assert len(live) == 2 and sorted(live.values()) == [0, 3], live
         assert {e for e, _ in await asyncio.gather(*second)} == {"done"}
         client.close()
     outcomes = await load.stop()

@@ -47,6 +47,7 @@ def test_check_config_reports_what_serve_reads_from_the_config():
     lines = describe(parse(CONFIG, {"REDIS_HOST": "r", "REDIS_PASSWORD": "s3cret", "EXTPROC_API_KEYS": "k",
                                     "AIBRIX_GPU_OPTIMIZER_TRACING_FLAG": "1"}))
     text = "\n".join(lines)
-    assert "Redis: on (redis://:***@r:6379/0)" in text and "s3cret" not in text
+    assert "Redis: on (redis://:***@r:6379/0; sync every 0.1 s, heartbeat 1 s, timeout 0.5 s, " \
+           "AIBrix rows off)" in text and "s3cret" not in text
     assert "API keys: on (1 from EXTPROC_API_KEYS); request traces: on" in text
     assert "API keys: off; request traces: off" in "\n".join(describe(parse(CONFIG, {})))

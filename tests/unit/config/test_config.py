@@ -113,3 +113,17 @@ def test_check_config_finds_redis_where_serve_does(tmp_path, capsys, monkeypatch
     assert main(["check-config", str(path)]) == 0
     out = capsys.readouterr().out
     assert "Redis: on (redis://" in out and "redis.example:6379" in out and "s3cret" not in out
+
+
+def test_redis_sync_timing_is_read_and_liveness_follows_the_heartbeat(tmp_path):
+    from extproc.config import load
+    from extproc.config.schema import RedisSync
+
+    path = tmp_path / "gateway.yaml"
+    path.write_text("models: {m: {pods: [{name: p, address: '10.0.0.1:80'}]}}\n"
+                    "redis: {sync_interval_seconds: 0.25, heartbeat_seconds: 2, timeout_seconds: 1.5, "
+                    "aibrix_rows: true}\n")
+    sync = load(path, {}).redis_sync
+    assert sync == RedisSync(0.25, 2.0, 1.5, True) and sync.gateway_ttl == 6.0
+    path.write_text("models: {m: {pods: [{name: p, address: '10.0.0.1:80'}]}}\n")
+    assert load(path, {}).redis_sync == RedisSync(0.1, 1.0, 0.5, False)  # the defaults

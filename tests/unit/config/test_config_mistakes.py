@@ -82,6 +82,22 @@ modles: {m: {pods: [{name: p0, address: '10.0.0.1:80'}]}}
     ("a key like nothing known", """\
 models: {m: {pods: [{name: p0, address: '10.0.0.1:80', zzz: 1}]}}
 """, "unknown key models.m.pods[0].zzz (line 1) (known: "),
+    ("a Redis timeout past the liveness window", GOOD + """\
+redis: {heartbeat_seconds: 0.2, timeout_seconds: 0.6}
+""", "redis.sync_interval_seconds + redis.timeout_seconds (0.7) must stay below the liveness window, "
+     "3 x redis.heartbeat_seconds (0.6)"),
+    ("a heartbeat shorter than the sync interval", GOOD + """\
+redis: {sync_interval_seconds: 2, heartbeat_seconds: 1}
+""", "redis.heartbeat_seconds 1 is below redis.sync_interval_seconds 2"),
+    ("a zero sync interval", GOOD + """\
+redis: {sync_interval_seconds: 0}
+""", "redis.sync_interval_seconds must be a number >= 0.01, not 0"),
+    ("AIBrix rows as a string", GOOD + """\
+redis: {aibrix_rows: 'yes'}
+""", "redis.aibrix_rows must be true or false, not 'yes'"),
+    ("a misspelt Redis key", GOOD + """\
+redis: {timeout_secs: 1}
+""", "unknown key redis.timeout_secs (line 2); did you mean timeout_seconds?"),
 ]
 
 

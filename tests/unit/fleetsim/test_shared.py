@@ -40,11 +40,16 @@ def test_tokens_are_shared_once_each():
     a.sync(0.1)
     b.sync(0.1)
     a.sync(0.2)
+    # Token totals are read once a heartbeat (1 s), running counts every sync.
+    assert not a.take_token_deltas() and not b.take_token_deltas()
+    a.sync(1.0)
+    b.sync(1.0)
     got_a = sum(a.take_token_deltas().values())
     got_b = sum(b.take_token_deltas().values())
     assert got_a == 110 and got_b == 110
-    a.sync(0.3)
-    b.sync(0.3)
+    for t in (1.1, 2.0, 3.0):
+        a.sync(t)
+        b.sync(t)
     assert not a.take_token_deltas() and not b.take_token_deltas()
 
 
@@ -55,7 +60,7 @@ def test_without_token_sharing_each_gateway_sees_only_its_own_tokens():
     a.add_tokens(POD, 100)
     b.add_tokens(POD, 10)
     a.add_running(POD, 2)
-    for t in (0.1, 0.2):
+    for t in (0.1, 1.0):
         a.sync(t)
         b.sync(t)
     assert sum(a.take_token_deltas().values()) == 100

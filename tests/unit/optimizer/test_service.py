@@ -30,6 +30,11 @@ class MemoryRedis:
             raise ConnectionError("redis is down")
         return [self.data.get(k) for k in keys]
 
+    async def smembers(self, key: str) -> set[str]:
+        if self.down:
+            raise ConnectionError("redis is down")
+        return set()  # no profile index: profiles are found by their deployments' keys
+
     async def scan_iter(self, match: str, count: int = 10) -> AsyncIterator[str]:
         if self.down:
             raise ConnectionError("redis is down")

@@ -27,19 +27,16 @@ def raw_profile(gpu: str, created: float, tput: float) -> dict:
 
 
 class FakeRedis:
-    """scan_iter + mget over a dict: the two calls ProfileStore.refresh_redis makes."""
+    """smembers + mget over a dict: the two calls ProfileStore.refresh_redis makes (no SCAN)."""
 
     def __init__(self, data: dict[str, str]) -> None:
         self.data = data
 
-    async def scan_iter(self, match: str, count: int = 100):
-        prefix = match.rstrip("*").replace("\\", "")
-        for k in list(self.data):
-            if k.startswith(prefix):
-                yield k.encode()
+    async def smembers(self, key: str) -> set[bytes]:
+        return set()  # nothing indexed: AIBrix-written profiles are found by their deployments' keys
 
     async def mget(self, keys):
-        return [self.data.get(k.decode()) for k in keys]
+        return [self.data.get(k) for k in keys]
 
 
 def gateway(tmp_path, file_created: float) -> Gateway:

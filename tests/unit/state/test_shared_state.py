@@ -3,7 +3,7 @@ token deltas across outages) and the Redis URL rules."""
 
 from __future__ import annotations
 
-import json
+import math
 import re
 
 import pytest
@@ -15,7 +15,7 @@ from extproc.fleetsim.shared import SimSharedState, SyncHub
 from extproc.pool.pod import Pod
 from extproc.state.redis_sync import RedisState
 from extproc.state.shared import LocalCounts, LocalState
-from extproc.state.sync_core import Snapshot, SyncCore, running_key, tokens_key
+from extproc.state.sync_core import Snapshot, SyncCore, decode_vector, encode_vector
 
 POD = Pod("llama", "pod-a", "10.0.0.1:8000", namespace="team")
 OTHER = Pod("llama", "pod-b", "10.0.0.2:8000", namespace="team")
@@ -37,9 +37,9 @@ def core(**kw) -> SyncCore:
 
 
 def snap(now: float, gateways: dict[str, float], running: dict | None = None, tokens: dict | None = None,
-         aibrix: dict | None = None) -> Snapshot:
+         aibrix: dict | None = None, members: dict | None = None) -> Snapshot:
     return Snapshot(server_now=now, gateways=gateways, running=running or {}, tokens=tokens or {},
-                    aibrix=aibrix or {})
+                    aibrix=aibrix or {}, members=members)
 
 
 # -- LocalState ------------------------------------------------------------------------------------
@@ -101,8 +101,12 @@ def test_only_net_changes_are_sent_between_heartbeats():
     assert b.running == {OTHER.key: 2} and b.tokens == {OTHER.key: 40}
     assert b.heartbeat  # any batch writing fields carries the heartbeat, so readers see us alive
     c.confirm(b, 0.2)
-    full = c.plan(1.3)  # heartbeat due: every non-zero own value again (Redis may have restarted)
-    assert full.heartbeat and full.running == {POD.key: 1, OTHER.key: 2} and full.tokens == {OTHER.key: 40}
+    beat = c.plan(1.3)  # heartbeat: nothing resent (the ledger holds it; its script notices a loss)
+    assert beat.heartbeat and beat.due and beat.read_tokens and beat.running == {} and beat.tokens == {}
+    c.confirm(beat, 1.3)
+    c.lost_ledger()  # Redis answered that our ledger was gone: every own value again
+    full = c.plan(1.4)
+    assert full.reassert and full.running == {POD.key: 1, OTHER.key: 2} and full.tokens == {OTHER.key: 40}
 
 
 def test_unconfirmed_batch_is_sent_again_after_a_failure():
@@ -118,55 +122,73 @@ def test_unconfirmed_batch_is_sent_again_after_a_failure():
     assert b.running == {POD.key: 3}
 
 
-def test_aibrix_rows_are_rewritten_while_busy_and_deleted_once_idle():
-    c = core()
+def test_aibrix_rows_are_rewritten_before_they_expire_and_deleted_once_idle():
+    c = core(aibrix_snapshots=True)
     c.counts.add_running(POD, 2)
-    for t in (0.0, 0.1):
-        b = c.plan(t)
-        assert b.aibrix == {POD.key: 2}  # 500 ms expiry: every tick while busy
-        c.confirm(b, t)
-    c.counts.add_running(POD, -2)
-    b = c.plan(0.2)
+    b = c.plan(0.0)
+    assert b.aibrix == {POD.key: 2}
+    c.confirm(b, 0.0)
+    assert c.plan(0.1).aibrix == {}  # unchanged and far from its 500 ms expiry
+    b = c.plan(0.3)
+    assert b.aibrix == {POD.key: 2}  # unchanged, but would expire before long
+    c.confirm(b, 0.3)
+    c.counts.add_running(POD, 1)
+    b = c.plan(0.4)
+    assert b.aibrix == {POD.key: 3}  # changed
+    c.confirm(b, 0.4)
+    c.counts.add_running(POD, -3)
+    b = c.plan(0.5)
     assert b.aibrix == {POD.key: 0}
-    c.confirm(b, 0.2)
-    assert c.plan(0.3).aibrix == {}
-    assert core(aibrix_snapshots=False).plan(0.0).aibrix == {}
+    c.confirm(b, 0.5)
+    assert c.plan(0.6).aibrix == {}
+    c2 = core()  # off by default
+    c2.counts.add_running(POD, 1)
+    assert c2.plan(0.0).aibrix == {}
 
 
 # -- snapshot: liveness and overlay ----------------------------------------------------------------
 
-def test_running_sums_live_gateways_and_overlays_own_count():
+def test_running_is_the_total_less_own_share_plus_own_count():
     c = core(gateway_ttl=3.0)
     c.counts.add_running(POD, 2)
+    c.confirm(c.plan(4999.9), 4999.9)  # our 2 written: the total holds them
     now = 5000.0
-    c.apply(snap(now, {"gw-live:1": now - 1.0, "gw-dead:1": now - 3.5, ME: now},
-                 running={POD.key: {"gw-live:1": 4, "gw-dead:1": 9, ME: 7}}))
+    c.apply(snap(now, {"gw-live:1": now - 1.0, ME: now}, running={POD.key: 2 + 4}))
     assert c.up
-    assert c.running(POD.key) == 2 + 4  # dead gateway left out; own field from memory, not Redis
+    assert c.running(POD.key) == 2 + 4 and c.running(OTHER.key) == 0
     c.counts.add_running(POD, 1)          # own changes show at once, before any sync
     assert c.running(POD.key) == 7
     c.failed()
     assert c.running(POD.key) == 3        # Redis gone: the local view
 
 
-def test_aibrix_gateways_are_added_and_negative_fields_ignored():
+def test_aibrix_gateways_are_added_and_a_total_below_own_share_counts_nothing():
     c = core()
+    c.counts.add_running(POD, 5)
+    c.confirm(c.plan(9.9), 9.9)
     now = 10.0
-    c.apply(snap(now, {"gw-x:1": now}, running={POD.key: {"gw-x:1": -5}, OTHER.key: {}},
-                 aibrix={"team/pod-a": 3, "team/pod-b": 1}))
-    assert c.running(POD.key) == 3
+    c.apply(snap(now, {"gw-x:1": now}, running={POD.key: 3}, aibrix={"team/pod-a": 3, "team/pod-b": 1}))
+    assert c.running(POD.key) == 5 + 3    # total 3 < own 5 (we were reaped): no negative others
     assert c.running(OTHER.key) == 1
 
 
-def test_fields_of_gateways_absent_from_the_heartbeat_set_are_pruned():
-    c = core()
+def test_silent_gateways_are_reaped_once_per_model_and_again_after_they_return():
+    c = core(gateway_ttl=3.0)
     now = 10.0
-    c.apply(snap(now, {"gw-x:1": now - 100}, running={POD.key: {"gw-x:1": 1, "gw-gone:1": 2, ME: 1}},
-                 tokens={POD.key: {"gw-gone:1": 5}}))
+    members = {"llama": {"gw-x:1", "gw-y:1", "gw-gone:1", ME}, "other": {"gw-y:1"}}
+    # gw-gone:1 left the heartbeat set (past the retention) without being reaped: reaped all the same
+    c.apply(snap(now, {"gw-x:1": now - 100, "gw-y:1": now, ME: now}, members=members))
     b = c.plan(now)
-    assert sorted(b.prune) == [(running_key(POD), "gw-gone:1"), (tokens_key(POD), "gw-gone:1")]
+    assert b.reap == [("llama", "gw-gone:1"), ("llama", "gw-x:1")]
     c.confirm(b, now)
-    assert c.plan(now + 0.1).prune == []
+    c.apply(snap(now + 0.1, {"gw-x:1": now - 100, "gw-y:1": now, ME: now}))  # members as last read
+    assert c.plan(now + 0.1).reap == []   # once
+    c.apply(snap(now + 0.2, {"gw-x:1": now + 0.2, "gw-y:1": now, ME: now}, members=members))  # back
+    c.apply(snap(now + 9, {"gw-x:1": now + 0.2, "gw-y:1": now + 9, ME: now}))  # silent again
+    assert ("llama", "gw-x:1") in c.plan(now + 9).reap
+    c.failed()  # Redis may come back from a snapshot holding their shares again
+    c.apply(snap(now + 10, {"gw-x:1": now - 100, "gw-y:1": now + 10, ME: now}, members=members))
+    assert c.plan(now + 10).reap == [("llama", "gw-gone:1"), ("llama", "gw-x:1")]
 
 
 # -- token deltas ----------------------------------------------------------------------------------
@@ -174,37 +196,43 @@ def test_fields_of_gateways_absent_from_the_heartbeat_set_are_pruned():
 def test_shared_token_deltas_baseline_then_deltas():
     c = core()
     t = 100.0
-    c.apply(snap(t, {}, tokens={POD.key: {"gw-b:1": 500}}))
+    c.apply(snap(t, {}, tokens={POD.key: 500}))
     assert c.take_token_deltas() == {}  # first read: baseline, not the pod's whole history
-    c.apply(snap(t, {}, tokens={POD.key: {"gw-b:1": 530}}))
-    c.apply(snap(t, {}, tokens={POD.key: {"gw-b:1": 560, "gw-c:1": 7}}))  # gw-c: new, all of it new
-    assert c.take_token_deltas() == {POD.key: 60 + 7}
-    c.apply(snap(t, {}, tokens={POD.key: {}}))  # Redis restarted empty
-    c.apply(snap(t, {}, tokens={POD.key: {"gw-b:1": 570, "gw-c:1": 7}}))  # re-published totals
+    c.apply(snap(t, {}, tokens={POD.key: 530}))
+    c.apply(snap(t, {}, tokens={POD.key: 567}))
+    assert c.take_token_deltas() == {POD.key: 67}
+    c.apply(snap(t, {}, tokens={}))  # Redis restarted empty
+    c.apply(snap(t, {}, tokens={POD.key: 567}))  # the gateways wrote their cumulative values again
+    assert c.take_token_deltas() == {}
+    c.apply(snap(t, {}, tokens={POD.key: 577}))
     assert c.take_token_deltas() == {POD.key: 10}
 
 
 def test_own_tokens_counted_once_across_an_outage():
     c = core()
     c.counts.add_tokens(POD, 100)
-    c.apply(snap(1.0, {}, tokens={POD.key: {ME: 100, "gw-b:1": 0}}))
+    c.confirm(c.plan(0.9), 0.9)
+    c.apply(snap(1.0, {}, tokens={POD.key: 100}))
     assert c.take_token_deltas() == {POD.key: 100}
     c.counts.add_tokens(POD, 20)            # pushed, read back next tick ...
-    c.apply(snap(1.1, {}, tokens={POD.key: {ME: 120, "gw-b:1": 0}}))
+    c.confirm(c.plan(1.05), 1.05)
+    c.apply(snap(1.1, {}, tokens={POD.key: 120}))
     c.failed()                              # ... then Redis goes away
     c.counts.add_tokens(POD, 5)
     assert c.take_token_deltas() == {POD.key: 20 + 5}  # pending shared + own local, no overlap
     c.counts.add_tokens(POD, 1)
     assert c.take_token_deltas() == {POD.key: 1}
-    # Back: our field catches up to 126 and gw-b reports what it did meanwhile; nothing twice.
-    c.apply(snap(5.0, {}, tokens={POD.key: {ME: 126, "gw-b:1": 40}}))
+    # Back: our ledger catches up to 126 and gw-b did 40 meanwhile; nothing twice.
+    c.confirm(c.plan(4.9), 4.9)
+    c.apply(snap(5.0, {}, tokens={POD.key: 126 + 40}))
     assert c.take_token_deltas() == {POD.key: 40}
 
 
 def test_own_tokens_before_the_first_snapshot_are_not_lost():
     c = core()
     c.counts.add_tokens(POD, 9)
-    c.apply(snap(1.0, {}, tokens={POD.key: {ME: 9}}))
+    c.confirm(c.plan(0.9), 0.9)
+    c.apply(snap(1.0, {}, tokens={POD.key: 9}))
     assert c.take_token_deltas() == {POD.key: 9}
 
 
@@ -329,18 +357,24 @@ def test_retries_while_redis_is_down_are_at_most_about_a_second_apart():
     assert max(pauses) <= 1.2  # Redis back: each gateway tries again within this, converging within 2 s
 
 
-def test_speed_evidence_is_sent_and_read_once_a_heartbeat_and_dropped_when_redis_is():
+def test_speed_evidence_is_sent_when_changed_and_read_once_a_heartbeat_and_dropped_when_redis_is():
     c = core(heartbeat_interval=1.0)
     c.speed_out[POD.key] = [1.0, 2.0]
     first = c.plan(10.0)
-    assert first.read_speed and json.loads(first.speed[POD.key]) == [1.0, 2.0]
+    assert first.read_speed and decode_vector(first.speed[POD.key]) == [1.0, 2.0]
     c.confirm(first, 10.0)
     assert not c.plan(10.1).read_speed and not c.plan(10.1).speed  # between heartbeats: counts only
+    assert c.plan(11.0).read_speed and not c.plan(11.0).speed  # unchanged: not sent again
+    c.speed_out[POD.key] = [1.5, 2.0]
+    assert decode_vector(c.plan(11.0).speed[POD.key]) == [1.5, 2.0]
     now = 11.0
-    c.apply(Snapshot(server_now=now, gateways={"gw-live:1": now, "gw-dead:1": now - 10, ME: now},
-                     running={}, tokens={}, speed={POD.key: {
-                         "gw-live:1": "[3.0, 4.0]", "gw-dead:1": "[5.0]", ME: "[1.0, 2.0]", "x": "{"}}))
-    assert c.peer_speed == {POD.key: [[3.0, 4.0]]}  # live others only; garbage skipped
+    c.apply(Snapshot(server_now=now, gateways={"gw-live:1": now, "gw-dead:1": now - 10, ME: now, "x": now},
+                     running={}, tokens={}, speed={
+                         "gw-live:1": {POD.key: encode_vector([3.0, 4.0])},
+                         "gw-dead:1": {POD.key: encode_vector([5.0])},
+                         ME: {POD.key: encode_vector([1.0, 2.0])},
+                         "x": {POD.key: "{", OTHER.key: encode_vector([math.nan])}}))
+    assert c.peer_speed == {POD.key: [[3.0, 4.0]]}  # live others only; garbage and NaN skipped
     c.apply(snap(now + 0.1, {"gw-live:1": now}))  # a tick that did not read speed keeps the last
     assert c.peer_speed == {POD.key: [[3.0, 4.0]]}
     c.failed()
@@ -360,3 +394,22 @@ def test_workers_share_speed_evidence_through_the_segment():
     assert two.peer_speed() == {POD.key: [evidence]} and one.peer_speed() == {}
     WorkerState(fd, 0)  # worker 0 restarted: its predecessor's evidence is gone with it
     assert two.peer_speed() == {}
+
+
+def test_speed_evidence_of_many_peers_is_read_eight_at_a_time_in_turn_and_kept_between_reads():
+    from extproc.state.sync_core import SPEED_PEERS_PER_HEARTBEAT
+    c = core()
+    now = 10.0
+    peers = [f"gw-{i:02}:1" for i in range(20)]
+    c.apply(snap(now, {g: now for g in [*peers, ME]}, members={"llama": {*peers, ME}}))
+    turns = [c.speed_peers() for _ in range(3)]
+    assert all(len(t) == SPEED_PEERS_PER_HEARTBEAT for t in turns)
+    assert set().union(*turns) == set(peers) and turns[0] == peers[:8]  # every peer within 3 heartbeats
+    c.apply(Snapshot(server_now=now, gateways={g: now for g in [*peers, ME]}, running={}, tokens={},
+                     speed={"gw-00:1": {POD.key: encode_vector([1.0])}}))
+    c.apply(Snapshot(server_now=now + 1, gateways={g: now + 1 for g in [*peers, ME]}, running={}, tokens={},
+                     speed={"gw-10:1": {POD.key: encode_vector([2.0])}}))
+    assert sorted(c.peer_speed[POD.key]) == [[1.0], [2.0]]  # gw-00's last read still counts
+    c.apply(Snapshot(server_now=now + 9, gateways={"gw-10:1": now + 9, ME: now + 9}, running={}, tokens={},
+                     speed={}))
+    assert c.peer_speed == {POD.key: [[2.0]]}  # gw-00 no longer heard: its evidence goes

@@ -1,0 +1,318 @@
+"""`extproc bench sync`: what sharing in-flight counts and tokens through Redis costs, G gateways x P pods.
+
+A real `redis-server` on a free loopback port; G of the project's own `RedisState` objects, built as
+`server/app.py` builds them, in this one process. Every pod holds `inflight` requests spread over the
+gateways and completes `rate` of them a second fleet-wide (each replaced by a new one at a random
+gateway, with its tokens credited and, unless --no-speed, that gateway's speed evidence on the pod
+changed), so the fleet changes at a stated rate.
+
+A fleet turn is one sync of every gateway, one after another: each gateway's CPU is this process's CPU
+across its own `sync_once` (Redis runs in another process), its latency the wall time of that call,
+and a turn that takes longer than the gateway's timeout (0.5 s) fails as it would in a gateway.
+Redis's CPU, commands (those run inside scripts included) and bytes come from its INFO, taken per
+fleet turn; the real fleet runs 1/interval fleet turns a second, so Redis's cores = its CPU per fleet
+turn / interval. Gateways that run one after another do not queue behind each other in Redis, so
+latency here is the floor. The gateways' clock is virtual (turn x interval).
+
+Freshness: after each gateway's sync, its view of every pod's other gateways (`running` less its own)
+is held against what those gateways last wrote (`wrong_views`: pods that differ; 0 means each view is
+exact as of its read, so in a real fleet, where gateways sync side by side, a count is at most two
+intervals plus a turn's latency old when routing reads it). `age_ms` is the read's wall time less the
+oldest contributor's write: here that is the serial fleet turn's length, not a real fleet's staleness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from extproc.localstack import Proc, free_port, wait_until
+from extproc.pool.pod import Pod
+from extproc.state.redis_sync import RedisState
+
+TOKENS_PER_REQUEST = 200
+
+
+@dataclass(slots=True)
+class SyncRun:
+    gateways: int
+    pods: int
+    models: int
+    rate: float                       # completions per pod per second, fleet-wide
+    inflight: int                     # requests held per pod, fleet-wide
+    interval: float
+    turns: int
+    cpu_ms: list[float] = field(default_factory=list)       # per gateway turn
+    latency_ms: list[float] = field(default_factory=list)   # per gateway turn
+    timeouts: int = 0
+    failures: int = 0
+    wrong: int = 0                    # views that disagreed with the truth of their own moment
+    age_ms: list[float] = field(default_factory=list)       # oldest value in a view, per gateway turn
+    redis_cpu_ms: list[float] = field(default_factory=list)  # per fleet turn
+    commands: list[int] = field(default_factory=list)        # per fleet turn
+    bytes_out: list[int] = field(default_factory=list)       # per fleet turn (replies)
+    bytes_in: list[int] = field(default_factory=list)        # per fleet turn (requests)
+    keys: int = 0
+    redis_memory: int = 0
+    code: str = "this"                # or "baseline": another checkout's RedisState (--baseline)
+
+    def summary(self) -> dict[str, float | int | str]:
+        """Medians per turn; shares of a core and rates from means (heartbeat turns cost more)."""
+        turns_per_second = 1 / self.interval
+        redis_cpu = statistics.fmean(self.redis_cpu_ms)
+        return {
+            "code": self.code,
+            "gateways": self.gateways, "pods": self.pods, "models": self.models, "rate": self.rate,
+            "inflight": self.inflight, "interval_s": self.interval, "turns": self.turns,
+            "sync_cpu_ms_median": round(statistics.median(self.cpu_ms), 2),
+            "sync_cpu_ms_p99": round(_quantile(self.cpu_ms, 0.99), 2),
+            "sync_cpu_ms_mean": round(statistics.fmean(self.cpu_ms), 2),
+            "sync_core_share": round(statistics.fmean(self.cpu_ms) / 1000 * turns_per_second, 3),
+            "turn_latency_ms_median": round(statistics.median(self.latency_ms), 2),
+            "turn_latency_ms_max": round(max(self.latency_ms), 2),
+            "timeouts": self.timeouts, "failures": self.failures, "wrong_views": self.wrong,
+            "age_ms_median": round(statistics.median(self.age_ms), 1) if self.age_ms else -1,
+            "age_ms_max": round(max(self.age_ms), 1) if self.age_ms else -1,
+            "redis_cpu_ms_per_fleet_turn": round(redis_cpu, 2),
+            "redis_cores": round(redis_cpu / 1000 * turns_per_second, 3),
+            "redis_commands_per_s": round(statistics.fmean(self.commands) * turns_per_second),
+            "reply_bytes_per_s": round(statistics.fmean(self.bytes_out) * turns_per_second),
+            "request_bytes_per_s": round(statistics.fmean(self.bytes_in) * turns_per_second),
+            "redis_keys": self.keys, "redis_memory_bytes": self.redis_memory,
+        }
+
+
+class Fleet:
+    """G gateways' own counts on P pods, moved at the stated rate, and what each gateway last wrote:
+    the truth every view is held against."""
+
+    def __init__(self, states: list[RedisState], pods: list[Pod], inflight: int, seed: int,
+                 speed: bool) -> None:
+        self.states = states
+        self.pods = pods
+        self.rng = random.Random(seed)
+        self.held: list[list[int]] = [[0] * len(pods) for _ in states]   # gateway -> pod -> requests
+        self.written: list[list[int]] = [[0] * len(pods) for _ in states]
+        self.total = [0] * len(pods)                                      # sum of `written`
+        for state in states:
+            state.track(pods)
+        for p in range(len(pods)):
+            for _ in range(inflight):
+                self._start(p)
+        self.speed = speed
+        for g, state in enumerate(states):  # each gateway's speed evidence on the pods it routed to
+            for p in range(len(pods)):
+                if self.held[g][p]:
+                    self._measured(g, p)
+
+    def _measured(self, g: int, p: int) -> None:
+        """A record reached gateway g: its evidence on the pod changes, as accounting's export does."""
+        if self.speed:
+            vector = [time.time(), *(self.rng.random() for _ in range(32))]
+            self.states[g].share_speed(self.pods[p].key, vector)
+
+    def _start(self, p: int) -> None:
+        g = self.rng.randrange(len(self.states))
+        self.held[g][p] += 1
+        self.states[g].add_running(self.pods[p], 1)
+
+    def step(self, completions: float) -> None:
+        """`completions` requests end fleet-wide (a fraction is carried as a probability), each at the
+        gateway that routed it, and as many start at random gateways."""
+        whole = int(completions)
+        whole += self.rng.random() < completions - whole
+        for _ in range(whole):
+            p = self.rng.randrange(len(self.pods))
+            weights = [column[p] for column in self.held]
+            if any(weights):
+                g = self.rng.choices(range(len(weights)), weights=weights)[0]
+                self.held[g][p] -= 1
+                self.states[g].add_running(self.pods[p], -1)
+                self.states[g].add_tokens(self.pods[p], TOKENS_PER_REQUEST)
+                self._measured(g, p)
+            self._start(p)
+
+    def wrote(self, g: int) -> None:
+        """Gateway g's sync succeeded: Redis now holds its counts of this moment."""
+        old, new = self.written[g], self.held[g][:]
+        self.total = [t - a + b for t, a, b in zip(self.total, old, new)]
+        self.written[g] = new
+
+    def wrong_views(self, g: int) -> int:
+        """Pods where gateway g's view of the others differs from what they last wrote."""
+        state, mine = self.states[g], self.written[g]
+        return sum(state.running(pod.key) - state.local_running(pod.key) != self.total[p] - mine[p]
+                   for p, pod in enumerate(self.pods))
+
+
+def start_redis(log_dir: Path) -> tuple[Proc, int]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not installed (apt-get install redis-server)")
+    port = free_port()
+    proc = Proc(f"redis-{port}", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                  "--appendonly", "no"], log_dir)
+    proc.wait_ready(lambda: _pong(port), timeout=15)
+    return proc, port
+
+
+def _pong(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _redis_counters(client: redis.Redis) -> tuple[float, int, int, int]:
+    info = client.info()
+    return (float(info["used_cpu_sys"]) + float(info["used_cpu_user"]), int(info["total_commands_processed"]),
+            int(info["total_net_output_bytes"]), int(info["total_net_input_bytes"]))
+
+
+def make_pods(count: int, models: int) -> list[Pod]:
+    return [Pod(model=f"model-{i % models}", name=f"pod-{i}",
+                address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:8000") for i in range(count)]
+
+
+async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: float = 10.0,
+                  inflight: int = 32, interval: float = 0.1, turns: int = 30, warmup: int = 5,
+                  seed: int = 1, speed: bool = True, progress=None) -> SyncRun:
+    logging.getLogger("extproc.state").setLevel(logging.WARNING)  # one "reachable" line per gateway
+    admin = redis.Redis.from_url(url)
+    admin.flushall()
+    # The gateways' clock is the fleet's virtual one (turn x interval), so heartbeats (and the reads that
+    # come with them) fall once every 1/interval turns as they would, however long a fleet turn takes
+    # here; liveness is long enough that a slow fleet turn never makes a gateway look dead.
+    now = [time.time()]
+    states = [RedisState(url, f"bench-gw-{g}", sync_interval=interval, gateway_ttl=3600.0,
+                         clock=lambda: now[0]) for g in range(gateways)]
+    fleet = Fleet(states, make_pods(pods, models), inflight, seed, speed)
+    run = SyncRun(gateways, pods, models, rate, inflight, interval, turns)
+    written: list[float] = [0.0] * gateways  # when each gateway last wrote
+    try:
+        for turn in range(warmup + turns):
+            now[0] += interval
+            fleet.step(rate * pods * interval)
+            measured = turn >= warmup
+            before = _redis_counters(admin)
+            for g, state in enumerate(states):
+                t0, c0 = time.perf_counter(), time.process_time()
+                try:
+                    await state.sync_once()
+                except TimeoutError:
+                    run.timeouts += measured
+                    _failed(state, TimeoutError("op_timeout"))
+                    continue
+                except Exception as exc:
+                    run.failures += measured
+                    _failed(state, exc)
+                    continue
+                c1, t1 = time.process_time(), time.perf_counter()
+                written[g] = t1
+                if not measured:
+                    fleet.wrote(g)
+                    continue
+                run.cpu_ms.append((c1 - c0) * 1000)
+                run.latency_ms.append((t1 - t0) * 1000)
+                # The view was read in this sync, before this gateway's own write of this moment
+                # counted: held against the others' last writes.
+                run.wrong += fleet.wrong_views(g)
+                fleet.wrote(g)
+                contributors = [written[o] for o in range(gateways) if o != g]
+                if contributors:
+                    run.age_ms.append((t1 - min(contributors)) * 1000)
+            if measured:
+                after = _redis_counters(admin)
+                run.redis_cpu_ms.append((after[0] - before[0]) * 1000)
+                run.commands.append(after[1] - before[1] - 1)  # less our own INFO
+                run.bytes_out.append(after[2] - before[2])
+                run.bytes_in.append(after[3] - before[3])
+            if progress and turn % 10 == 0:
+                progress(f"  G={gateways} P={pods}: turn {turn + 1}/{warmup + turns}")
+        run.keys = int(admin.dbsize())
+        run.redis_memory = int(admin.info("memory")["used_memory"])
+    finally:
+        for state in states:
+            await state.close()
+        admin.close()
+    return run
+
+
+# The --baseline child: that checkout's `extproc` first on the path, this bench loaded from its file.
+_CHILD = """
+import asyncio, importlib.util, json, sys
+base, bench, url, options = sys.argv[1:5]
+sys.path.insert(0, base)
+spec = importlib.util.spec_from_file_location("bench_sync", bench)
+module = sys.modules["bench_sync"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+run = asyncio.run(module.run_one(url, **json.loads(options)))
+run.code = "baseline"
+print(json.dumps(run.summary()))
+"""
+
+
+def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int, interval: float,
+        turns: int, speed: bool = True, baseline: Path | None = None, progress=print) -> list[dict]:
+    """Each size with this checkout's RedisState, after the --baseline checkout's when given, one
+    after the other against the same redis-server."""
+    with tempfile.TemporaryDirectory(prefix="bench-sync-") as tmp:
+        proc, port = start_redis(Path(tmp))
+        url = f"redis://127.0.0.1:{port}/0"
+        try:
+            out: list[dict] = []
+            for gateways, pods in sizes:
+                options = {"gateways": gateways, "pods": pods, "models": models, "rate": rate,
+                           "inflight": inflight, "interval": interval, "turns": turns, "speed": speed}
+                if baseline is not None:
+                    child = subprocess.run([sys.executable, "-c", _CHILD, str(baseline.resolve()), __file__,
+                                            url, json.dumps(options)], cwd=baseline, capture_output=True,
+                                           text=True)
+                    if child.returncode:
+                        raise RuntimeError(f"the baseline's run failed:\n{child.stderr[-3000:]}")
+                    out.append(json.loads(child.stdout.strip().splitlines()[-1]))
+                    progress(format_row(out[-1]))
+                out.append(asyncio.run(run_one(url, progress=progress, **options)).summary())
+                progress(format_row(out[-1]))
+            return out
+        finally:
+            proc.stop()
+            wait_until(lambda: not _pong(port), 5, "redis stopped")
+
+
+HEADER = ("code", "G", "P", "sync CPU ms/turn (med, p99)", "core (mean)", "latency ms (med, max)", "timeouts",
+          "wrong", "age ms (med, max)", "Redis ms/fleet turn", "Redis cores", "cmds/s", "reply MB/s")
+
+
+def format_row(s: dict[str, float | int]) -> str:
+    return " | ".join(str(x) for x in (
+        s["code"], s["gateways"], s["pods"], f"{s['sync_cpu_ms_median']}, {s['sync_cpu_ms_p99']}",
+        s["sync_core_share"],
+        f"{s['turn_latency_ms_median']}, {s['turn_latency_ms_max']}", s["timeouts"], s["wrong_views"],
+        f"{s['age_ms_median']}, {s['age_ms_max']}", s["redis_cpu_ms_per_fleet_turn"], s["redis_cores"],
+        s["redis_commands_per_s"], round(int(s["reply_bytes_per_s"]) / 1e6, 2)))
+
+
+def _failed(state: RedisState, exc: BaseException) -> None:
+    # `turn_failed` is new with issue 34; a --baseline checkout has only the private name.
+    (getattr(state, "turn_failed", None) or state._on_failure)(exc)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
