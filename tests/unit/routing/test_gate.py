@@ -5,8 +5,8 @@ import pytest
 
 from extproc.openai import Request
 from extproc.pool.pod import Pod
-from extproc.routing.framework import PodView
 from extproc.routing import Router, RoutingSettings
+from extproc.routing.framework import PodView
 from extproc.routing.gate import ImbalanceGate, least_loaded, loads
 from extproc.routing.settings import LoadBalanceSettings, ModelRouting
 from extproc.state.speed import Speed
