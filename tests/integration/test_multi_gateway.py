@@ -18,6 +18,7 @@ from extproc.optimizer.traces import read_windows
 from extproc.optimizer.workload import trace_rates
 from tests.integration.sim_fixtures import SimProcess, start_sim
 from tests.support.redis_server import RedisServer
+from tests.support.stack import running_stacks
 
 MODEL = "llama2-7b"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Say this is a test!"}]}
@@ -44,19 +45,9 @@ def sim(log_dir: Path) -> Iterator[SimProcess]:
 
 @pytest.fixture(scope="module")
 def gateways(log_dir: Path, redis: list[RedisServer], sim: SimProcess) -> Iterator[list[LocalStack]]:
-    stacks = []
-    for name in ("a", "b"):
-        d = log_dir / name
-        d.mkdir()
-        s = LocalStack(config_path=d / "gateway.yaml", log_dir=d, env={
-            "EXTPROC_REDIS_URL": redis[0].url, "AIBRIX_GPU_OPTIMIZER_TRACING_FLAG": "true"})
-        s.write_config(config(sim.port))
-        s.start_gateway()
-        s.start_envoy()
-        stacks.append(s)
-    yield stacks
-    for s in stacks:
-        s.stop()
+    env = {"EXTPROC_REDIS_URL": redis[0].url, "AIBRIX_GPU_OPTIMIZER_TRACING_FLAG": "true"}
+    with running_stacks(log_dir, config(sim.port), env) as stacks:
+        yield stacks
 
 
 async def stream_through(stack: LocalStack, n: int, max_tokens: int) -> None:

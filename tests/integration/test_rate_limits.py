@@ -17,6 +17,7 @@ import pytest
 from extproc.localstack import LocalStack, wait_until
 from tests.integration.sim_fixtures import SimProcess, start_sim
 from tests.support.redis_server import RedisServer
+from tests.support.stack import running_stacks
 
 MODEL = "llama2-7b"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Say this is a test!"}]}
@@ -63,20 +64,8 @@ def sim(log_dir: Path) -> Iterator[SimProcess]:
 
 @pytest.fixture(scope="module")
 def gateways(log_dir: Path, redis: list[RedisServer], sim: SimProcess) -> Iterator[list[LocalStack]]:
-    stacks = []
-    try:
-        for name in ("a", "b"):
-            d = log_dir / name
-            d.mkdir()
-            s = LocalStack(config_path=d / "gateway.yaml", log_dir=d, env={"EXTPROC_REDIS_URL": redis[0].url})
-            stacks.append(s)
-            s.write_config(config(sim.port))
-            s.start_gateway()
-            s.start_envoy()
+    with running_stacks(log_dir, config(sim.port), {"EXTPROC_REDIS_URL": redis[0].url}) as stacks:
         yield stacks
-    finally:
-        for s in stacks:
-            s.stop()
 
 
 def client(stack: LocalStack, key: str, retries: int = 0) -> openai.AsyncOpenAI:

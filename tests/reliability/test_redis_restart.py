@@ -25,6 +25,7 @@ from extproc.state.sync_core import (
 )
 from tests.integration.sim_fixtures import SimProcess, start_sim
 from tests.support.redis_server import RedisServer
+from tests.support.stack import running_stacks
 from tests.support.traffic import Load, chat, engine_tokens, request
 
 MODEL = "llama2-7b"
@@ -60,24 +61,11 @@ def load_sim(tmp_path: Path) -> Iterator[SimProcess]:
 @pytest.fixture
 def gateways(tmp_path: Path, redis_server: list[RedisServer], sim: SimProcess,
              load_sim: SimProcess) -> Iterator[list[LocalStack]]:
-    stacks = []
-    try:
-        for name in ("a", "b"):
-            d = tmp_path / name
-            d.mkdir()
-            s = LocalStack(config_path=d / "gateway.yaml", log_dir=d,
-                           env={"EXTPROC_REDIS_URL": redis_server[0].url, "POD_NAME": f"gw-{name}"})
-            s.write_config({"models": {
-                MODEL: {"pods": [{"name": POD, "address": f"127.0.0.1:{sim.port}"}]},
-                LOAD_MODEL: {"pods": [{"name": "q0", "address": f"127.0.0.1:{load_sim.port}"}]}},
-                "telemetry": {"refresh_seconds": 0.5}})
-            stacks.append(s)
-            s.start_gateway()
-            s.start_envoy()
+    config = {"models": {MODEL: {"pods": [{"name": POD, "address": f"127.0.0.1:{sim.port}"}]},
+                         LOAD_MODEL: {"pods": [{"name": "q0", "address": f"127.0.0.1:{load_sim.port}"}]}},
+              "telemetry": {"refresh_seconds": 0.5}}
+    with running_stacks(tmp_path, config, {"EXTPROC_REDIS_URL": redis_server[0].url}) as stacks:
         yield stacks
-    finally:
-        for s in stacks:
-            s.stop()
 
 
 def running(s: LocalStack) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +15,8 @@ from extproc.envoy_bootstrap import BootstrapOptions, bootstrap
 from extproc.localstack import LocalStack as Stack
 from extproc.localstack import Proc, free_port, http_get, port_open, start_envoy
 
-__all__ = ["Stack", "envoy_in_front_of", "running_stack", "running_upstreams", "start_envoy_at",
-           "start_upstream", "upstream_stats"]
+__all__ = ["Stack", "envoy_in_front_of", "running_stack", "running_stacks", "running_upstreams",
+           "start_envoy_at", "start_upstream", "upstream_stats"]
 
 
 def start_upstream(name: str, log_dir: Path) -> tuple[Proc, int]:
@@ -43,6 +43,20 @@ def running_stack(log_dir: Path, config: dict[str, Any], env: dict[str, str] | N
         yield stack
     finally:
         stack.stop()
+
+
+@contextmanager
+def running_stacks(log_dir: Path, config: dict[str, Any], env: dict[str, str],
+                   names: tuple[str, ...] = ("a", "b")) -> Iterator[list[Stack]]:
+    """Gateway replicas on one `config`, each with its own Envoy in `log_dir/<name>`, sharing `env` (one
+    Redis, say), named gw-<name> (POD_NAME), all stopped on exit, also when one fails to start."""
+    with ExitStack() as stacks:
+        out = []
+        for name in names:
+            d = log_dir / name
+            d.mkdir()
+            out.append(stacks.enter_context(running_stack(d, config, {**env, "POD_NAME": f"gw-{name}"})))
+        yield out
 
 
 @contextmanager
