@@ -46,23 +46,26 @@ class OpenAIError(Exception):
     """An error the client should see as an OpenAI-style JSON body with an HTTP status."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None,
+                 headers: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers  # sent with the error: Retry-After, WWW-Authenticate, x-ratelimit-*
 
     def __reduce__(self):  # crosses process boundaries when large bodies are parsed in a worker
-        return (_rebuild_error, (self.status, self.message, self.type, self.param, self.code))
+        return (_rebuild_error, (self.status, self.message, self.type, self.param, self.code, self.headers))
 
     def body(self) -> bytes:
         return error_body(self.message, type=self.type, param=self.param, code=self.code)
 
 
-def _rebuild_error(status: int, message: str, type: str, param: str | None, code: str | None) -> OpenAIError:
-    return OpenAIError(status, message, type=type, param=param, code=code)
+def _rebuild_error(status: int, message: str, type: str, param: str | None, code: str | None,
+                   headers: tuple[tuple[str, str], ...]) -> OpenAIError:
+    return OpenAIError(status, message, type=type, param=param, code=code, headers=headers)
 
 
 def error_body(message: str, *, type: str, param: str | None = None, code: str | None = None) -> bytes:

@@ -54,10 +54,10 @@ class RateLimited(OpenAIError):
 
     def __init__(self, message: str, limit: str, retry_after_s: float,
                  headers: list[tuple[str, str]]) -> None:
-        super().__init__(429, message, type=limit, code="rate_limit_exceeded")
         # Retry-After in whole seconds (at least 1); retry-after-ms, which OpenAI's clients read first
-        self.headers = [*headers, ("retry-after", str(max(1, math.ceil(retry_after_s)))),
-                        ("retry-after-ms", str(max(1, math.ceil(retry_after_s * 1000))))]
+        super().__init__(429, message, type=limit, code="rate_limit_exceeded", headers=(
+            *headers, ("retry-after", str(max(1, math.ceil(retry_after_s)))),
+            ("retry-after-ms", str(max(1, math.ceil(retry_after_s * 1000))))))
 
 
 class RateLimiter:

@@ -74,4 +74,4 @@ class ApiKeys:
             ok |= hmac.compare_digest(digest, presented)
         if not ok:
             raise OpenAIError(401, "Invalid or missing API key: send Authorization: Bearer <key>",
-                              code="invalid_api_key")
+                              code="invalid_api_key", headers=(("www-authenticate", "Bearer"),))

@@ -354,14 +354,7 @@ class Stream:
         if not self._done:
             self._done = True
             self._gw.count("", "", self._strategy, str(err.status))
-        headers = self._reply_headers()
-        if err.status == 401:
-            headers = [*headers, ("www-authenticate", "Bearer")]
-        if (retry := getattr(err, "retry_after", None)) is not None:
-            headers = [*headers, ("retry-after", str(retry))]
-        if (extra := getattr(err, "headers", None)) is not None:  # a rate limit's x-ratelimit-*, Retry-After
-            headers = [*headers, *extra]
-        return responses.immediate(err.status, err.body(), headers)
+        return responses.immediate(err.status, err.body(), [*self._reply_headers(), *err.headers])
 
 
 class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):

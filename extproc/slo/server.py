@@ -52,8 +52,9 @@ class RetryLater(OpenAIError):
     """A 429 with Retry-After: the SLO cannot be met (breached) or the queue is full."""
 
     def __init__(self, reason: str, retry_after: float, message: str) -> None:
-        super().__init__(429, message, type="rate_limit_exceeded", code=reason)
         self.retry_after = max(1, math.ceil(retry_after))
+        super().__init__(429, message, type="rate_limit_exceeded", code=reason,
+                         headers=(("retry-after", str(self.retry_after)),))
 
 
 def rejection(reason: str, retry_after: float, model: str) -> RetryLater:
