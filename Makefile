@@ -8,10 +8,13 @@ STAMP  := $(VENV)/.installed
 
 setup: $(STAMP)
 
+# xds-protos ships an old copy of opentelemetry/proto that overwrites the opentelemetry-proto package
+# when pip writes it last; the last line reinstalls opentelemetry-proto so the OTLP exporter imports.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -c 'import importlib.metadata as m, subprocess, sys; subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", "opentelemetry-proto==" + m.version("opentelemetry-proto")])'
 	@touch $(STAMP)
 
 # redis-server is needed by the integration suite; install it through apt when we can.

@@ -118,7 +118,11 @@ def from_env(env: Mapping[str, str]) -> tuple[RequestSpans, Any] | None:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         exporter = _exporter(env.get("OTEL_TRACES_EXPORTER", "").strip().lower(), env)
     except ImportError as e:
-        log.error("OpenTelemetry tracing is off: %s (pip install 'extproc[otel]')", e)
+        # xds-protos (a dependency) ships an old opentelemetry/proto; installed after opentelemetry-proto
+        # it overwrites that package's files and the exporter's import fails.
+        hint = ("pip install --force-reinstall --no-deps opentelemetry-proto" if "opentelemetry.proto" in str(e)
+                else "pip install 'extproc[otel]'")
+        log.error("OpenTelemetry tracing is off: %s (%s)", e, hint)
         return None
     except ValueError as e:
         log.error("OpenTelemetry tracing is off: %s", e)
