@@ -11,7 +11,8 @@ profiles move freely between AIBrix and us:
      "created": <unix seconds>,
      "e2e": [[s, ...], ...], "ttft": [[s, ...], ...],   # newer files only
      "slos": {"percentile": 99, "e2e": 2.0},            # newer files only
-     "tputs_admitted": [[rps, ...], ...]}               # ours (optional): see below
+     "tputs_admitted": [[rps, ...], ...],               # ours (optional): see below
+     "concurrency_admitted": [[k, ...], ...]}          # ours (optional): the budget it was measured at
 
 A throughput of 0 means the deployment cannot meet the SLO in that cell at any rate.
 
@@ -19,10 +20,11 @@ A throughput of 0 means the deployment cannot meet the SLO in that cell at any r
 meets the SLO. That undercounts what a replica serves behind a router that admits requests to it (a
 4.6K-token prompt rarely overlapping well reads 0.12 req/s where one-at-a-time admission serves 0.4), so
 our profiles may also carry `tputs_admitted`: requests/s one replica sustains within the SLO when the
-gateway holds it at its per-pod budget (max(1, floor(tput x e2e)) requests in flight, at least one
-request at a time), never below `tputs`. The SLO router and the GPU optimizer read it where present
-(`GpuProfile.served`), so the plan sizes the fleet the router actually runs. AIBrix's reader ignores keys
-it does not know, so the file still loads there.
+gateway holds it at a per-pod budget of k requests in flight, and `concurrency_admitted`: that k per
+cell, the largest budget whose P99 met the SLO (at least one request at a time). The SLO router admits k
+of a shape to a pod (`budget`) and the GPU optimizer plans `tputs_admitted` per replica (`served`), so
+router and plan count the same replica. AIBrix's reader ignores keys it does not know, so the file still
+loads there.
 """
 
 from __future__ import annotations
@@ -73,11 +75,20 @@ class GpuProfile:
     slos: dict[str, float]  # e.g. {"percentile": 99, "e2e": 2.0}; {} when absent
     created: float
     tputs_admitted: Matrix | None = None  # requests/s at the SLO behind the router's admission (ours)
+    concurrency_admitted: Matrix | None = None  # the per-pod budget (requests in flight) it was measured at
 
     @property
     def served(self) -> Matrix:
         """What a routed replica sustains per cell: `tputs_admitted` where measured, else `tputs`."""
         return self.tputs_admitted if self.tputs_admitted is not None else self.tputs
+
+    def budget(self, o: int, i: int) -> int:
+        """Requests of cell (o, i) one pod holds at once: `concurrency_admitted` where measured, else
+        Little's law on the benchmark, max(1, floor(tput x e2e)); 1 (a whole pod) where neither knows."""
+        if self.concurrency_admitted is not None and self.concurrency_admitted[o][i] >= 1:
+            return int(self.concurrency_admitted[o][i])
+        e2e = self.e2e[o][i] if self.e2e is not None else math.nan
+        return little_budget(self.tputs[o][i], e2e)
 
     def cell(self, input_tokens: int, output_tokens: int) -> tuple[int, int]:
         """(out_idx, in_idx) of the cell nearest in log2 space, clamped to the grid's edges.
@@ -89,6 +100,12 @@ class GpuProfile:
     def tput(self, input_tokens: int, output_tokens: int) -> float:
         o, i = self.cell(input_tokens, output_tokens)
         return self.served[o][i]
+
+
+def little_budget(tput: float, e2e: float) -> int:
+    """max(1, floor(tput x e2e)): by Little's law the requests a replica holds at the benchmark's rate
+    at the SLO; one at a time where the rate or the latency is unknown or 0."""
+    return max(1, math.floor(tput * e2e)) if tput > 0 and e2e > 0 else 1
 
 
 HALFWAY = 1e-9  # log2 distances this close are a tie (trace buckets sit exactly halfway, up to float error)
@@ -168,7 +185,8 @@ def parse_profile(data: Mapping[str, Any]) -> GpuProfile:
     # NaN: a rate nobody measured serves nothing (0); a latency nobody measured is unknown (NaN, which
     # the SLO router treats as "cannot judge this cell")
     optional = {k: _matrix(data[k], k, *shape, unknown=math.nan if k in ("e2e", "ttft") else 0.0)
-                if data.get(k) is not None else None for k in ("e2e", "ttft", "tputs_admitted")}
+                if data.get(k) is not None else None
+                for k in ("e2e", "ttft", "tputs_admitted", "concurrency_admitted")}
     slos_raw = data.get("slos") or {}
     if not isinstance(slos_raw, Mapping):
         raise ProfileError(f"slos: expected an object, got {slos_raw!r}")
@@ -177,7 +195,8 @@ def parse_profile(data: Mapping[str, Any]) -> GpuProfile:
                    tputs=_matrix(data["tputs"], "tputs", *shape, unknown=0.0), e2e=optional["e2e"],
                    ttft=optional["ttft"],
                    slos=slos, created=_number(data.get("created", 0.0), "created"),
-                   tputs_admitted=optional["tputs_admitted"])
+                   tputs_admitted=optional["tputs_admitted"],
+                   concurrency_admitted=optional["concurrency_admitted"])
 
 
 def load_profile(path: str | Path) -> GpuProfile:
@@ -204,6 +223,8 @@ def dump_profile(p: GpuProfile) -> dict[str, Any]:
         out["slos"] = dict(p.slos)
     if p.tputs_admitted is not None:
         out["tputs_admitted"] = [list(r) for r in p.tputs_admitted]
+    if p.concurrency_admitted is not None:
+        out["concurrency_admitted"] = [list(r) for r in p.concurrency_admitted]
     return out
 
 # -- the store ------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 The same procedure as `extproc benchmark` + `extproc gen-profile` (profiling/), without sockets: for
 every (input, output) cell, Poisson arrivals at rates 1, 2, 4, … on one replica of the GPU type; each
 run gives AIBrix's metric lines; the cell's throughput at the SLO is chosen by gen-profile's own rule
-(profiling.selection.select). Then `tputs_admitted` (gpu_profiles): the same replica held at the SLO
-router's per-pod budget, max(1, floor(tput x e2e)) requests in flight, what a routed replica serves.
+(profiling.selection.select). Then `tputs_admitted` and `concurrency_admitted` (gpu_profiles): the same
+replica held at a per-pod budget of k requests in flight, k = Little's budget max(1, floor(tput x e2e))
+doubled while the P99 meets the SLO, as `extproc benchmark --admitted` does with its default factors.
 These are benchmarks of one replica, as an operator would run them on a real GPU; the optimizer never
 reads the engine model itself. Cached per (GPU, model, SLO, engine settings).
 """
@@ -16,11 +17,12 @@ from dataclasses import replace
 
 from extproc.fleetsim.saturation import build_engine
 from extproc.fleetsim.scenario import Scenario
-from extproc.gpu_profiles import GpuProfile, Matrix
+from extproc.gpu_profiles import GpuProfile
 from extproc.profiling.gen_profile import build_profile
 from extproc.profiling.records import MetricLine
-from extproc.profiling.selection import ADMITTED_KEY, SLOs, admission_budget, admitted, select
+from extproc.profiling.selection import ADMITTED_KEY, Admitted, SLOs, admitted, budget_ladder, select
 from extproc.profiling.stats import Summary
+from extproc.sim.engine import Engine
 from extproc.sim.virtual import LoadResult, run_admitted, run_open_loop
 from extproc.slo.state import SloState, learned
 
@@ -80,30 +82,43 @@ def _profile(scenario: Scenario, gpu: str, slos: SLOs) -> GpuProfile:
                         any(_measure(scenario, gpu, slos, i, o, low, lines) for low in LOW_RATES)
                     break  # higher rates only get worse
     profile = build_profile(gpu, select(lines, slos, f"virtual {gpu}"), 1.0, slos, 0.0)
-    return replace(profile, tputs_admitted=admitted_tputs(scenario, gpu, profile, slos))
+    got = admitted_runs(scenario, gpu, profile, slos)
+    return replace(profile, tputs_admitted=got.tputs, concurrency_admitted=got.budgets)
 
 
 ADMITTED_MIN_REQUESTS = 40
 
 
-def admitted_tputs(scenario: Scenario, gpu: str, profile: GpuProfile, slos: SLOs) -> Matrix:
-    """Per cell, one replica held at the router's per-pod budget (profiling.selection.admitted)."""
+def admitted_runs(scenario: Scenario, gpu: str, profile: GpuProfile, slos: SLOs) -> Admitted:
+    """Per cell, one replica held at each budget of the ladder up to the first that misses the SLO
+    (profiling.selection.admitted keeps the one that served most)."""
     lines: list[MetricLine] = []
     for o, out in enumerate(profile.outputs):
         for i, inp in enumerate(profile.inputs):
             e2e = profile.e2e[o][i] if profile.e2e is not None else math.nan
-            engine = build_engine(scenario, gpu)
-            if inp + out > engine.max_model_len or not e2e > 0:
+            if inp + out > build_engine(scenario, gpu).max_model_len or not e2e > 0:
                 continue
-            limit = admission_budget(profile.tputs[o][i], e2e)
-            res = run_admitted(engine, limit, inp, out, max(ADMITTED_MIN_REQUESTS, 8 * limit),
-                               stagger=e2e / limit)
-            if res.failed or not res.finished:
-                continue
-            for line in _lines(inp, out, float(limit), res):
-                rate = line.stats if line.metric != "TPUT" else {"mean": _steady_rate(res, limit)}
-                lines.append(MetricLine(inp, out, float(limit), line.metric, rate, {ADMITTED_KEY: limit}))
-    return admitted(lines, slos, profile.outputs, profile.inputs, profile.tputs)
+            ladder = budget_ladder(profile.tputs[o][i], e2e, DOUBLINGS)
+            for limit in ladder:
+                cell = _admitted_lines(build_engine(scenario, gpu), inp, out, limit, e2e / limit)
+                lines.extend(cell)
+                by = {line.metric: line for line in cell}
+                if not cell or not all(slos.passes(m, by.get(m)) for m in ("TPOT", "TTFT") if slos.is_set(m)):
+                    break  # larger budgets only get worse
+    return admitted(lines, slos, profile.outputs, profile.inputs, profile.tputs, profile.e2e)
+
+
+DOUBLINGS = tuple(2.0 ** j for j in range(9))  # Little's budget x 1 … 256: stops at the first miss
+
+
+def _admitted_lines(engine: Engine, inp: int, out: int, limit: int, stagger: float) -> list[MetricLine]:
+    res = run_admitted(engine, limit, inp, out, max(ADMITTED_MIN_REQUESTS, 8 * limit), stagger=stagger)
+    if res.failed or not res.finished:
+        return []
+    return [MetricLine(inp, out, float(limit), line.metric,
+                       line.stats if line.metric != "TPUT" else {"mean": _steady_rate(res, limit)},
+                       {ADMITTED_KEY: limit})
+            for line in _lines(inp, out, float(limit), res)]
 
 
 def _steady_rate(res: LoadResult, limit: int) -> float:

@@ -79,13 +79,6 @@ class _Cell:
     slots: tuple[int, ...] = field(default_factory=tuple)  # per type: requests a replica holds at once
 
 
-def _slots(p: GpuProfile, o: int, i: int) -> int:
-    """The per-pod budget the SLO router admits for this cell, max(1, floor(tput x e2e)) (Little's law
-    on the benchmark); 1 (a whole replica each) when the profile has no latency for it."""
-    e2e = p.e2e[o][i] if p.e2e is not None else math.nan
-    return max(1, math.floor(p.tputs[o][i] * e2e)) if e2e > 0 else 1
-
-
 def _merge(profiles: Sequence[GpuProfile], demands: Iterable[Demand]) -> list[_Cell]:
     cells: dict[tuple[tuple[int, int], ...], _Cell] = {}
     for d in demands:
@@ -95,7 +88,7 @@ def _merge(profiles: Sequence[GpuProfile], demands: Iterable[Demand]) -> list[_C
         c = cells.get(sig)
         if c is None:
             c = cells[sig] = _Cell(tputs=tuple(p.served[o][i] for p, (o, i) in zip(profiles, sig)),
-                                   slots=tuple(_slots(p, o, i) for p, (o, i) in zip(profiles, sig)))
+                                   slots=tuple(p.budget(o, i) for p, (o, i) in zip(profiles, sig)))
         c.rps += d.rps
         c.log_in += d.rps * math.log2(max(d.input_tokens, 1.0))
         c.log_out += d.rps * math.log2(max(d.output_tokens, 1.0))
@@ -117,8 +110,8 @@ def solve(profiles: Sequence[GpuProfile], demands: Iterable[Demand], time_limit:
 
     `headroom` (β): a type's replicas keep β standard deviations of its load spare (square-root
     staffing). Each cell's requests arrive at random and hold one of the k slots a replica admits of
-    that shape (`_slots`), so its load in replicas, L_c, varies by sqrt(L_c / k): a shape that takes a
-    whole replica (k = 1: long prompts served one at a time) needs sqrt(L) spare, chat that a replica
+    that shape (`GpuProfile.budget`), so its load in replicas, L_c, varies by sqrt(L_c / k): a shape that
+    takes a whole replica (k = 1: long prompts served one at a time) needs sqrt(L) spare, chat that a replica
     batches by the dozen almost none. The constraint L + β·sqrt(Σ_c L_c / k_c) ≤ n is concave in the
     shares, so it is solved at its tangent (an upper bound of sqrt: the plan stays on the safe side),
     HEADROOM_PASSES times with the tangent moved to the last solution; the counts are then cut to the

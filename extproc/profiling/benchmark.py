@@ -2,9 +2,11 @@
 written as AIBrix's benchmark JSONL, one finished cell at a time.
 
 With `admitted` (a profile made from such a run), each of the profile's cells is run instead with the
-replica held at the SLO router's per-pod budget: max(1, floor(tput x e2e)) requests in flight, the first
-ones staggered, the next sent as one ends. Its lines carry `"concurrency": k` and `"request_rate": k`
-(what `gen-profile --admitted` reads into the profile's `tputs_admitted`); they go to a file of their own,
+replica held at a per-pod budget of k requests in flight, the first ones staggered, the next sent as one
+ends, for k = Little's budget max(1, floor(tput x e2e)) times each of `budget_factors` (1, 2, 4, 8),
+ascending; a budget that overloads the replica skips the larger ones. Its lines carry `"concurrency": k`
+and `"request_rate": k` (what `gen-profile --admitted` reads into the profile's `tputs_admitted` and
+`concurrency_admitted`: the budget that served most within the SLO); they go to a file of their own,
 since AIBrix's gen_profile would read them as rates.
 
 A cell that cannot keep up is cut off — too many requests in flight (`max_backlog`), or requests still
@@ -31,7 +33,7 @@ from extproc.gpu_profiles import GpuProfile
 from extproc.profiling.client import RequestResult, send
 from extproc.profiling.measure import CellOutcome, cell_lines
 from extproc.profiling.records import write_lines
-from extproc.profiling.selection import ADMITTED_KEY, admission_budget
+from extproc.profiling.selection import ADMITTED_KEY, BUDGET_FACTORS, budget_ladder
 from extproc.profiling.workload import Cell, arrival_times, request_body
 
 API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -59,14 +61,16 @@ class BenchmarkOptions:
     max_backlog: int = 1000
     drain_timeout: float = 600.0
     admitted: GpuProfile | None = None  # run each of its cells at the router's budget instead
+    budget_factors: tuple[float, ...] = BUDGET_FACTORS  # admitted: the budgets tried, x Little's budget
 
     def cells(self) -> list[Cell]:
         """AIBrix's order: input lengths, then output lengths, then rates, each ascending. Admitted: the
         profile's cells, `rate` the requests in flight."""
         p = self.admitted
         if p is not None:
-            return [Cell(i, o, float(admission_budget(p.tputs[oi][ii], p.e2e[oi][ii] if p.e2e else 0.0)))
-                    for ii, i in enumerate(p.inputs) for oi, o in enumerate(p.outputs)]
+            return [Cell(i, o, float(k)) for ii, i in enumerate(p.inputs) for oi, o in enumerate(p.outputs)
+                    for k in budget_ladder(p.tputs[oi][ii], p.e2e[oi][ii] if p.e2e else 0.0,
+                                           self.budget_factors)]
         return [Cell(i, o, r) for i in sorted(set(self.input_lens)) for o in sorted(set(self.output_lens))
                 for r in sorted(set(self.rates))]
 

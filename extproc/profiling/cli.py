@@ -58,8 +58,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                    help="cut a cell off as overloaded when this many requests are in flight (0: no limit)")
     b.add_argument("--admitted", type=Path, default=None, metavar="PROFILE.json",
                    help="instead of the rate grid: each cell of this profile (made from a rate run) with the "
-                        "replica held at the SLO router's per-pod budget, for gen-profile --admitted; write "
-                        "it to a file of its own")
+                        "replica held at a per-pod budget of k requests in flight, for gen-profile "
+                        "--admitted; write it to a file of its own")
+    b.add_argument("--budget-factors", type=_list(float), nargs="+", default=None,
+                   help="with --admitted: the budgets k to try per cell, as multiples of Little's budget "
+                        "max(1, floor(tput x e2e)) (default 1 2 4 8; gen-profile keeps the one that served "
+                        "most within the SLO)")
     b.add_argument("--drain-timeout", type=float, default=600.0,
                    help="cut a cell off as overloaded when requests still run this long after its last "
                         "arrival (seconds, default 600)")
@@ -78,8 +82,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                    help="output file, or redis://[user:pass@]host:port/db?model=MODEL (default: stdout)")
     g.add_argument("--plot", type=Path, default=None, help="also draw heatmaps into this PNG")
     g.add_argument("--admitted", type=Path, default=None, metavar="JSONL",
-                   help="the benchmark --admitted run of this profile: recorded as tputs_admitted (what a "
-                        "replica serves behind the router's admission; the SLO router and optimizer use it)")
+                   help="the benchmark --admitted run of this profile: recorded as tputs_admitted and "
+                        "concurrency_admitted (what a replica serves behind the router's admission, and at "
+                        "which per-pod budget; the SLO router and optimizer use both)")
     g.set_defaults(func=_gen_profile)
 
 
@@ -95,6 +100,8 @@ def _benchmark(args: argparse.Namespace) -> int:
 
     if args.num_prompts < 1:
         return _error("benchmark", "--num-prompts must be at least 1")
+    if args.budget_factors and not all(f > 0 for f in _flatten(args.budget_factors)):
+        return _error("benchmark", "--budget-factors must be positive")
     try:
         admitted = load_profile(args.admitted) if args.admitted is not None else None
     except ProfileError as exc:
@@ -104,7 +111,8 @@ def _benchmark(args: argparse.Namespace) -> int:
         input_lens=_flatten(args.input_lens), output_lens=_flatten(args.output_lens),
         rates=_flatten(args.rates), num_prompts=args.num_prompts, seed=args.seed, api=args.api,
         api_key=args.api_key, exact_length=args.exact_length, temperature=args.temperature,
-        max_backlog=args.max_backlog, drain_timeout=args.drain_timeout, admitted=admitted)
+        max_backlog=args.max_backlog, drain_timeout=args.drain_timeout, admitted=admitted,
+        **({"budget_factors": _flatten(args.budget_factors)} if args.budget_factors else {}))
     cells = opts.cells()
     sys.stderr.write(f"benchmark {opts.model} at {public_url(opts.url())}: {len(cells)} cells × "
                      f"{opts.num_prompts} requests, at least "

@@ -19,7 +19,7 @@ def build_profile(deployment: str, grid: Grid, cost: float, slos: SLOs, created:
 def generate(deployment: str, benchmark: str | Path, cost: float, slos: SLOs, created: float,
              admitted_benchmark: str | Path | None = None) -> tuple[dict[str, Any], Grid]:
     """The profile; with `admitted_benchmark` (`extproc benchmark --admitted` of this profile's grid)
-    its `tputs_admitted` too."""
+    its `tputs_admitted` and `concurrency_admitted` too."""
     if not deployment:
         raise ValueError("the deployment name is empty")
     lines = read_benchmark(benchmark)
@@ -33,7 +33,8 @@ def generate(deployment: str, benchmark: str | Path, cost: float, slos: SLOs, cr
         if not runs:
             raise BenchmarkError(f"{admitted_benchmark}: no `benchmark --admitted` lines (they carry "
                                  f'"{ADMITTED_KEY}")')
-        built = replace(built, tputs_admitted=admitted(runs, slos, grid.outputs, grid.inputs, grid.tputs))
+        got = admitted(runs, slos, grid.outputs, grid.inputs, grid.tputs, grid.e2e)
+        built = replace(built, tputs_admitted=got.tputs, concurrency_admitted=got.budgets)
     profile = dump_profile(built)
     parse_profile(profile)  # what we write must load where it is read (e.g. a negative --cost fails here)
     return profile, grid

@@ -23,6 +23,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from extproc.gpu_profiles import little_budget
 from extproc.profiling.records import METRICS, THROUGHPUT_METRICS, BenchmarkError, MetricLine
 
 SLO_METRICS = ("TPUT", "TT", "E2E", "TTFT", "TPAT", "TPOT")  # AIBrix's order; options: lower-case
@@ -167,27 +168,46 @@ def select(lines: Sequence[MetricLine], slos: SLOs, source: str = "benchmark") -
 
 
 ADMITTED_KEY = "concurrency"  # our benchmark lines of a replica held at its per-pod budget carry this
+BUDGET_FACTORS = (1, 2, 4, 8)  # the budgets a --admitted run tries per cell: Little's budget times these
 
 
-def admission_budget(tput: float, e2e: float) -> int:
-    """Requests the SLO router lets one replica hold of a shape: max(1, floor(tput x e2e)) (Little's law
-    on the benchmark's rate at the SLO; one at a time where even the lowest rate missed it)."""
-    return max(1, math.floor(tput * e2e)) if tput > 0 and e2e > 0 else 1
+def budget_ladder(tput: float, e2e: float, factors: Sequence[float] = BUDGET_FACTORS) -> list[int]:
+    """The per-pod budgets to measure a cell at, ascending: Little's law on the benchmark's rate at the
+    SLO (max(1, floor(tput x e2e))) times each factor. Beyond Little's budget because that rate is
+    gen-profile's, which refuses rates whose runs drain past 0.9 x the rate: a replica that batches well
+    meets the SLO at several times the requests in flight that rate implies."""
+    k = little_budget(tput, e2e)
+    return sorted({max(1, round(k * f)) for f in factors})
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A profile's admitted fields: per cell, the requests/s (`tputs_admitted`) and the budget it was
+    measured at (`concurrency_admitted`)."""
+
+    tputs: tuple[tuple[float, ...], ...]
+    budgets: tuple[tuple[float, ...], ...]
 
 
 def admitted(lines: Iterable[MetricLine], slos: SLOs, outputs: Sequence[int], inputs: Sequence[int],
-             tputs: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], ...]:
-    """The profile's `tputs_admitted`: per cell, the requests/s of the replica held at its budget (lines
-    carrying ADMITTED_KEY) where every SLO passes, never below `tputs`; `tputs` where none was run."""
+             tputs: Sequence[Sequence[float]], e2e: Sequence[Sequence[float]] | None) -> Admitted:
+    """Per cell, of the runs of the replica held at a budget (lines carrying ADMITTED_KEY) where every SLO
+    passes, the one with the highest requests/s, and its budget. Where none passes, or the best is below
+    `tputs`: `tputs` at Little's budget."""
     table = index_lines(line for line in lines if ADMITTED_KEY in line.extra)
-    rows = []
+    rates, budgets = [], []
     for o_idx, o in enumerate(outputs):
-        row = []
+        row_t, row_k = [], []
         for i_idx, i in enumerate(inputs):
             base = tputs[o_idx][i_idx]
-            runs = sorted({r for (ii, oo, r, _) in table if (ii, oo) == (i, o)})
-            got = [table[(i, o, r, "TPUT")].stat("mean") or 0.0 for r in runs
-                   if all(slos.passes(m, table.get((i, o, r, m))) for m in SLO_METRICS)]
-            row.append(max([base, *got]))
-        rows.append(tuple(row))
-    return tuple(rows)
+            best = (base, little_budget(base, e2e[o_idx][i_idx] if e2e is not None else math.nan))
+            for r in sorted({r for (ii, oo, r, _) in table if (ii, oo) == (i, o)}):
+                if all(slos.passes(m, table.get((i, o, r, m))) for m in SLO_METRICS):
+                    got = table[(i, o, r, "TPUT")].stat("mean") or 0.0
+                    if got > best[0]:
+                        best = (got, int(r))
+            row_t.append(best[0])
+            row_k.append(float(best[1]))
+        rates.append(tuple(row_t))
+        budgets.append(tuple(row_k))
+    return Admitted(tuple(rates), tuple(budgets))

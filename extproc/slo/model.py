@@ -57,6 +57,8 @@ class DeploymentModel:
         tput, e2e = self.profile.served[o][i], self.e2e[o][i]
         if tput <= 0 or not e2e > 0:  # e2e NaN: the profile does not know this cell's latency
             return None
+        if self.profile.concurrency_admitted is not None:  # measured: the budget the plan counted on too
+            return 1.0 / self.profile.budget(o, i)
         return min(1.0, 1.0 / (tput * e2e))
 
     def expected(self, sig: Signature) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,17 @@ def test_admitted_throughput_round_trips_and_is_what_routed_replicas_serve() -> 
     assert "tputs_admitted" not in dump_profile(older)
     with pytest.raises(ProfileError, match=r"^tputs_admitted\[1\]"):
         parse_profile(small(tputs_admitted=[[5.0, 2.5], [2.0]]))
+
+
+def test_admitted_budget_round_trips_and_falls_back_to_littles_law() -> None:
+    data = small(tputs_admitted=[[5.0, 2.5], [2.0, 0.4]], concurrency_admitted=[[6.0, 3.0], [2.0, 1.0]])
+    p = parse_profile(data)
+    assert p.budget(0, 0) == 6 and p.budget(1, 1) == 1
+    assert dump_profile(p) == data and parse_profile(dump_profile(p)) == p
+    older = parse_profile(small(e2e=[[1.5, 2.0], [0.25, 3.0]]))
+    assert older.concurrency_admitted is None and "concurrency_admitted" not in dump_profile(older)
+    assert older.budget(0, 0) == max(1, math.floor(older.tputs[0][0] * 1.5))
+    assert older.budget(1, 0) == 1  # tput x e2e < 1: a whole pod each
+    with pytest.raises(ProfileError, match=r"^concurrency_admitted\[0\]"):
+        parse_profile(small(concurrency_admitted=[[1.0], [1.0, 1.0]]))
+

@@ -145,3 +145,34 @@ def test_aibrix_a100_benchmark_reads_whole() -> None:
     grid = select(lines, SLOs())
     assert grid.inputs == (128, 256, 512, 1024, 2048) and grid.outputs == (4, 8, 16, 32, 64, 128, 256, 512)
     assert all(v > 0 and not math.isnan(v) for row in grid.tputs for v in row)
+
+
+def admitted_lines(i: int, o: int, k: int, tput: float, e2e: float) -> list[MetricLine]:
+    from extproc.profiling.selection import ADMITTED_KEY
+
+    return [MetricLine(x.input_tokens, x.output_tokens, float(k), x.metric, x.stats, {ADMITTED_KEY: k})
+            for x in rate_lines(i, o, k, tput, e2e)]
+
+
+def test_admitted_keeps_the_budget_that_served_most_within_the_slo() -> None:
+    from extproc.profiling.selection import admitted
+
+    slos = SLOs(percentile=99, targets={"e2e": 1.0})
+    lines = [
+        # (100, 10): budgets 2, 4 pass (4 serves more), 8 misses E2E → 4 at 6.0 req/s.
+        *admitted_lines(100, 10, 2, 3.0, 0.6), *admitted_lines(100, 10, 4, 6.0, 0.9),
+        *admitted_lines(100, 10, 8, 9.0, 1.4),
+        # (200, 10): its only run misses → tputs and Little's budget floor(1.5 x 2.0) = 3.
+        *admitted_lines(200, 10, 6, 4.0, 1.1),
+    ]
+    got = admitted(lines, slos, (10,), (100, 200), ((2.0, 1.5),), ((0.9, 2.0),))
+    assert got.tputs == ((6.0, 1.5),)
+    assert got.budgets == ((4.0, 3.0),)
+
+
+def test_budget_ladder_starts_at_littles_budget() -> None:
+    from extproc.profiling.selection import budget_ladder
+
+    assert budget_ladder(7.3, 1.2) == [8, 16, 32, 64]  # floor(8.76) = 8, then x2, x4, x8
+    assert budget_ladder(0.0, 3.0) == [1, 2, 4, 8]  # no rate passed: one at a time upwards
+    assert budget_ladder(0.4, 1.0, (1, 1.5, 2)) == [1, 2]  # rounded, repeats dropped

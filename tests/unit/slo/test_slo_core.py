@@ -4,6 +4,7 @@ the queue's urgency order and bound."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -48,6 +49,15 @@ def test_consumption_is_one_over_tput_times_e2e_and_zero_tput_cannot_serve():
     assert dm.consumption(Signature(1024, 8)) is None       # tput 0: cannot meet the SLO
     assert dm.consumption(Signature(1024, 64)) == pytest.approx(1 / 8)
     assert dm.metric == "e2e" and dm.slack(Signature(128, 64)) == pytest.approx(6)
+
+
+def test_a_measured_budget_is_the_consumption_the_plan_counted_on():
+    base = _profile([[10, 0], [2, 1]], e2e=[[0.5, 1], [4, 8]], slos={"e2e": 10})
+    p = replace(base, tputs_admitted=((20.0, 0.0), (3.0, 1.0)), concurrency_admitted=((12.0, 1.0), (6.0, 1.0)))
+    dm = deployment_model("g", p)
+    assert dm.consumption(Signature(128, 8)) == pytest.approx(1 / 12)  # not 1 / (20 x 0.5)
+    assert dm.consumption(Signature(128, 64)) == pytest.approx(1 / 6)
+    assert dm.consumption(Signature(1024, 8)) is None  # still: no rate, no service
 
 
 def test_missing_e2e_estimated_from_the_slo_target_and_logged(caplog):
