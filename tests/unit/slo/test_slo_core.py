@@ -53,7 +53,8 @@ def test_consumption_is_one_over_tput_times_e2e_and_zero_tput_cannot_serve():
 
 def test_a_measured_budget_is_the_consumption_the_plan_counted_on():
     base = _profile([[10, 0], [2, 1]], e2e=[[0.5, 1], [4, 8]], slos={"e2e": 10})
-    p = replace(base, tputs_admitted=((20.0, 0.0), (3.0, 1.0)), concurrency_admitted=((12.0, 1.0), (6.0, 1.0)))
+    p = replace(base, tputs_admitted=((20.0, 0.0), (3.0, 1.0)),
+                concurrency_admitted=((12.0, 1.0), (6.0, 1.0)))
     dm = deployment_model("g", p)
     assert dm.consumption(Signature(128, 8)) == pytest.approx(1 / 12)  # not 1 / (20 x 0.5)
     assert dm.consumption(Signature(128, 64)) == pytest.approx(1 / 6)
