@@ -154,20 +154,22 @@ def admitted_lines(i: int, o: int, k: int, tput: float, e2e: float) -> list[Metr
             for x in rate_lines(i, o, k, tput, e2e)]
 
 
-def test_admitted_keeps_the_budget_that_served_most_within_the_slo() -> None:
+def test_admitted_keeps_half_the_largest_budget_that_met_the_slo() -> None:
     from extproc.profiling.selection import admitted
 
     slos = SLOs(percentile=99, targets={"e2e": 1.0})
     lines = [
-        # (100, 10): budgets 2, 4 pass (4 serves more), 8 misses E2E → 4 at 6.0 req/s.
-        *admitted_lines(100, 10, 2, 3.0, 0.6), *admitted_lines(100, 10, 4, 6.0, 0.9),
-        *admitted_lines(100, 10, 8, 9.0, 1.4),
+        # (100, 10): budgets 2, 4 and 8 pass, 16 misses E2E → at most 8 / 2 = 4: budget 4 at 6.0 req/s.
+        *admitted_lines(100, 10, 2, 3.0, 0.6), *admitted_lines(100, 10, 4, 6.0, 0.8),
+        *admitted_lines(100, 10, 8, 9.0, 0.9), *admitted_lines(100, 10, 16, 9.5, 1.4),
         # (200, 10): its only run misses → tputs and Little's budget floor(1.5 x 2.0) = 3.
         *admitted_lines(200, 10, 6, 4.0, 1.1),
+        # (300, 10): only budget 5 passes → that one (nothing smaller was measured).
+        *admitted_lines(300, 10, 5, 2.5, 0.9), *admitted_lines(300, 10, 10, 3.0, 1.2),
     ]
-    got = admitted(lines, slos, (10,), (100, 200), ((2.0, 1.5),), ((0.9, 2.0),))
-    assert got.tputs == ((6.0, 1.5),)
-    assert got.budgets == ((4.0, 3.0),)
+    got = admitted(lines, slos, (10,), (100, 200, 300), ((2.0, 1.5, 1.0),), ((0.9, 2.0, 1.0),))
+    assert got.tputs == ((6.0, 1.5, 2.5),)
+    assert got.budgets == ((4.0, 3.0, 5.0),)
 
 
 def test_budget_ladder_starts_at_littles_budget() -> None:
