@@ -256,9 +256,9 @@ def test_aibrix_files_parse_and_turn_into_profiles(log_dir: Path) -> None:
 
 def test_admitted_run_records_what_a_routed_replica_serves(benchmarks: dict[str, tuple[Path, str]],
                                                           log_dir: Path, slow_sim: SimProcess) -> None:
-    """benchmark --admitted holds the replica at the router's per-pod budget for each cell of a profile;
-    gen-profile --admitted records it as tputs_admitted (never below tputs), and refuses the file as the
-    rate run itself."""
+    """benchmark --admitted holds the replica at each budget of the ladder (Little's budget x the factors)
+    for each cell of a profile; gen-profile --admitted records what it served as tputs_admitted (never
+    below tputs) and the budget as concurrency_admitted, and refuses the file as the rate run itself."""
     path, _ = benchmarks["slow"]
     base = log_dir / "slow-base.json"
     tpot = ["--tpot", "1.0", "--percentile", "99"]
@@ -266,15 +266,18 @@ def test_admitted_run_records_what_a_routed_replica_serves(benchmarks: dict[str,
                    "-o", str(base)).returncode == 0
     runs = log_dir / "slow-admitted.jsonl"
     result = extproc("benchmark", "-m", MODEL, "--endpoint", slow_sim.url, "-o", str(runs), "--admitted",
-                     str(base), "--num-prompts", "12")
+                     str(base), "--num-prompts", "12", "--budget-factors", "1", "2")
     assert result.returncode == 0, result.stderr
     lines = jsonl(runs)
     profile = load_profile(base)
     assert {(x["input_tokens"], x["output_tokens"]) for x in lines} == {(128, 16), (512, 16)}
+    ladders = {}
     for x in lines:
         o, i = profile.cell(x["input_tokens"], x["output_tokens"])
-        budget = max(1, math.floor(profile.tputs[o][i] * profile.e2e[o][i]))
-        assert x["concurrency"] == budget and x["request_rate"] == budget
+        little = max(1, math.floor(profile.tputs[o][i] * profile.e2e[o][i]))
+        assert x["concurrency"] in (little, 2 * little) and x["request_rate"] == x["concurrency"]
+        ladders.setdefault((o, i), set()).add(x["concurrency"])
+    assert any(len(ks) == 2 for ks in ladders.values())  # both budgets run where the first did not overload
     out = log_dir / "slow-with-admitted.json"
     result = extproc("gen-profile", "llama2-7b-slow", "--benchmark", str(path), "--cost", "1", *tpot,
                      "--admitted", str(runs), "-o", str(out))
@@ -282,7 +285,10 @@ def test_admitted_run_records_what_a_routed_replica_serves(benchmarks: dict[str,
     p = load_profile(out)
     assert p.tputs == profile.tputs and p.tputs_admitted is not None
     assert all(a >= t > 0 for ra, rt in zip(p.tputs_admitted, p.tputs) for a, t in zip(ra, rt))
+    assert p.concurrency_admitted is not None
+    assert all(p.concurrency_admitted[o][i] in ks for (o, i), ks in ladders.items())
     raw = json.loads(out.read_text())
-    assert set(raw) >= {"gpu", "cost", "tputs", "indexes", "created", "e2e", "slos", "tputs_admitted"}
+    assert set(raw) >= {"gpu", "cost", "tputs", "indexes", "created", "e2e", "slos", "tputs_admitted",
+                        "concurrency_admitted"}
     wrong = extproc("gen-profile", "x", "--benchmark", str(runs), "--cost", "1", *tpot)
     assert wrong.returncode != 0 and "--admitted" in wrong.stderr

@@ -1,6 +1,7 @@
 """AIBrix's own benchmark client, unchanged, through Envoy + the gateway to engine-sim; its output through
 `extproc gen-profile` and AIBrix's own gen_profile side by side; our `gen-profile --admitted` files read
-by AIBrix's FileProfileReader and planned on by its optimizer (GPUProfile ignores `tputs_admitted`).
+by AIBrix's FileProfileReader and planned on by its optimizer (GPUProfile ignores `tputs_admitted` and
+`concurrency_admitted`).
 
 Two deployments (a simulated A100 and V100, one pod each) so the optimizer has a choice to make; each
 is benchmarked on a small grid, the way AIBrix's benchmark.sh runs gpu_benchmark.py per cell."""
@@ -209,12 +210,13 @@ def test_aibrix_optimizer_plans_from_our_admitted_profiles(aibrix_python: Path,
         assert extproc(*gen, "-o", str(base)).returncode == 0
         runs = log_dir / f"{d.name}-admitted.jsonl"
         result = extproc("benchmark", "-m", d.name, "--endpoint", d.sim.url, "-o", str(runs), "--admitted",
-                         str(base), "--num-prompts", "12")
+                         str(base), "--num-prompts", "12", "--budget-factors", "1", "2")
         assert result.returncode == 0, result.stderr
         path = log_dir / f"{d.name}-with-admitted.json"
         result = extproc(*gen, "--admitted", str(runs), "-o", str(path))
         assert result.returncode == 0, result.stderr
-        assert json.loads(path.read_text())["tputs_admitted"]
+        written = json.loads(path.read_text())
+        assert written["tputs_admitted"] and written["concurrency_admitted"]
         files.append(str(path))
 
     ours = {p["gpu"]: p for p in (json.loads(Path(f).read_text()) for f in files)}
@@ -226,7 +228,8 @@ def test_aibrix_optimizer_plans_from_our_admitted_profiles(aibrix_python: Path,
     answer = json.loads(result.stdout.splitlines()[-1])
     for read in answer["profiles"]:
         assert read["tputs"] == ours[read["gpu"]]["tputs"] and read["indexes"] == ours[read["gpu"]]["indexes"]
-        assert "tputs_admitted" not in read  # GPUProfile keeps its own fields: the extra one is ignored
+        # GPUProfile keeps its own fields: the extra ones are ignored
+        assert "tputs_admitted" not in read and "concurrency_admitted" not in read
     plan = answer["plan"]
     assert answer["ok"] and plan is not None, result.stderr
     counts = {gpu: n for gpu, n in plan.items() if gpu in ours}
