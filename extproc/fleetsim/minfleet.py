@@ -71,6 +71,17 @@ def fixed(scenario: Scenario, counts: Mapping[str, int]) -> Scenario:
                    losses=tuple(x for x in scenario.losses if x.gpu in kept))
 
 
+def only_deployment(scenario: Scenario, strategy: str) -> tuple[Scenario, str]:
+    """`strategy@dep` (the Scalar baseline): the scenario with deployment `dep` alone, and `strategy`.
+    Checked here, before any run: a wrong name must not fail the search minutes in."""
+    base, _, only = strategy.partition("@")
+    if not only:
+        return scenario, strategy
+    if only not in {g.name for g in scenario.groups}:
+        raise ValueError(f"{strategy}: no deployment named {only!r} in the fleet")
+    return fixed(scenario, {g.name: g.replicas if g.name == only else 0 for g in scenario.groups}), base
+
+
 class _Prober:
     """Runs one fleet at a time and remembers every answer (a chain never runs a fleet twice)."""
 
@@ -148,6 +159,7 @@ def find_min_fleet(scenario: Scenario, strategy: str, seed: int = 0, jobs: int =
     """The cheapest fixed fleet for `strategy` on `scenario` (see the module's docstring)."""
     if scenario.slo.tpot_s is None and scenario.slo.ttft_s is None:
         raise ValueError(f"scenario {scenario.name} has no SLO: there is no fleet to find")
+    scenario, strategy = only_deployment(scenario, strategy)
     groups = scenario.groups
     size = len(groups)
     jobs = jobs or os.cpu_count() or 1

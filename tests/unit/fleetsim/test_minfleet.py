@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from extproc.fleetsim.minfleet import _trial, fewest, find_min_fleet, fixed, markdown
+import pytest
+
+from extproc.fleetsim.minfleet import _trial, fewest, find_min_fleet, fixed, markdown, only_deployment
 from tests.unit.fleetsim.conftest import small
 
 CHAT = {"name": "chat", "rate": 60, "prompt": {"mean": 400, "sigma": 0.8, "max": 3000},
@@ -45,6 +47,14 @@ def test_deterministic_whatever_the_jobs() -> None:
 def test_fixed_fleet_drops_zero_deployments_and_autoscaling() -> None:
     sc = fixed(scenario(), {"slow": 0, "fast": 3})
     assert [(g.name, g.replicas) for g in sc.groups] == [("fast", 3)] and sc.autoscale is None
+
+
+def test_strategy_at_a_deployment_searches_that_type_alone() -> None:
+    sc, strategy = only_deployment(scenario(), "slo@fast")
+    assert strategy == "slo" and [g.name for g in sc.groups] == ["fast"]
+    assert only_deployment(scenario(), "slo") == (scenario(), "slo")
+    with pytest.raises(ValueError, match="'l20'"):
+        find_min_fleet(scenario(), "slo@l20")  # refused before any run
 
 
 def test_fewest_bisects_a_monotone_predicate() -> None:
