@@ -21,10 +21,10 @@ meets the SLO. That undercounts what a replica serves behind a router that admit
 4.6K-token prompt rarely overlapping well reads 0.12 req/s where one-at-a-time admission serves 0.4), so
 our profiles may also carry `tputs_admitted`: requests/s one replica sustains within the SLO when the
 gateway holds it at a per-pod budget of k requests in flight, and `concurrency_admitted`: that k per
-cell (at least one request at a time; profiling.selection.admitted says which k is kept). The SLO router admits k
-of a shape to a pod (`budget`) and the GPU optimizer plans `tputs_admitted` per replica (`served`), so
-router and plan count the same replica. AIBrix's reader ignores keys it does not know, so the file still
-loads there.
+cell (at least one request at a time; profiling.selection.admitted says which k is kept). The SLO
+router admits k of a shape to a pod (`budget`) and the GPU optimizer plans `tputs_admitted` per replica
+(`served`), so router and plan count the same replica. AIBrix's reader ignores keys it does not know,
+so the file still loads there.
 """
 
 from __future__ import annotations

@@ -93,17 +93,17 @@ def admitted_runs(scenario: Scenario, gpu: str, profile: GpuProfile, slos: SLOs)
     """Per cell, one replica held at each budget of the ladder up to the first that misses the SLO
     (profiling.selection.admitted keeps the one that served most)."""
     lines: list[MetricLine] = []
+    max_len = build_engine(scenario, gpu).max_model_len
     for o, out in enumerate(profile.outputs):
         for i, inp in enumerate(profile.inputs):
             e2e = profile.e2e[o][i] if profile.e2e is not None else math.nan
-            if inp + out > build_engine(scenario, gpu).max_model_len or not e2e > 0:
+            if inp + out > max_len or not e2e > 0:
                 continue
             ladder = budget_ladder(profile.tputs[o][i], e2e, DOUBLINGS)
             for limit in ladder:
                 cell = _admitted_lines(build_engine(scenario, gpu), inp, out, limit, e2e / limit)
                 lines.extend(cell)
-                by = {line.metric: line for line in cell}
-                if not cell or not all(slos.passes(m, by.get(m)) for m in ("TPOT", "TTFT") if slos.is_set(m)):
+                if not cell or not _meets(slos, cell):
                     break  # larger budgets only get worse
     return admitted(lines, slos, profile.outputs, profile.inputs, profile.tputs, profile.e2e)
 
@@ -134,6 +134,11 @@ def _measure(scenario: Scenario, gpu: str, slos: SLOs, i: int, o: int, rate: flo
     """One (input, output, rate) run appended to `lines`; whether it met the SLO."""
     cell = _lines(i, o, rate, run_open_loop(build_engine(scenario, gpu), rate, i, o, SAMPLES))
     lines.extend(cell)
+    return _meets(slos, cell)
+
+
+def _meets(slos: SLOs, cell: list[MetricLine]) -> bool:
+    """Whether one run's lines meet the scenario's TPOT and TTFT SLOs."""
     by = {line.metric: line for line in cell}
     return all(slos.passes(m, by.get(m)) for m in ("TPOT", "TTFT") if slos.is_set(m))
 

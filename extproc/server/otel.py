@@ -120,7 +120,8 @@ def from_env(env: Mapping[str, str]) -> tuple[RequestSpans, Any] | None:
     except ImportError as e:
         # xds-protos (a dependency) ships an old opentelemetry/proto; installed after opentelemetry-proto
         # it overwrites that package's files and the exporter's import fails.
-        hint = ("pip install --force-reinstall --no-deps opentelemetry-proto" if "opentelemetry.proto" in str(e)
+        clobbered = "opentelemetry.proto" in str(e)
+        hint = ("pip install --force-reinstall --no-deps opentelemetry-proto" if clobbered
                 else "pip install 'extproc[otel]'")
         log.error("OpenTelemetry tracing is off: %s (%s)", e, hint)
         return None
