@@ -13,6 +13,8 @@ keeps one factor per deployment on its profile's throughput:
     `ceiling`, twice the benchmark) only while the type's P99 TPOT is at most `headroom` (0.8) of the
     SLO, by sqrt(that room) a step (a tenth to a quarter): the profile undercounts it (a coarse rate
     grid, gen-profile's "kept up" rule on long answers), and its replicas show room the plan can use.
+    Never beyond 1 for a profile with `concurrency_admitted`: the SLO router holds each pod at that
+    budget, so the room its P99 shows is room the router will not fill.
 
 It moves only on evidence: `min_requests` in the span, and never in the first `span_s` it watches a
 deployment (a fleet just started, or just handed to the optimizer, is not the plan's doing). After a
@@ -90,12 +92,18 @@ class Feedback:
                 # back to the benchmark; beyond it only while the P99 shows room (the profile undercounts)
                 room = self.headroom * slo / max(seen.p99_s, 1e-6)  # > 1: its P99 is well inside
                 step = min(MAX_STEP_UP, math.sqrt(room)) if room >= 1.0 else 1.1
-                new = max(old, min(self.ceiling if room >= 1.0 else 1.0, old * max(1.1, step)))
+                new = max(old, min(self.ceiling_of(p) if room >= 1.0 else 1.0, old * max(1.1, step)))
             else:
                 continue
             if new != old:
                 self.factors[p.gpu] = new
                 self.changed[p.gpu] = now
+
+    def ceiling_of(self, p: GpuProfile) -> float:
+        """A profile measured at the budget the SLO router enforces (`concurrency_admitted`) is what a
+        replica serves behind it: planning above it counts on requests the router will not admit (they
+        queue, and are rejected at their deadline). Only a profile without it may read more."""
+        return 1.0 if p.concurrency_admitted is not None else self.ceiling
 
     def apply(self, profiles: Sequence[GpuProfile]) -> list[GpuProfile]:
         """The profiles with each deployment's factor on what its replicas serve."""

@@ -114,6 +114,20 @@ def test_a_factor_recovers_and_goes_beyond_the_profile_only_with_room() -> None:
     assert fb.factor("a10") == 2.0  # never above twice the benchmark
 
 
+def test_a_profile_measured_at_the_routers_budget_never_plans_above_it() -> None:
+    # concurrency_admitted: the SLO router admits that many per pod, so a replica cannot serve more
+    # than the profile says however much room its P99 shows; planning above it queues and rejects
+    p = parse_profile({"gpu": "a10", "cost": 1.0, "tputs": [[2.0] * 2] * 2, "tputs_admitted": [[3.0] * 2] * 2,
+                       "concurrency_admitted": [[4] * 2] * 2, "indexes": [[16, 1024], [128, 4096]],
+                       "e2e": [[1.0] * 2] * 2, "slos": {"percentile": 99, "tpot": 0.05}, "created": 1.0})
+    room = windows({"a10": [0.020]}, EPOCH + 100, 8)
+    fb = Feedback(factors={"a10": 0.8}, first_seen={"a10": EPOCH - 500})
+    fb.update(room, EPOCH + 180, [p])
+    assert fb.factor("a10") == 1.0  # back to the benchmark, not beyond
+    fb.update(room, EPOCH + 400, [p])
+    assert fb.factor("a10") == 1.0
+
+
 def test_few_requests_or_no_tpot_slo_leave_the_factor_alone() -> None:
     fb = Feedback()
     fb.first_seen["a10"] = EPOCH - 500
