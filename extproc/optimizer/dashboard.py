@@ -39,8 +39,8 @@ def dashboard_data(state: ModelState, profiles: dict[str, GpuProfile | None], no
             "load": None if plan is None else round(plan.load.get(key, 0.0), 4),
             "override": state.overrides.get(key), "min_replicas": d.min_replicas,
             "cost": None if p is None else p.cost, "profiled": p is not None,
-            "observed": None if seen is None or not seen.completed else {
-                "completed": seen.completed, "attainment": round(seen.attainment, 5),
+            "observed": None if seen is None or not seen.requests else {
+                "completed": seen.completed, "rejected": seen.rejected, "attainment": round(seen.attainment, 5),
                 "p99_tpot_s": round(seen.p99_s, 5)},
             "factor": round(feedback.factor(key), 4),
         })
@@ -128,7 +128,8 @@ function renderPlan(d){
     const tr = document.createElement("tr"); tr.dataset.deployment = x.key;
     const o = x.observed;
     const cells = [x.key, x.reported, x.planned === null ? "–" : x.planned, fmt(x.load, 2), x.min_replicas,
-                   x.cost === null ? "no profile" : fmt(x.cost, 2), o ? o.completed : "–",
+                   x.cost === null ? "no profile" : fmt(x.cost, 2),
+                   o ? o.completed + (o.rejected ? " (+" + o.rejected + " refused)" : "") : "–",
                    o ? fmt(o.attainment * 100, 1) : "–", o ? fmt(o.p99_tpot_s * 1000, 1) : "–", fmt(x.factor, 2)];
     cells.forEach((c, j) => { const td = document.createElement("td"); td.textContent = c;
       if (j === 0) td.style.color = COLORS[i % COLORS.length];

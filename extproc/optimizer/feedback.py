@@ -4,8 +4,9 @@ A profile is a benchmark of one replica serving one request shape. Behind the ro
 mix: a long prompt's prefill stalls the decodes batched with it, and a type with little TPOT slack (an
 A10 whose idle step is already 34 ms of a 50 ms target) misses where its profile says it holds. The
 gateways record, per deployment and trace window, the time per output token of every request it
-completed (`meta_tpot`, a histogram; tracing.window). Each re-plan reads the last `span_s` of it and
-keeps one factor per deployment on its profile's throughput:
+completed (`meta_tpot`, a histogram; tracing.window), and the requests the SLO router refused that it
+could have served (`meta_rejected`: a refusal is a miss, though no TPOT of it is ever seen). Each
+re-plan reads the last `span_s` of them and keeps one factor per deployment on its profile's throughput:
 
   * attainment below `target` (99 %): the factor shrinks in proportion to the shortfall (by at most a
     fifth a step), so the plan gives that type less of the mix and more replicas of the others;
@@ -43,10 +44,16 @@ class Outcome:
     completed: int
     within: int  # TPOT at most the SLO target
     p99_s: float
+    rejected: int = 0  # refused by the SLO router while this deployment could have served them
+
+    @property
+    def requests(self) -> int:
+        return self.completed + self.rejected
 
     @property
     def attainment(self) -> float:
-        return self.within / self.completed if self.completed else 1.0
+        """A refused request missed its SLO as surely as a slow one (meta_rejected)."""
+        return self.within / self.requests if self.requests else 1.0
 
 
 @dataclass(slots=True)
@@ -83,7 +90,7 @@ class Feedback:
             seen = outcome(windows, p.gpu, since, now, slo)
             self.outcomes[p.gpu] = seen
             first = self.first_seen.setdefault(p.gpu, now)
-            if seen.completed < self.min_requests or now - first < self.span_s:
+            if seen.requests < self.min_requests or now - first < self.span_s:
                 continue
             old = self.factor(p.gpu)
             if seen.attainment < self.target:
@@ -124,6 +131,7 @@ def _named(trace_name: str, deployment: str) -> bool:
 def outcome(windows: Iterable[TraceWindow], deployment: str, since: float, now: float,
             slo_s: float) -> Outcome:
     hist: dict[int, int] = {}
+    rejected = 0
     for w in windows:
         if not since < w.end <= now:
             continue
@@ -131,9 +139,10 @@ def outcome(windows: Iterable[TraceWindow], deployment: str, since: float, now: 
             if _named(name, deployment):
                 for b, n in h.items():
                     hist[b] = hist.get(b, 0) + n
+        rejected += sum(n for name, n in w.rejected.items() if _named(name, deployment))
     total = sum(hist.values())
     within = sum(n for b, n in hist.items() if tpot_of_bucket(b) <= slo_s)
-    return Outcome(total, within, _p99(hist, total))
+    return Outcome(total, within, _p99(hist, total), rejected)
 
 
 def _p99(hist: Mapping[int, int], total: int) -> float:

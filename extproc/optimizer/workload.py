@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from extproc.optimizer.solver import Demand
-from extproc.tracing.window import TPOT_KEY
+from extproc.tracing.window import REJECTED_KEY, TPOT_KEY
 
 DEFAULT_WINDOW_SECONDS = 240.0  # AIBrix's ModelMonitor window
 _CELL = re.compile(r"^(\d+):(\d+)$")
@@ -83,6 +83,7 @@ class TraceWindow:
     pending: int
     queueing: int
     tpot: dict[str, dict[int, int]] = field(default_factory=dict)  # meta_tpot (ours): deployment -> histogram
+    rejected: dict[str, int] = field(default_factory=dict)  # meta_rejected (ours): deployment -> refused
 
     @property
     def completed(self) -> int:
@@ -117,7 +118,16 @@ def parse_trace(end: int, data: Any) -> TraceWindow:
     completed = sum(counts.values())
     arrived = meta("meta_total_reqs", completed) if version >= 3 else completed
     return TraceWindow(end, counts, precision, interval, arrived, meta("meta_pending_reqs", 0),
-                       meta("meta_queueing_reqs", 0), _tpot_histograms(end, data.get(TPOT_KEY)))
+                       meta("meta_queueing_reqs", 0), _tpot_histograms(end, data.get(TPOT_KEY)),
+                       _rejected(end, data.get(REJECTED_KEY)))
+
+
+def _rejected(end: int, raw: Any) -> dict[str, int]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping) or not all(_count(n) for n in raw.values()):
+        raise WorkloadError(f'trace {end}: {REJECTED_KEY} must be {{"<deployment>": count}}')
+    return {str(d): n for d, n in raw.items()}
 
 
 def _tpot_histograms(end: int, raw: Any) -> dict[str, dict[int, int]]:

@@ -4,7 +4,7 @@ AIBrix's gateway SETs its window, so with N gateways the last writer wins and th
 about 1/N of the load. The key stays a JSON string (AIBrix's GatewayLoadReader GETs and parses it), so
 the merge reads it, adds ours and writes it back inside one script: counts, meta_total_reqs and the
 in-flight gauges (meta_pending_reqs, meta_queueing_reqs: each gateway's own) add up; the `meta_tpot`
-histograms add up per deployment and bucket. `meta_writers` lists the writes merged so far, so a retry
+histograms add up per deployment and bucket, the `meta_rejected` counts per deployment. `meta_writers` lists the writes merged so far, so a retry
 of a write that did land (a timeout after Redis ran the script) is not counted twice. Readers skip
 `meta_` keys they do not know (AIBrix's and ours), so the value stays readable by both.
 """
@@ -40,6 +40,11 @@ for k, v in pairs(ours) do
       tpot[dep] = h
     end
     cur[k] = tpot
+  elseif k == 'meta_rejected' then
+    local rej = cur[k]
+    if type(rej) ~= 'table' then rej = {} end
+    for dep, n in pairs(v) do rej[dep] = num(rej[dep]) + n end
+    cur[k] = rej
   elseif k == 'meta_v' or k == 'meta_interval_sec' or k == 'meta_precision' then
     cur[k] = v
   else

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 TRACE_VERSION = 4  # v3 added meta_total_reqs/meta_pending_reqs, v4 meta_queueing_reqs
@@ -40,6 +41,7 @@ def window_end(now_wall: float, interval: int = INTERVAL_SEC) -> int:
 
 TPOT_PRECISION = 32  # TPOT histogram buckets per doubling (2.2 % apart): round(log2(ms) x 32)
 TPOT_KEY = "meta_tpot"  # ours: {deployment: {bucket: completed}}; AIBrix's reader skips meta_ keys
+REJECTED_KEY = "meta_rejected"  # ours: {deployment: requests the SLO router refused that it could have served}
 
 
 def tpot_bucket(tpot_s: float) -> int:
@@ -57,6 +59,7 @@ class _Window:
     counts: dict[str, int] = field(default_factory=dict)
     arrived: int = 0
     tpot: dict[str, dict[int, int]] = field(default_factory=dict)  # deployment -> bucket -> completed
+    rejected: dict[str, int] = field(default_factory=dict)  # deployment -> refused requests
 
 
 class TraceRecorder:
@@ -101,6 +104,14 @@ class TraceRecorder:
             b = tpot_bucket(tpot_s)
             hist[b] = hist.get(b, 0) + 1
 
+    def rejected(self, model: str, deployments: Iterable[str], now_wall: float) -> None:
+        """The SLO router refused a request (a 429) that these deployments could have served within its
+        SLO: a miss each of them did not have room for, which the optimizer's feedback counts against
+        them (a refused request never completes, so its TPOT is never seen)."""
+        w = self._window(model, now_wall)
+        for d in deployments:
+            w.rejected[d] = w.rejected.get(d, 0) + 1
+
     def snapshot(self, model: str, pending: int, queueing: int) -> None:
         """The model's in-flight count and SLO-queue length, reported with the next window written."""
         self._gauges[model] = (int(pending), int(queueing))
@@ -123,6 +134,8 @@ class TraceRecorder:
         if w.tpot:
             value[TPOT_KEY] = {d: {str(b): n for b, n in sorted(h.items())}
                                for d, h in sorted(w.tpot.items())}
+        if w.rejected:
+            value[REJECTED_KEY] = dict(sorted(w.rejected.items()))
         return value
 
     def __len__(self) -> int:

@@ -39,7 +39,8 @@ async def client(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
 
 
 def gateway_window(arrived: int, shapes: dict[tuple[int, int], int], pending: int,
-                   tpot: dict[str, list[float]] | None = None) -> TraceRecorder:
+                   tpot: dict[str, list[float]] | None = None,
+                   rejected: list[list[str]] | None = None) -> TraceRecorder:
     """One gateway's recorder after a window of traffic."""
     r = TraceRecorder()
     for _ in range(arrived):
@@ -50,6 +51,8 @@ def gateway_window(arrived: int, shapes: dict[tuple[int, int], int], pending: in
     for deployment, tpots in (tpot or {}).items():
         for t in tpots:
             r.completed(MODEL, 128, 64, AT, deployment, t)
+    for lane in rejected or []:
+        r.rejected(MODEL, lane, AT)
     r.snapshot(MODEL, pending=pending, queueing=1)
     return r
 
@@ -71,8 +74,10 @@ async def stored(client: aioredis.Redis) -> dict:
 
 async def test_three_gateways_windows_add_up(redis_server: RedisServer, client: aioredis.Redis) -> None:
     gateways = [
-        gateway_window(7, {(128, 8): 5, (1000, 100): 2}, pending=2, tpot={"ns/a100": [0.020, 0.020]}),
-        gateway_window(4, {(128, 8): 3}, pending=0, tpot={"ns/a100": [0.020], "ns/l20": [0.045]}),
+        gateway_window(7, {(128, 8): 5, (1000, 100): 2}, pending=2, tpot={"ns/a100": [0.020, 0.020]},
+                       rejected=[["ns/a100"], ["ns/a100", "ns/l20"]]),
+        gateway_window(4, {(128, 8): 3}, pending=0, tpot={"ns/a100": [0.020], "ns/l20": [0.045]},
+                       rejected=[["ns/l20"]]),
         gateway_window(9, {(16, 16): 9}, pending=5),
     ]
     await flush_all(redis_server.url, gateways)
@@ -85,6 +90,7 @@ async def test_three_gateways_windows_add_up(redis_server: RedisServer, client: 
     assert (window.precision, window.interval) == (10, 10) and value["meta_v"] == 4
     a100, l20 = tpot_bucket(0.020), tpot_bucket(0.045)
     assert window.tpot == {"ns/a100": {a100: 3}, "ns/l20": {l20: 1}}
+    assert window.rejected == {"ns/a100": 2, "ns/l20": 2}  # refusals per deployment, each lane member
     assert len(value["meta_writers"]) == 3
     assert 590 <= await client.ttl(trace_key(MODEL, END)) <= 600
 

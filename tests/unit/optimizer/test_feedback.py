@@ -140,6 +140,34 @@ def test_few_requests_or_no_tpot_slo_leave_the_factor_alone() -> None:
     assert fb.factor("a10") == 1.0
 
 
+def test_refused_requests_count_as_misses_of_the_deployments_that_could_have_served_them() -> None:
+    # every TPOT well inside the SLO, but the router refused 3 % of a10's requests (its lane had no
+    # room): the plan gave a10 too little, whatever the completed requests' TPOT says
+    rec = TraceRecorder()
+    out = []
+    for k in range(8):
+        t = EPOCH + 100 + 10 * k + 5
+        for _ in range(97):
+            rec.completed("m", 200, 100, t, "a10", 0.02)
+        for _ in range(3):
+            rec.rejected("m", ["a10"], t)
+        rec.rejected("m", [], t)  # a refusal no deployment could have served: nobody's miss
+        for key, raw in rec.due(t + 10):
+            out.append(parse_trace(int(key.rsplit("_", 1)[1]), json.loads(raw)))
+    assert out[0].rejected == {"a10": 3}
+    seen = outcome(out, "a10", EPOCH, EPOCH + 200, 0.05)
+    assert (seen.completed, seen.rejected, seen.attainment) == (776, 24, pytest.approx(0.97))
+    fb = Feedback(first_seen={"a10": EPOCH - 500})
+    fb.update(out, EPOCH + 200, [profile("a10", 2.0, 1.0)])
+    assert fb.factor("a10") == pytest.approx(0.9)  # 97 %: shrunk, not grown for the room its P99 shows
+
+
+@pytest.mark.parametrize("bad", [{"a10": -1}, {"a10": 1.5}, ["a10"], {"a10": True}])
+def test_malformed_rejection_counts_are_refused_naming_the_key(bad) -> None:
+    with pytest.raises(WorkloadError, match="meta_rejected"):
+        parse_trace(EPOCH, {"meta_v": 4, "meta_rejected": bad})
+
+
 def test_service_keys_match_trace_deployment_names() -> None:
     ws = windows({"l20": [0.02]}, EPOCH, 3)
     assert outcome(ws, "default/l20", EPOCH - 1, EPOCH + 40, 0.05).completed == 300
@@ -162,7 +190,7 @@ def test_the_dashboard_shows_what_the_gateways_observed_beside_the_plan() -> Non
     state.feedback.first_seen["default/a10"] = EPOCH - 500
     state.feedback.update(windows({"a10": [0.03] * 9 + [0.06]}, EPOCH, 12), EPOCH + 120, [p])
     [row] = dashboard_data(state, {"default/a10": p}, EPOCH + 120)["deployments"]
-    assert row["observed"] == {"completed": 1200, "attainment": 0.9,
+    assert row["observed"] == {"completed": 1200, "rejected": 0, "attainment": 0.9,
                                "p99_tpot_s": pytest.approx(0.06, rel=0.02)}
     assert row["factor"] == pytest.approx(0.8)
     assert "P99 TPOT ms" in render_page(dashboard_data(state, {"default/a10": p}, EPOCH + 120))
