@@ -40,7 +40,8 @@ def dashboard_data(state: ModelState, profiles: dict[str, GpuProfile | None], no
             "override": state.overrides.get(key), "min_replicas": d.min_replicas,
             "cost": None if p is None else p.cost, "profiled": p is not None,
             "observed": None if seen is None or not seen.requests else {
-                "completed": seen.completed, "rejected": seen.rejected, "attainment": round(seen.attainment, 5),
+                "completed": seen.completed, "rejected": seen.rejected,
+                "attainment": round(seen.attainment, 5),
                 "p99_tpot_s": round(seen.p99_s, 5)},
             "factor": round(feedback.factor(key), 4),
         })

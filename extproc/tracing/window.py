@@ -41,7 +41,7 @@ def window_end(now_wall: float, interval: int = INTERVAL_SEC) -> int:
 
 TPOT_PRECISION = 32  # TPOT histogram buckets per doubling (2.2 % apart): round(log2(ms) x 32)
 TPOT_KEY = "meta_tpot"  # ours: {deployment: {bucket: completed}}; AIBrix's reader skips meta_ keys
-REJECTED_KEY = "meta_rejected"  # ours: {deployment: requests the SLO router refused that it could have served}
+REJECTED_KEY = "meta_rejected"  # ours: {deployment: requests refused that it could have served}
 
 
 def tpot_bucket(tpot_s: float) -> int:
