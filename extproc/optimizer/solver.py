@@ -28,7 +28,12 @@ from extproc.gpu_profiles import GpuProfile
 
 SPREAD_FLOOR = 0.01  # the tangent's point is never below this (a type with next to no load)
 HEADROOM_PASSES = 3  # solves with the headroom's tangent moved to the last solve's spread
-CHANGE_COST = 0.05  # of a replica's hourly cost, per replica the plan adds or removes (with `current`)
+# With `current`, of a replica's hourly cost, per replica the plan adds / removes. Adding costs more: an
+# added replica is billed at once while the one it replaces runs on through the autoscaler's scale-down
+# stabilization, and a swap of GPU types that saves less than that is often reversed by the next window
+# (each deployment's autoscaler then holds the larger count of both plans: docs/optimizer.md).
+ADD_COST = 0.25
+REMOVE_COST = 0.05
 
 
 class PlanError(ValueError):
@@ -105,8 +110,9 @@ def solve(profiles: Sequence[GpuProfile], demands: Iterable[Demand], time_limit:
     """The cost-minimal plan. Raises PlanError when there are no profiles or a cell nobody can serve;
     with `skip_unservable` (the service: one odd request shape must not stop every re-plan) such cells
     are left out of the plan and named in `Plan.unserved`. With `current` (the replicas running now),
-    each replica added or removed costs CHANGE_COST of its hourly cost: of plans within that of each
-    other the one closest to now wins, so near-ties between GPU types do not flip the mix every re-plan.
+    each replica added costs ADD_COST of its hourly cost and each removed REMOVE_COST: of plans within
+    that of each other the one closest to now wins, so near-ties between GPU types do not flip the mix
+    every re-plan (a count the demand needs is added whatever it costs: the constraints come first).
 
     `headroom` (β): a type's replicas keep β standard deviations of its load spare (square-root
     staffing). Each cell's requests arrive at random and hold one of the k slots a replica admits of
@@ -184,13 +190,14 @@ def _milp(profiles: Sequence[GpuProfile], cells: list[_Cell], current: Mapping[s
     names = [p.gpu for p in profiles]
     G = len(profiles)
     pairs = [(c, g) for c, cell in enumerate(cells) for g in range(G) if cell.tputs[g] > 0]
-    P = len(pairs)  # variables: n_0..n_{G-1}, one share per servable (cell, type) pair, then G changes
-    D = G if current is not None else 0
+    P = len(pairs)  # variables: n_0..n_{G-1}, one share per (cell, type) pair, then G additions, G removals
+    D = 2 * G if current is not None else 0
     cost = np.zeros(G + P + D)
     cost[:G] = [p.cost for p in profiles]
     if D:
         unit = math.fsum(p.cost for p in profiles) / G or 1.0  # zero-cost types still resist churn
-        cost[G + P:] = [CHANGE_COST * (p.cost or unit) for p in profiles]
+        cost[G + P:G + P + G] = [ADD_COST * (p.cost or unit) for p in profiles]
+        cost[G + P + G:] = [REMOVE_COST * (p.cost or unit) for p in profiles]
 
     # headroom: β·sqrt(S_g) ≤ β·(sqrt(S0)/2 + S_g/(2·sqrt(S0))), the tangent at the previous S0. Its
     # constant applies only to a type in use: a binary u_g per type, s_cg ≤ u_g.
@@ -222,9 +229,9 @@ def _milp(profiles: Sequence[GpuProfile], cells: list[_Cell], current: Mapping[s
         for k, (_, g) in enumerate(pairs):  # s_cg ≤ u_g
             add([(G + k, 1.0), (u0 + g, -1.0)], -np.inf, 0.0)
     now = [float((current or {}).get(n, 0)) for n in names]
-    for g in range(D):  # |n_g - now_g| <= d_g as two rows: n_g - d_g <= now_g, -n_g - d_g <= -now_g
+    for g in range(D // 2):  # added a_g >= n_g - now_g, removed r_g >= now_g - n_g
         add([(g, 1.0), (G + P + g, -1.0)], -np.inf, now[g])
-        add([(g, -1.0), (G + P + g, -1.0)], -np.inf, -now[g])
+        add([(g, -1.0), (G + P + G + g, -1.0)], -np.inf, -now[g])
     A = coo_array((vals, (rows, cols)), shape=(len(lower), G + P + D + U)).tocsr()
 
     # n_g never needs to exceed the replicas g would need to serve alone everything it can serve

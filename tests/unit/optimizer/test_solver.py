@@ -197,6 +197,21 @@ def test_near_ties_keep_the_running_mix() -> None:
     assert solve([a, far], demand, current={"a": 0, "c": 4}).replicas == {"a": 4, "c": 0}
 
 
+def test_a_swap_of_types_that_saves_less_than_adding_costs_is_not_made() -> None:
+    # 3 big ($7.50) or 2 big + 2 small ($7.00): from 3 big, swapping saves 7 % an hour but the added
+    # replicas bill at once while the removed one runs on through the autoscaler's stabilization, and
+    # at the edge of feasibility the next window's noise reverses it (each autoscaler then holds the
+    # larger count of both plans: 2 small + 3 big)
+    big, small = one_cell("big", 2.5, 10.0), one_cell("small", 1.0, 3.5)
+    demand = [Demand(128, 8, 27.0)]
+    assert solve([big, small], demand).replicas == {"big": 2, "small": 2}
+    assert solve([big, small], demand, current={"big": 3, "small": 0}).replicas == {"big": 3, "small": 0}
+    # what the demand needs is added all the same, where it is cheapest; a replica it no longer needs goes
+    assert solve([big, small], [Demand(128, 8, 33.0)],
+                 current={"big": 3, "small": 0}).replicas == {"big": 3, "small": 1}
+    assert solve([big, small], demand, current={"big": 4, "small": 0}).replicas == {"big": 3, "small": 0}
+
+
 def batched(gpu: str, cost: float, tput: float, e2e: float) -> GpuProfile:
     """One cell whose replica holds floor(tput x e2e) requests at once (the SLO router's budget)."""
     return GpuProfile(gpu=gpu, cost=cost, outputs=(16,), inputs=(128,), tputs=((tput,),), e2e=((e2e,),),
