@@ -30,6 +30,7 @@ from extproc.slo.model import PER_TOKEN
 from extproc.slo.queue import REJECT_BREACHED, Entry
 from extproc.slo.settings import PARAMS
 from extproc.slo.state import STORE_KEY, SloState
+from extproc.slo.waiting import SLO_WAITING
 
 EPS = 1e-9
 VARIANTS = ("slo-pack-load", "slo-least-load", "slo-least-load-pulling")
@@ -201,6 +202,6 @@ def _factory(variant: str):
 
 
 for _variant in (*VARIANTS, "slo"):
-    register(_variant, params=PARAMS)(_factory(_variant))
+    register(_variant, params=PARAMS, waiting=SLO_WAITING)(_factory(_variant))
 
 __all__ = ["SloProfile", "VARIANTS"]
