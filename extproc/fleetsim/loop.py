@@ -112,7 +112,8 @@ class FleetRun:
         self.slo_ttft = scenario.slo.ttft_s if give_up and scenario.slo.ttft_s is not None else math.inf
         # p99 (nearest rank) of at most `measured` values exceeds a bound once more than 1 % exceed it
         self.allowed = 0.01 * sum(1 for a in arrivals if warmup <= a.time < duration) if give_up else math.inf
-        self.misses = [0, 0, 0]  # measured requests over the TPOT bound, over the TTFT bound, rejected or failed
+        # measured requests over the TPOT bound, over the TTFT bound, rejected or failed
+        self.misses = [0, 0, 0]
         self.heap: list[tuple[float, int, int, int]] = []  # (time, kind, order, arg)
         self.order = 0
         self.open_count = 0

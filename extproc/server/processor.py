@@ -99,9 +99,9 @@ def parse_body(path: str, body: bytes, header_model: str | None) -> Request | Op
 
 
 class Stream:
-    __slots__ = ("_gw", "_rooms", "_room", "_path", "_strategy", "_request_id", "_header_model", "_has_length",
-                 "_decision", "_done", "_expect_trailers", "_spec", "_session", "_queued", "_one_message",
-                 "_traceparent", "_authorization", "_limiting", "_admission")
+    __slots__ = ("_gw", "_rooms", "_room", "_path", "_strategy", "_request_id", "_header_model",
+                 "_has_length", "_decision", "_done", "_expect_trailers", "_spec", "_session", "_queued",
+                 "_one_message", "_traceparent", "_authorization", "_limiting", "_admission")
 
     def __init__(self, gateway: Gateway, rooms: Mapping[Waiting, Any] | None = None) -> None:
         self._gw = gateway

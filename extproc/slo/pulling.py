@@ -56,7 +56,8 @@ class Pulling(SloPolicy):
             return self.best(rows, lambda r: r.utilization + r.consumption)
         return self._hold(request, sig, lane, now)
 
-    def _hold(self, request: Request, sig: Signature, lane: frozenset | None, now: float) -> Queued | Rejected:
+    def _hold(self, request: Request, sig: Signature, lane: frozenset | None,
+              now: float) -> Queued | Rejected:
         """The request waits, with its queue entry: slack on the most relaxed deployment that can serve
         this shape at all (under `slo`, of its lane: the deployments it may use). Rejected when waiting
         cannot help: its SLO is breached already."""
