@@ -72,40 +72,20 @@ class FleetRun:
         strategy, _, only = strategy.partition("@")
         self.strategy = strategy
         self.replicas = replicas = build_replicas(scenario, seed)
-        groups = {g.name: g for g in scenario.groups if not only or g.name == only}
-        if only and not groups:
-            raise ValueError(f"{strategy}@{only}: no deployment named {only!r} in the fleet")
-        ordinal: dict[str, int] = {}
-        for r in replicas:  # what runs at the start
-            k = ordinal[r.deployment] = ordinal.get(r.deployment, -1) + 1
-            group = groups.get(r.deployment)
-            first = 0 if group is None else (group.initial if optimizer and group.initial is not None
-                                             else group.replicas)
-            r.alive = k < first
+        groups = self._deployments(only, optimizer)
         config = gateway_config(scenario.model, replicas, seed)
         self.by_address = by_address = {r.address: r for r in replicas}
         oracle = {p.key: by_address[p.address].saturated for p in config.pods} if oracle_capacity else None
         self.gws = gws = build_gateways(gateways, config, clock, share_tokens, oracle)
         self.model = model = scenario.model
         # the model's own routingConfig
-        self.profiles = profiles = [g.gateway.profile(strategy, model) for g in gws]
-        # each gateway's waiting room, run in virtual time, for a strategy that holds requests back
-        self.rooms: list[admission.Room | None] = []
-        for g, p in zip(gws, profiles):
-            waiting = waiting_for(p.name)
-            if waiting is not None:
-                load_slo_profiles(scenario, g.gateway, replicas)  # profiles measured on the engine model
-            self.rooms.append(waiting.virtual(g.gateway.router.state) if waiting is not None else None)
+        self.profiles = [g.gateway.profile(strategy, model) for g in gws]
+        self.rooms = self._rooms()
         self.queued: dict[int, tuple[Request, str]] = {}  # arrival index -> (request, prompt text): waiting
         self.keys_of = [[p.key for p in g.gateway.pool.all_pods()] for g in gws]
         self.replicas_of = [[by_address[p.address] for p in g.gateway.pool.all_pods()] for g in gws]
         self.n = n = len(arrivals)
-        self.res = res = RunResult(name, scenario, list(arrivals), replicas, [PENDING] * n, [-1] * n,
-                                   [NAN] * n, [NAN] * n, [NAN] * n, [0] * n, gateways=gateways)
-        self.nb = nb = max(1, math.ceil(scenario.duration_s / BUCKET_S))
-        gpus = sorted({r.gpu for r in replicas})
-        res.bucket_tokens = {g: [0] * nb for g in gpus}
-        res.bucket_routed = {g: [0] * nb for g in gpus}
+        self.res = res = self._result(name)
         self.decision_key: list[str | None] = [None] * n
         self.warmup, self.duration = warmup, duration = scenario.warmup_s, scenario.duration_s
         self.slo_tpot = scenario.slo.tpot_s if give_up and scenario.slo.tpot_s is not None else math.inf
@@ -121,31 +101,9 @@ class FleetRun:
         self.next_arrival = arrivals[0].time if n else math.inf
         self.last_progress = 0.0
         self.next_estimate = 0.0
-        timing = scenario.timing
-        self.periods = {SCRAPE: timing.metrics_refresh_s, REFRESH: timing.capacity_refresh_s,
-                        SYNC: timing.sync_interval_s}
-        for g in range(gateways):
-            phase = g / gateways  # gateway replicas are not in lock-step
-            self.push(phase * timing.metrics_refresh_s, SCRAPE, g)
-            self.push(timing.capacity_refresh_s * (1 + phase), REFRESH, g)
-            self.push(timing.sync_interval_s * (1 + phase), SYNC, g)  # also the busy-time sample, as live
-        for loss_i, loss in enumerate(scenario.losses):
-            self.push(loss.at, LOSS, loss_i)
+        self._schedule()
         res.spans = {r.index: [[0.0, math.inf]] if r.alive else [] for r in replicas}
-        self.scaler: FleetScaler | None = None
-        if optimizer:
-            auto = scenario.autoscale or Autoscale()
-            given = gpu_profiles or {}
-            measured = {d: given.get(d) or replace(virtual_profile(scenario, g.gpu, d), cost=g.cost)
-                        for d, g in groups.items()}
-            opt = Optimizer(model, groups, measured, auto, clock)
-            for g in gws:
-                g.gateway.add_hook(opt.hooks())
-            res.autoscale = opt.timeline
-            self.scaler = FleetScaler(opt, replicas, res.spans, clock,
-                                      lambda t, i: self.push(t, PROVISIONED, i), self.reconfigure)
-            self.periods[REPLAN] = auto.interval_s
-            self.push(auto.interval_s, REPLAN, 0)
+        self.scaler = self._autoscaler(groups, gpu_profiles) if optimizer else None
         self.speed = gws[0].gateway.accounting.speed
         self.addr_index = {r.address: r.index for r in replicas}
         # by event kind; a tick returns True to end the run (give_up)
@@ -153,6 +111,70 @@ class FleetRun:
         self.ticks = {SCRAPE: self.on_scrape, REFRESH: self.on_refresh, SYNC: self.on_sync,
                       REPLAN: self.on_replan}
         self.one_off = {LOSS: self.on_loss, PROVISIONED: self.on_provisioned, RETIRE: self.on_retire}
+
+    def _deployments(self, only: str, optimizer: bool) -> dict:
+        """The deployments this run scales (`strategy@dep`: that one alone); marks what runs at the start."""
+        groups = {g.name: g for g in self.scenario.groups if not only or g.name == only}
+        if only and not groups:
+            raise ValueError(f"{self.strategy}@{only}: no deployment named {only!r} in the fleet")
+        ordinal: dict[str, int] = {}
+        for r in self.replicas:  # what runs at the start
+            k = ordinal[r.deployment] = ordinal.get(r.deployment, -1) + 1
+            group = groups.get(r.deployment)
+            first = 0 if group is None else (group.initial if optimizer and group.initial is not None
+                                             else group.replicas)
+            r.alive = k < first
+        return groups
+
+    def _rooms(self) -> list[admission.Room | None]:
+        """Each gateway's waiting room, run in virtual time, for a strategy that holds requests back."""
+        rooms: list[admission.Room | None] = []
+        for g, p in zip(self.gws, self.profiles):
+            waiting = waiting_for(p.name)
+            if waiting is not None:  # its profiles measured on the engine model
+                load_slo_profiles(self.scenario, g.gateway, self.replicas)
+            rooms.append(waiting.virtual(g.gateway.router.state) if waiting is not None else None)
+        return rooms
+
+    def _result(self, name: str) -> RunResult:
+        n, scenario = self.n, self.scenario
+        res = RunResult(name, scenario, list(self.arrivals), self.replicas, [PENDING] * n, [-1] * n,
+                        [NAN] * n, [NAN] * n, [NAN] * n, [0] * n, gateways=self.gateways)
+        self.nb = nb = max(1, math.ceil(scenario.duration_s / BUCKET_S))  # time-series buckets
+        gpus = sorted({r.gpu for r in self.replicas})
+        res.bucket_tokens = {g: [0] * nb for g in gpus}
+        res.bucket_routed = {g: [0] * nb for g in gpus}
+        return res
+
+    def _schedule(self) -> None:
+        """The background ticks' first events, each gateway's phase apart, and the scenario's losses."""
+        timing, gateways = self.scenario.timing, self.gateways
+        self.periods = {SCRAPE: timing.metrics_refresh_s, REFRESH: timing.capacity_refresh_s,
+                        SYNC: timing.sync_interval_s}
+        for g in range(gateways):
+            phase = g / gateways  # gateway replicas are not in lock-step
+            self.push(phase * timing.metrics_refresh_s, SCRAPE, g)
+            self.push(timing.capacity_refresh_s * (1 + phase), REFRESH, g)
+            self.push(timing.sync_interval_s * (1 + phase), SYNC, g)  # also the busy-time sample, as live
+        for loss_i, loss in enumerate(self.scenario.losses):
+            self.push(loss.at, LOSS, loss_i)
+
+    def _autoscaler(self, groups: dict, gpu_profiles: Mapping[str, GpuProfile] | None) -> FleetScaler:
+        """The GPU optimizer in the loop (--optimizer): its hooks on every gateway, its first re-plan."""
+        scenario = self.scenario
+        auto = scenario.autoscale or Autoscale()
+        given = gpu_profiles or {}
+        measured = {d: given.get(d) or replace(virtual_profile(scenario, g.gpu, d), cost=g.cost)
+                    for d, g in groups.items()}
+        opt = Optimizer(self.model, groups, measured, auto, self.clock)
+        for g in self.gws:
+            g.gateway.add_hook(opt.hooks())
+        self.res.autoscale = opt.timeline
+        scaler = FleetScaler(opt, self.replicas, self.res.spans, self.clock,
+                             lambda t, i: self.push(t, PROVISIONED, i), self.reconfigure)
+        self.periods[REPLAN] = auto.interval_s
+        self.push(auto.interval_s, REPLAN, 0)
+        return scaler
 
     def push(self, t: float, kind: int, arg: int) -> None:
         self.order += 1
