@@ -19,6 +19,7 @@ import heapq
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from extproc import admission
 from extproc.fleetsim.arrivals import Arrival, prompt_text
@@ -34,7 +35,9 @@ from extproc.routing.framework import waiting_for
 from extproc.routing.outcome import Queued, Rejected, Routed
 from extproc.sim.prefix import block_hashes
 from extproc.sim.sequences import CapacityError, SeqState, SimRequest
-from extproc.slo.queue import Entry
+
+if TYPE_CHECKING:
+    from extproc.slo.queue import Entry
 
 STEP, SCRAPE, REFRESH, SYNC, LOSS, EXPIRE, DISPATCH, REPLAN, PROVISIONED, RETIRE = range(10)
 
