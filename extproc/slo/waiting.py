@@ -5,12 +5,14 @@ shells build these from the registry, so none of them imports this package."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from extproc.routing.framework import Waiting
-from extproc.routing.state import RoutingState
 from extproc.slo.room import Room
 from extproc.slo.state import SloState, learned
+
+if TYPE_CHECKING:
+    from extproc.routing import RoutingState
 
 
 def _live(gateway: Any) -> Any:
