@@ -186,7 +186,24 @@ class BuildContext:
 
 
 Factory = Callable[[BuildContext], Profile]
+
+
+@dataclass(frozen=True, eq=False)
+class Waiting:
+    """What a strategy that holds requests back (its pick returns Queued or Rejected) brings with it,
+    so the gateway's shells name no strategy: its waiting room, live (an asyncio shell on the gateway,
+    built once per gateway and shared by every strategy registered with this same Waiting) and in
+    virtual time (the pure room over its queues, for the fleet simulation), and the background loop
+    that keeps its learned state fresh off the request path. Built lazily: routing does no I/O."""
+
+    name: str                                     # names the background task: "<name>-profiles"
+    live: Callable[[Any], Any]                    # gateway -> room (admit, wait, reject: admission.Room)
+    virtual: Callable[[RoutingState], Any]        # the gateway's learned state -> the pure room
+    refresh: Callable[[Any, str | None], Any] | None = None  # (gateway, redis_url) -> coroutine
+
+
 _REGISTRY: dict[str, tuple[Factory, Params | None]] = {}
+_WAITING: dict[str, Waiting] = {}
 
 
 class StrategySpecError(ValueError):
@@ -205,19 +222,33 @@ class UnknownStrategy(StrategySpecError, KeyError):
         return f"unknown routing strategy {self.name!r}; valid: {', '.join(strategy_names())}"
 
 
-def register(name: str, params: Params | None = None) -> Callable[[Factory], Factory]:
-    """Register a strategy's factory under `name`; `params`: the section of `routing:` it owns."""
+def register(name: str, params: Params | None = None,
+             waiting: Waiting | None = None) -> Callable[[Factory], Factory]:
+    """Register a strategy's factory under `name`; `params`: the section of `routing:` it owns;
+    `waiting`: where the requests it holds back wait (strategies sharing one Waiting share the room)."""
     if params is not None:
         declare(params)
 
     def add(factory: Factory) -> Factory:
         _REGISTRY[name] = (factory, params)
+        if waiting is not None:
+            _WAITING[name] = waiting
         return factory
     return add
 
 
 def strategy_names() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def waiting_for(name: str) -> Waiting | None:
+    """The waiting room of the strategy (or profile) `name`; None: it never holds a request back."""
+    return _WAITING.get(name)
+
+
+def waitings() -> list[Waiting]:
+    """Every registered Waiting, once each, in registration order."""
+    return list({id(w): w for w in _WAITING.values()}.values())
 
 
 def build(name: str, settings: RoutingSettings | None = None, store: RoutingState | None = None,

@@ -24,6 +24,7 @@ from extproc.envoy_contract import ENVOY_BUFFER_BYTES, EXTPROC_SERVICE
 from extproc.pool.info import PodInfoCollector
 from extproc.ratelimit import RateLimiter
 from extproc.ratelimit.redis_store import RedisStore
+from extproc.routing.framework import waitings
 from extproc.server import loops, processor
 from extproc.server.access_log import AccessLogService
 from extproc.server.admin import admin_app
@@ -35,7 +36,6 @@ from extproc.server.processor import Processor, parse_body
 from extproc.server.tls import ReloadingCredentials, TlsError, TlsSettings
 from extproc.server.traces import run_tracing
 from extproc.server.workers import WorkerSpec
-from extproc.slo.refresh import SloRefresh
 from extproc.state.accounting import Accounting
 from extproc.state.shared import LocalState, SharedState
 from extproc.state.workers import WorkerState
@@ -188,8 +188,12 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
         background.append(discovery)
     if limit_store is not None:  # connected before the first request needs it
         background.append(asyncio.create_task(limit_store.start(), name="ratelimit-connect"))
-    # SLO routing's profiles: files named in routing.slo.profiles and Redis aibrix:profile_* (every 10 s)
-    background.append(asyncio.create_task(SloRefresh(gateway).run_profiles(redis_url), name="slo-profiles"))
+    # what strategies that hold requests back keep fresh off the request path (the slo* family: profiles
+    # from files named in routing.slo.profiles and Redis aibrix:profile_*, every 10 s; the split)
+    for waiting in waitings():
+        if waiting.refresh is not None:
+            background.append(asyncio.create_task(waiting.refresh(gateway, redis_url),
+                                                  name=f"{waiting.name}-profiles"))
     otel = otel_from_env(os.environ)
     if otel is not None:
         gateway.add_spans(otel[0])

@@ -15,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import replace
+from typing import Any
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
@@ -24,18 +26,17 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, 
 from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
-from extproc import openai
+from extproc import admission, openai
 from extproc.envoy_contract import ENVOY_MAX_HEADERS, EXTPROC_SERVICE, STRATEGY_HEADER
 from extproc.openai import OpenAIError, Request
 from extproc.ratelimit import Admission
 from extproc.routing import StrategySpec, StrategySpecError, strategy_names
-from extproc.routing.framework import UnknownStrategy
+from extproc.routing.framework import UnknownStrategy, Waiting, waiting_for, waitings
 from extproc.routing.outcome import Queued, Rejected, Routed
 from extproc.routing.session_affinity import MAX_SESSION_KEY_BYTES, SESSION_HEADER
 from extproc.server import attributes, responses
 from extproc.server.gateway import Gateway
 from extproc.server.heap import HeapTrimmer
-from extproc.slo.server import SloRoom
 
 log = logging.getLogger(__name__)
 
@@ -98,13 +99,14 @@ def parse_body(path: str, body: bytes, header_model: str | None) -> Request | Op
 
 
 class Stream:
-    __slots__ = ("_gw", "_room", "_path", "_strategy", "_request_id", "_header_model", "_has_length",
-                 "_decision", "_done", "_expect_trailers", "_spec", "_session", "_queued", "_one_message",
-                 "_traceparent", "_authorization", "_limiting", "_admission")
+    __slots__ = ("_gw", "_rooms", "_room", "_path", "_strategy", "_request_id", "_header_model",
+                 "_has_length", "_decision", "_done", "_expect_trailers", "_spec", "_session", "_queued",
+                 "_one_message", "_traceparent", "_authorization", "_limiting", "_admission")
 
-    def __init__(self, gateway: Gateway, room: SloRoom | None = None) -> None:
+    def __init__(self, gateway: Gateway, rooms: Mapping[Waiting, Any] | None = None) -> None:
         self._gw = gateway
-        self._room = room  # where a request its strategy queues waits (None: nowhere, a 500)
+        self._rooms = rooms or {}  # where a request its strategy holds back waits (none: a 500)
+        self._room: Any = None  # the room of this request's strategy, once it held the request back
         self._path = ""
         self._strategy = ""
         self._spec: StrategySpec | None = None
@@ -292,20 +294,34 @@ class Stream:
             return self._reject(OpenAIError(500, "internal gateway error", type="server_error"))
 
     def _dispatch(self, request: Request, body: bytes, end_of_stream: bool) -> ProcessingResponse | None:
-        """Route the request, or hold it in the SLO queue (None)."""
+        """Route the request, or hold it in its strategy's waiting room (None)."""
         gw = self._gw
         profile = gw.profile(self._spec, request.model)
         outcome = gw.route(request, profile, self._request_id)
-        kind = outcome.__class__
-        if kind is Queued or kind is Rejected:
-            if self._room is None:
-                raise OpenAIError(500, "no waiting room for a held-back request", type="server_error")
-            if kind is Rejected:
-                raise self._room.reject(request.model, outcome)  # type: ignore[arg-type]
-            # slo-least-load-pulling, slo: Process awaits wait_queued() (no reply yet)
-            self._queued = (request, profile, outcome, body, end_of_stream)
-            return None
-        return self._routed(outcome, request, body, end_of_stream)  # type: ignore[arg-type]
+        if outcome.__class__ is not Routed:
+            self._room = self._rooms.get(waiting_for(profile.name))  # type: ignore[arg-type]
+        try:
+            return admission.answer(outcome, self._room, self, (request, profile, body, end_of_stream))
+        except admission.NoRoom:
+            raise OpenAIError(500, "no waiting room for a held-back request", type="server_error") from None
+
+    # -- admission's answers (extproc.admission.Answers) -----------------------------------------
+
+    def routed(self, decision: Routed, ctx: tuple) -> ProcessingResponse:
+        request, _, body, end_of_stream = ctx
+        return self._routed(decision, request, body, end_of_stream)
+
+    def no_pod(self, ctx: tuple) -> ProcessingResponse:
+        request, _, body, end_of_stream = ctx
+        return self._routed(None, request, body, end_of_stream)
+
+    def waits(self, queued: Queued, ctx: tuple) -> None:
+        # slo-least-load-pulling, slo: Process awaits wait_queued() (no reply yet)
+        request, profile, body, end_of_stream = ctx
+        self._queued = (request, profile, queued, body, end_of_stream)
+
+    def refused(self, rejected: Rejected, ctx: tuple) -> ProcessingResponse:
+        raise self._room.reject(ctx[0].model, rejected)
 
     @property
     def queued(self) -> bool:
@@ -361,16 +377,18 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
     """The gRPC face of the gateway: one ext_proc stream per HTTP request."""
 
     def __init__(self, gateway: Gateway, parser_pool: Executor | None = None,
-                 room: SloRoom | None = None, heap: HeapTrimmer | None = None) -> None:
+                 rooms: Mapping[Waiting, Any] | None = None, heap: HeapTrimmer | None = None) -> None:
         self._gw = gateway
         self._pool = parser_pool
         self.heap = heap if heap is not None else HeapTrimmer()
-        self.room = room if room is not None else SloRoom(gateway)  # the SLO waiting room
+        # the waiting rooms of the strategies that hold requests back (the slo* family's), as they
+        # registered them: built at start, so their metrics show before the first queued request
+        self.rooms = rooms if rooms is not None else {w: w.live(gateway) for w in waitings()}
         self.offloaded = Counter("extproc_bodies_parsed_off_loop", "Request bodies large enough to be "
                                  "parsed in a worker process, off the event loop", registry=gateway.registry)
 
     async def Process(self, request_iterator, context):  # noqa: N802 (gRPC method name)
-        stream = Stream(self._gw, self.room)
+        stream = Stream(self._gw, self.rooms)
         self._gw.open_streams += 1
         cancelled, large = False, 0
         try:

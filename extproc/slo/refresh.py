@@ -68,15 +68,15 @@ class SloRefresh:
         state = self.state
         if state is None:
             return
-        state.split_elsewhere = True
-        for model, mix in list(state.mixes.items()):
+        state.split.elsewhere = True
+        for model, mix in list(state.split.mixes.items()):
             pods: dict[str, int] = {}
             for pod in self._gw.pool.ready_pods(model):
                 pods[deployment_of(pod)] = pods.get(deployment_of(pod), 0) + 1
             now = self._gw.clock()
             rates, table = mix.rates(now), state.table(model)  # snapshots, taken on the loop
             split = await asyncio.to_thread(assign, table, pods, rates)
-            state.store_split(model, tuple(sorted(pods.items())), now, split)
+            state.split.store(model, tuple(sorted(pods.items())), now, split)
 
     async def refresh_profiles(self, store: ProfileStore, client: Any = None) -> None:
         state = self.state

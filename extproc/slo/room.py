@@ -1,6 +1,6 @@
 """The SLO waiting room, pure: admit / dispatch / expire over the queues, each returning what became of
 the requests (Routed | Queued | Rejected). No clock, no I/O, no asyncio: the live gateway's asyncio shell
-(slo/server.py) and the fleet simulation's event loop (fleetsim/loop.py) wrap this one room, so a queued
+(slo/live_room.py) and the fleet simulation's event loop (fleetsim/loop.py) wrap this one room, so a queued
 request meets the same rule in both.
 
 Dispatch: the most urgent head first; it is re-routed (its strategy, told the request is queued, places

@@ -126,12 +126,12 @@ def test_the_server_keeps_the_split_fresh_off_the_request_path(tmp_path):
         state.observe_arrival("m", Signature(*CHAT), gw.clock())
         state.observe_arrival("m", Signature(*CODE), gw.clock())
     asyncio.run(refresh.refresh_splits())
-    assert state.split_elsewhere
-    split = state._assignments["m"]
+    assert state.split.elsewhere
+    split = state.split.assignments["m"]
     assert split[2][(7, 3)] == frozenset({"small"}) and split[2][(12, 3)] == frozenset({"big"})
     # the request path reads that split, however old, instead of solving again
     assert state.assigned("m", Signature(*CHAT), {"small": 1}, gw.clock() + 1e3) == frozenset({"small"})
-    assert state._assignments["m"] is split
+    assert state.split.assignments["m"] is split
 
 
 def test_full_by_the_profiles_but_not_by_measurement_routes_instead_of_waiting(slo):

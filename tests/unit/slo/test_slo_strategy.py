@@ -18,7 +18,8 @@ from extproc.routing import PodView, RoutingSettings, RoutingState, build
 from extproc.routing.outcome import Queued, Rejected
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Stream
-from extproc.slo.server import RetryLater, SloRoom
+from extproc.slo.live_room import RetryLater, SloRoom
+from extproc.slo.waiting import SLO_WAITING
 
 
 def profile(name: str, tput: float, e2e: float, target: float = 10.0, tput_long: float | None = None):
@@ -150,6 +151,14 @@ def gateway(max_queue: int = 4, max_wait: float = 5.0) -> tuple[Gateway, SloRoom
     return gw, room
 
 
+async def admitted_wait(room: SloRoom, request, profile_, request_id: str, queued: Queued):
+    """What the stream does with a Queued outcome (extproc.admission): admit, then wait or a 429."""
+    admitted = room.admit(queued)
+    if type(admitted) is not Queued:
+        raise room.reject(request.model, admitted)
+    return await room.wait(request, profile_, request_id, admitted)
+
+
 async def poll(cond, timeout: float = 5.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -166,7 +175,7 @@ def test_queued_request_is_dispatched_when_a_completion_frees_capacity():
         gw.route(req(), profile_, "r2")                        # utilization 1.0 now
         wait = gw.route(req(), profile_, "r3")
         assert type(wait) is Queued
-        task = asyncio.create_task(room.wait(req(), profile_, "r3", wait))
+        task = asyncio.create_task(admitted_wait(room, req(), profile_, "r3", wait))
         await poll(lambda: room.state.queues.length("m") == 1)
         assert not task.done()
         # a new arrival queues behind it, it does not overtake
@@ -193,7 +202,7 @@ def test_most_urgent_is_dispatched_first():
             entries.append((rid, r, w))
         entries[1][2].entry.slack = -100.0    # the second arrival is far more urgent (own sub-queue)
         entries[1][2].entry.key = "other"
-        tasks = {rid: asyncio.create_task(room.wait(r, p, rid, e)) for rid, r, e in entries}
+        tasks = {rid: asyncio.create_task(admitted_wait(room, r, p, rid, e)) for rid, r, e in entries}
         await poll(lambda: room.state.queues.length("m") == 2)
         gw.complete(d1.key, status=200, prompt_tokens=128, output_tokens=8)
         await poll(lambda: any(t.done() for t in tasks.values()))
@@ -211,12 +220,12 @@ def test_breached_while_waiting_and_full_queue_get_429():
         gw.route(req(), p, "r2")
         w1 = gw.route(req(), p, "r3")
         assert type(w1) is Queued
-        first = asyncio.create_task(room.wait(req(), p, "r3", w1))
+        first = asyncio.create_task(admitted_wait(room, req(), p, "r3", w1))
         await poll(lambda: room.state.queues.length("m") == 1)
         w2 = gw.route(req(), p, "r4")
         assert type(w2) is Queued
         with pytest.raises(RetryLater) as full:
-            await room.wait(req(), p, "r4", w2)
+            await admitted_wait(room, req(), p, "r4", w2)
         assert full.value.status == 429 and full.value.code == "queue_full" and full.value.retry_after >= 1
         with pytest.raises(RetryLater) as breached:
             await asyncio.wait_for(first, 5)
@@ -236,7 +245,7 @@ def test_cancelled_wait_leaves_the_queue_at_once():
         gw.route(req(), p, "r2")
         w = gw.route(req(), p, "r3")
         assert type(w) is Queued
-        task = asyncio.create_task(room.wait(req(), p, "r3", w))
+        task = asyncio.create_task(admitted_wait(room, req(), p, "r3", w))
         await poll(lambda: room.state.queues.length("m") == 1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -264,7 +273,7 @@ def test_stream_waits_then_gets_429_with_retry_after():
         p = gw.profile(None, "m")
         gw.route(req(), p, "r1")
         gw.route(req(), p, "r2")
-        stream = Stream(gw, room)
+        stream = Stream(gw, {SLO_WAITING: room})
         stream.handle(_headers())
         assert stream.handle(_body()) is None and stream.queued
         reply = await asyncio.wait_for(stream.wait_queued(), 5)

@@ -1,4 +1,6 @@
-"""The live SLO waiting room: an asyncio shell around the pure room (slo/room.py), and its metrics.
+"""The live SLO waiting room: an asyncio shell around the pure room (slo/room.py), and its metrics. The
+slo* strategies supply it through their registration (slo/waiting.py); the ext_proc stream reaches it
+through extproc.admission, which admits a held-back request here before the stream awaits `wait`.
 
 A request its strategy queues awaits a future here, so waiting never blocks the event loop or other
 streams. Whenever capacity may have freed (a request finished: post-response; or one arrived) the room
@@ -101,8 +103,13 @@ class SloRoom:
         self.rejections.labels(model, rejected.reason).inc()
         return rejection(rejected.reason, rejected.retry_after, model)
 
+    def admit(self, queued: Queued) -> Queued | Rejected:
+        """The held-back request joins its model's queue (Rejected: the queue is full). The stream
+        awaits `wait` next, in the same turn of the loop: nothing dispatches before its waiter is set."""
+        return Room(self.state.queues).admit(queued)  # type: ignore[union-attr]  (Queued: an slo* strategy was built)
+
     async def wait(self, request: Request, profile: Profile, request_id: str, queued: Queued) -> Routed:
-        """Queue the request and wait for its dispatch; raises RetryLater (or the 503 of no ready pod).
+        """Wait, admitted, for the request's dispatch; raises RetryLater (or the 503 of no ready pod).
         Cancellation leaves the queue."""
         state = self.state
         entry: Entry = queued.entry
@@ -110,9 +117,6 @@ class SloRoom:
         loop = asyncio.get_running_loop()
         waiter = _Waiter(request, profile, request_id, loop.create_future())
         entry.payload = waiter
-        admitted = Room(state.queues).admit(queued)
-        if type(admitted) is Rejected:
-            raise self.reject(model, admitted)
         self._length(model)
         now = self._gw.clock()
         waiter.timer = loop.call_later(max(0.0, entry.deadline - now), self._breach, entry)

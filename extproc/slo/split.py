@@ -1,0 +1,45 @@
+"""The `slo` rule's split: the recent mix of shapes per model, and the GPU types comparative advantage
+gives each shape (slo/assignment.py's LP over that mix), cached. A server keeps it fresh off the request
+path (slo/refresh.py sets `elsewhere`); otherwise (the fleet simulation, or before the first refresh)
+it is re-solved in place at most every ASSIGNMENT_REFRESH_S, or when the pods change."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from extproc.slo.assignment import Mix, Shape, assign, shape_of
+from extproc.slo.model import DeploymentModel, Signature
+
+ASSIGNMENT_REFRESH_S = 5.0  # `slo`'s split re-solved in place (no server loop) at most this often
+
+
+class Split:
+    def __init__(self) -> None:
+        self.mixes: dict[str, Mix] = {}
+        self.assignments: dict[str, tuple[float, tuple, dict[Shape, frozenset[str]]]] = {}
+        self.elsewhere = False  # True while the server's background task keeps the splits fresh
+
+    def observe_arrival(self, model: str, sig: Signature, now: float) -> None:
+        mix = self.mixes.get(model)
+        if mix is None:
+            mix = self.mixes[model] = Mix()
+        mix.observe(shape_of(sig), now)
+
+    def assigned(self, model: str, table: Mapping[str, DeploymentModel], sig: Signature,
+                 pods: Mapping[str, int], now: float) -> frozenset[str]:
+        """The deployments the recent mix's split over these pods gives this shape (empty: no opinion)."""
+        key = tuple(sorted(pods.items()))
+        cached = self.assignments.get(model)
+        if cached is None or not self.elsewhere and (
+                cached[1] != key or not 0 <= now - cached[0] < ASSIGNMENT_REFRESH_S):
+            mix = self.mixes.get(model)
+            self.store(model, key, now, assign(table, pods, mix.rates(now) if mix else {}))
+            cached = self.assignments[model]
+        return cached[2].get(shape_of(sig), frozenset())
+
+    def store(self, model: str, key: tuple, now: float, split: dict[Shape, frozenset[str]]) -> None:
+        self.assignments[model] = (now, key, split)
+
+    def forget(self, model: str) -> None:
+        """The model's profiles changed: its split is solved again."""
+        self.assignments.pop(model, None)
