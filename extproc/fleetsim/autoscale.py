@@ -47,6 +47,7 @@ class Timeline:
     errors: list[str] = field(default_factory=list)
     factors: list[dict[str, float]] = field(default_factory=list)  # the feedback's, per re-plan
     rps: list[float] = field(default_factory=list)  # the workload the optimizer read, per re-plan
+    refused: list[int] = field(default_factory=list)  # router refusals in the windows read (meta_rejected)
 
 
 class Optimizer:
@@ -92,6 +93,7 @@ class Optimizer:
         self.timeline.factors.append({d: self.state.feedback.factor(d) for d in self.groups})
         demands, plan, error = result.demands, result.plan, result.error
         self.timeline.rps.append(sum(d.rps for d in demands))
+        self.timeline.refused.append(sum(n for w in windows for n in w.rejected.values()))
         self.state.apply(wall, demands, plan, error)
         now_asked = {}
         for d, g in self.groups.items():

@@ -256,7 +256,12 @@ class FleetRun:
         self.push(queued.entry.deadline, EXPIRE, self.arrivals[i].gateway)
 
     def refused(self, rejected: Rejected, ctx: tuple) -> None:
-        self.reject(ctx[0])  # a 429: slo_breached, queue_full
+        self.refuse(ctx[0], rejected)  # a 429: slo_breached, queue_full
+
+    def refuse(self, i: int, rejected: Rejected) -> None:
+        """A 429: the arrival's gateway tells its hooks (the optimizer's traces count it), as live."""
+        self.gws[self.arrivals[i].gateway].gateway.refused(self.model, rejected)
+        self.reject(i)
 
     def reject(self, i: int) -> None:
         self.res.status[i] = REJECTED
@@ -355,9 +360,9 @@ class FleetRun:
     # -- the waiting rooms (slo/room.py, in virtual time) ------------------------------------------
 
     def on_expire(self, g: int, t: float) -> None:
-        for entry, _ in self.rooms[g].expire(self.model, t):  # type: ignore[union-attr]
+        for entry, rejected in self.rooms[g].expire(self.model, t):  # type: ignore[union-attr]
             self.queued.pop(entry.payload)  # type: ignore[arg-type]
-            self.reject(entry.payload)  # type: ignore[arg-type]  (a 429: SLO breached)
+            self.refuse(entry.payload, rejected)  # type: ignore[arg-type]  (a 429: SLO breached)
         self.push(t, DISPATCH, g)
 
     def on_dispatch(self, g: int, t: float) -> None:

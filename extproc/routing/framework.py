@@ -74,6 +74,13 @@ class PostResponse(Protocol):
     def post_response(self, record: RequestRecord, now: float) -> None: ...
 
 
+@runtime_checkable
+class PostReject(Protocol):
+    """Told a request of `model` was refused (a 429: its SLO cannot be met, or the queue is full)."""
+
+    def post_reject(self, model: str, rejected: Rejected, now: float) -> None: ...
+
+
 class MaxScorePicker:
     """Highest blended score wins; ties are broken at random so equal pods share load."""
 
@@ -152,12 +159,15 @@ class Hooks:
     def __init__(self) -> None:
         self._choice: list[PostChoice] = []
         self._response: list[PostResponse] = []
+        self._reject: list[PostReject] = []
 
     def add(self, plugin: object) -> None:
         if isinstance(plugin, PostChoice) and plugin not in self._choice:
             self._choice.append(plugin)
         if isinstance(plugin, PostResponse) and plugin not in self._response:
             self._response.append(plugin)
+        if isinstance(plugin, PostReject) and plugin not in self._reject:
+            self._reject.append(plugin)
 
     def post_choice(self, request: Request, chosen: PodView, now: float) -> None:
         for hook in self._choice:
@@ -172,6 +182,13 @@ class Hooks:
                 hook.post_response(record, now)
             except Exception:
                 log.exception("post_response hook %r failed", hook)
+
+    def post_reject(self, model: str, rejected: Rejected, now: float) -> None:
+        for hook in self._reject:
+            try:
+                hook.post_reject(model, rejected, now)
+            except Exception:
+                log.exception("post_reject hook %r failed", hook)
 
 
 @dataclass(slots=True, frozen=True)

@@ -34,6 +34,9 @@ class Rejected:
 
     reason: str
     retry_after: float  # seconds suggested to the client (Retry-After)
+    # the deployments that could have served it within its SLO: the GPU optimizer counts the refusal as
+    # a miss of theirs (the plan left them short), through the gateway's post_reject hooks
+    deployments: frozenset[str] = frozenset()
 
 
 Outcome = Routed | Queued | Rejected | None  # None: no ready pod (a 503)

@@ -26,7 +26,7 @@ from extproc.pool.pod import PodKey
 from extproc.ratelimit import RateLimiter
 from extproc.routing import Profile, Router, SettingError, StrategySpec, StrategySpecError
 from extproc.routing.framework import Hooks
-from extproc.routing.outcome import Outcome, Routed
+from extproc.routing.outcome import Outcome, Rejected, Routed
 from extproc.server.auth import ApiKeys
 from extproc.server.metrics import PodMetricsCollector
 from extproc.state.accounting import Accounting
@@ -193,6 +193,11 @@ class Gateway:
         key = next(self._keys)
         self.open.open(key, OpenRequest(request, chosen.pod, profile.name, request_id, now))
         return Routed(chosen.pod, key)
+
+    def refused(self, model: str, rejected: Rejected) -> None:
+        """A request of `model` was refused (a 429), now or after waiting: the hooks hear of it (the
+        request traces count it for the GPU optimizer)."""
+        self.hooks.post_reject(model, rejected, self.clock())
 
     def abort(self, key: str) -> None:
         """The routing stream was cancelled: Envoy may never have used the decision."""

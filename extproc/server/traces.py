@@ -13,6 +13,7 @@ from extproc.cancellation import raise_if_cancelled
 from extproc.openai import Request
 from extproc.pool.pod import deployment_of
 from extproc.routing.framework import PodView
+from extproc.routing.outcome import Rejected
 from extproc.server.gateway import Gateway
 from extproc.state.record import RequestRecord
 from extproc.tracing.flusher import TraceFlusher
@@ -31,6 +32,9 @@ class TraceHooks:
 
     def post_choice(self, request: Request, chosen: PodView, now: float) -> None:
         self.recorder.arrived(request.model, self.wall())
+
+    def post_reject(self, model: str, rejected: Rejected, now: float) -> None:
+        self.recorder.rejected(model, rejected.deployments, self.wall())
 
     def post_response(self, record: RequestRecord, now: float) -> None:
         if record.ok and record.output_tokens is not None:

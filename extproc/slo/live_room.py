@@ -47,6 +47,7 @@ class LiveGateway(Protocol):
 
     def route(self, request: Request, profile: Profile, request_id: str, queued: bool = False) -> Outcome: ...
     def abort(self, key: str) -> None: ...
+    def refused(self, model: str, rejected: Rejected) -> None: ...
     def add_hook(self, plugin: object) -> None: ...
 
 
@@ -100,7 +101,9 @@ class SloRoom:
     # -- the request path -------------------------------------------------------------------------
 
     def reject(self, model: str, rejected: Rejected) -> RetryLater:
+        """Every refusal of the live gateway passes here: counted, told to the hooks, answered."""
         self.rejections.labels(model, rejected.reason).inc()
+        self._gw.refused(model, rejected)
         return rejection(rejected.reason, rejected.retry_after, model)
 
     def admit(self, queued: Queued) -> Queued | Rejected:

@@ -62,8 +62,10 @@ class Pulling(SloPolicy):
         this shape at all (under `slo`, of its lane: the deployments it may use). Rejected when waiting
         cannot help: its SLO is breached already."""
         table = self.state.table(request.model)
-        usable = [dm for name, dm in table.items()
-                  if dm.consumption(sig) is not None and (lane is None or name in lane)]
+        named = {name: dm for name, dm in table.items()
+                 if dm.consumption(sig) is not None and (lane is None or name in lane)}
+        usable = list(named.values())
+        could = frozenset(named)
         best = max(usable, key=lambda dm: dm.slack(sig))
         slack = best.slack(sig)
         scale = float(sig.output_tokens) if best.metric in PER_TOKEN else 1.0
@@ -72,11 +74,12 @@ class Pulling(SloPolicy):
         retry = max(1.0, min(dm.expected(sig) if dm.metric not in PER_TOKEN else
                              dm.expected(sig) * sig.output_tokens for dm in usable))
         if wait <= 0:
-            return Rejected(REJECT_BREACHED, retry)
+            return Rejected(REJECT_BREACHED, retry, could)
         entry = Entry(request.model, best.cell(sig) if lane is None else lane, now,
                       slack if not math.isinf(slack) else max_wait, scale, now + wait,
                       blocks_all=lane is None)
         entry.retry_after = retry
+        entry.deployments = could
         return Queued(entry)
 
 

@@ -33,6 +33,7 @@ class Entry:
     # True (AIBrix's rule): a head that does not fit stops the dispatch, nobody overtakes it. False
     # (`slo`): the key is the set of deployments the request may use, and only its own lane waits.
     blocks_all: bool = True
+    deployments: frozenset[str] = frozenset()  # those that could serve it in time (a refusal is theirs)
 
     def urgency(self, now: float) -> float:
         return (now - self.arrival) / self.scale - self.slack

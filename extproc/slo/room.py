@@ -33,7 +33,7 @@ class Room:
         try:
             self.queues.push(entry)
         except Full:
-            return Rejected(REJECT_FULL, entry.retry_after)
+            return Rejected(REJECT_FULL, entry.retry_after, entry.deployments)
         return queued
 
     def dispatch(self, model: str, now: float, route: Callable[[Entry], Outcome | Exception],
@@ -65,7 +65,7 @@ class Room:
         """The entry's deadline passed while it waited: it leaves, refused (None: it had left already)."""
         if not self.queues.remove(entry):
             return None
-        return Rejected(REJECT_BREACHED, entry.retry_after)
+        return Rejected(REJECT_BREACHED, entry.retry_after, entry.deployments)
 
     def expire(self, model: str, now: float) -> list[tuple[Entry, Rejected]]:
         """Every entry of `model` whose deadline has passed by `now`, removed and refused."""

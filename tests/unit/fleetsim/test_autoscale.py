@@ -11,7 +11,7 @@ import pytest
 from extproc.fleetsim.arrivals import generate
 from extproc.fleetsim.autoscale import direction_changes
 from extproc.fleetsim.fleet import build_replicas
-from extproc.fleetsim.loop import run
+from extproc.fleetsim.loop import REJECTED, run
 from extproc.fleetsim.metrics import summarize
 from extproc.gpu_profiles import parse_profile
 from tests.unit.fleetsim.conftest import small
@@ -65,6 +65,20 @@ def test_the_plan_scales_the_cheaper_type_after_a_step_and_settles():
     summary = summarize(res)["autoscale"]
     assert summary["cost_per_hour_end"] == pytest.approx(
         tl.billed["fast"][-1] * 2.0 + tl.billed["slow"][-1] * 1.0)
+
+
+def test_the_routers_refusals_reach_the_optimizers_traces():
+    # at most one replica of each, 15 req/s tripled at 200 s: the SLO router refuses what cannot wait,
+    # and the optimizer reads those refusals in the traces (meta_rejected)
+    sc = scenario(fleet=[{"gpu": "A100", "replicas": 1, "initial": 1, "cost": 2.0, "name": "fast"},
+                         {"gpu": "L20", "replicas": 1, "initial": 1, "cost": 1.0, "name": "slow"}],
+                  duration_s=300, streams=[{**CHAT, "rate": 15}])
+    res = run(sc, "slo", generate(sc, 6), seed=6, optimizer=True, gpu_profiles=PROFILES)
+    refused = sum(1 for s in res.status if s == REJECTED)
+    assert refused > 0
+    tl = res.autoscale
+    assert max(tl.refused) > 0
+    assert all(n == 0 for t, n in zip(tl.times, tl.refused) if t <= 100)  # none before any was refused
 
 
 def test_same_seed_same_scaling():

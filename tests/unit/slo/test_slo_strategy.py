@@ -18,7 +18,9 @@ from extproc.routing import PodView, RoutingSettings, RoutingState, build
 from extproc.routing.outcome import Queued, Rejected
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Stream
+from extproc.server.traces import TraceHooks
 from extproc.slo.live_room import RetryLater, SloRoom
+from extproc.tracing.window import TraceRecorder
 from extproc.slo.waiting import SLO_WAITING
 
 
@@ -90,6 +92,7 @@ def test_breached_on_arrival_is_rejected(routing):
     rej = s["slo-least-load-pulling"].pick(req(), views(fast0=5, fast1=5), 0)
     assert type(rej) is Rejected
     assert rej.reason == "slo_breached"
+    assert rej.deployments == {"fast"}  # the deployment that could have served it: a miss of its plan
 
 
 def test_without_profiles_load_balance_routes(routing):
@@ -215,6 +218,8 @@ def test_most_urgent_is_dispatched_first():
 def test_breached_while_waiting_and_full_queue_get_429():
     async def main():
         gw, room = gateway(max_queue=1, max_wait=0.2)
+        recorder = TraceRecorder()
+        gw.add_hook(TraceHooks(recorder, lambda: 1_700_000_005.0))  # the optimizer's traces hear of them
         p = gw.profile(None, "m")
         gw.route(req(), p, "r1")
         gw.route(req(), p, "r2")
@@ -234,6 +239,8 @@ def test_breached_while_waiting_and_full_queue_get_429():
         for reason in ("queue_full", "slo_breached"):
             assert gw.registry.get_sample_value("extproc_slo_rejections_total",
                                                 {"model": "m", "reason": reason}) == 1
+        [(_, raw)] = recorder.due(1_700_000_010.0)
+        assert json.loads(raw)["meta_rejected"] == {"fast": 2}  # both refusals, the deployment's misses
     asyncio.run(main())
 
 
