@@ -20,8 +20,8 @@ from extproc.server.gateway import Gateway
 from extproc.server.processor import Stream
 from extproc.server.traces import TraceHooks
 from extproc.slo.live_room import RetryLater, SloRoom
-from extproc.tracing.window import TraceRecorder
 from extproc.slo.waiting import SLO_WAITING
+from extproc.tracing.window import TraceRecorder
 
 
 def profile(name: str, tput: float, e2e: float, target: float = 10.0, tput_long: float | None = None):
