@@ -32,9 +32,9 @@ from extproc.server.gateway import Gateway
 from extproc.server.heap import HeapTrimmer
 from extproc.server.otel import from_env as otel_from_env
 from extproc.server.processor import Processor, parse_body
+from extproc.server.supervisor import WorkerSpec
 from extproc.server.tls import ReloadingCredentials, TlsError, TlsSettings
 from extproc.server.traces import run_tracing
-from extproc.server.workers import WorkerSpec
 from extproc.slo.refresh import SloRefresh
 from extproc.state.accounting import Accounting
 from extproc.state.shared import LocalState, SharedState

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from extproc.routing.state import Series
+from extproc.routing.store import Series
 
 LABELS = ["model", "pod"]
 FAMILIES = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily}

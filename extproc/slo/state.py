@@ -11,7 +11,7 @@ from itertools import islice
 from extproc.gpu_profiles import GpuProfile
 from extproc.openai import Request
 from extproc.pool.pod import Pod, deployment_of
-from extproc.routing.state import Series
+from extproc.routing.store import Series
 from extproc.slo.assignment import Mix, Shape, assign, shape_of
 from extproc.slo.model import DeploymentModel, Signature, build_table
 from extproc.slo.predictor import OutputPredictor
