@@ -296,14 +296,14 @@ def run(scenario: Scenario, strategy: str, arrivals: Sequence[Arrival], *, gatew
             else:
                 start(i, result, text, t)  # type: ignore[arg-type]
 
-    speed = gws[0].gateway.accounting.speed
+    pod_speed = gws[0].gateway.pod_speed
     addr_index = {r.address: r.index for r in replicas}
     next_estimate = 0.0
 
     def record_estimates(t: float) -> None:
         row = [NAN] * len(replicas)
         for p in gws[0].gateway.pool.all_pods():
-            sp = speed.speed(p.key)
+            sp = pod_speed(p.key)
             if sp is not None:
                 row[addr_index[p.address]] = sp.saturated
         res.capacity_estimates.append((t, row))

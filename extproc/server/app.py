@@ -233,9 +233,7 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     await scraper.close()
     await prober.close()
     await limiter.close()
-    close = getattr(shared, "close", None)
-    if close is not None:
-        await close()
+    await shared.close()
     parser_pool.shutdown(wait=False, cancel_futures=True)
     if otel is not None:  # the last spans out, bounded (the SDK's export timeout), off the loop
         await asyncio.to_thread(otel[1].shutdown)

@@ -506,3 +506,9 @@ class SyncedState:
     @property
     def up(self) -> bool:
         return self.core.up
+
+    async def run(self) -> None:
+        pass  # synced from outside (the fleet simulation's hub); RedisState runs its own loop
+
+    async def close(self) -> None:
+        pass
