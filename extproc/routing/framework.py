@@ -32,8 +32,10 @@ class Filter(Protocol):
 
 class Scorer(Protocol):
     """Rates every pod. Routing alone, a strategy's own Picker reads the raw scores. Blended, each
-    scorer's scores are normalised per request (blend.normalize): a scorer whose lower scores are
-    better says so with a class attribute `lower_is_better = True`; NaN or ±Inf means "not scored"."""
+    scorer's scores are normalised per request (blend.normalize) by the direction every scorer
+    declares, `lower_is_better`; NaN or ±Inf means "not scored"."""
+
+    lower_is_better: bool  # a class attribute of every scorer: which way its raw scores point
 
     def score(self, request: Request, pods: Sequence[PodView], now: float) -> Sequence[float]: ...
 

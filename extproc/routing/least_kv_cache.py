@@ -13,6 +13,8 @@ from extproc.routing.load import mean_fill
 class KvFreeScorer:
     """Higher is better: the free fraction of the GPU KV cache."""
 
+    lower_is_better = False
+
     def score(self, request: Request, pods: Sequence[PodView], now: float) -> list[float]:
         return mean_fill([p.kv_free if p.kv_free is not None and p.kv_free == p.kv_free else None
                           for p in pods], 1.0)

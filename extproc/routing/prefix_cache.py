@@ -206,6 +206,7 @@ class PrefixCacheScorer:
     """Higher is better: the fraction of the prompt's blocks a pod holds as an unbroken prefix."""
 
     __slots__ = ("cache", "load_balance")
+    lower_is_better = False
 
     def __init__(self, cache: PrefixCache, load_balance: LoadBalanceSettings) -> None:
         self.cache = cache
