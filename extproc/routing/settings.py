@@ -106,8 +106,7 @@ def env_knobs() -> dict[str, str]:
 
 def env_variables() -> list[str]:
     """Every environment variable read here (for docs and `--help`)."""
-    return [f"{prefix}_{suffix}" for _, suffix, _ in (*_LB_KEYS.values(), *_AB_KEYS.values())
-            for prefix in ("EXTPROC", "AIBRIX")]
+    return [f"{prefix}_{suffix}" for suffix in env_knobs() for prefix in ("EXTPROC", "AIBRIX")]
 
 
 def merge_env(routing: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
