@@ -21,7 +21,7 @@ def _serve(args: argparse.Namespace) -> int:
         return _supervise(args)
     worker = None
     if args.worker:
-        from extproc.server.workers import WorkerSpec
+        from extproc.server.supervisor import WorkerSpec
 
         worker = WorkerSpec.parse(args.worker)
     return serve(args.config, port=args.port, admin_port=args.admin_port,
@@ -32,7 +32,7 @@ def _supervise(args: argparse.Namespace) -> int:
     import asyncio
 
     from extproc.config import ConfigError, load
-    from extproc.server.workers import supervise
+    from extproc.server.supervisor import supervise
 
     try:
         config = load(args.config)  # refused here, before any worker starts

@@ -5,7 +5,8 @@ these into the typed `Config`, so both show the same gateway. Nothing else in th
 environment. (The optimizer's CLI resolves Redis with the same `redis_url_from_env`.)
 
 Project variables are EXTPROC_*; AIBrix's names are accepted as aliases, so a gateway deployed with the
-seed's manifests keeps its settings. Pure: no imports of the project, nothing read at import.
+seed's manifests keeps its settings. Pure: nothing read at import; the routing knobs are listed by
+`extproc.routing.settings`, which owns and checks them, and only named here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
+
+from extproc.routing.settings import env_knobs
 
 
 def flag(text: str) -> bool:
@@ -52,24 +55,12 @@ CONFIG_OVERRIDES: tuple[Variable, ...] = (
     Variable("EXTPROC_API_KEYS_FILE", "gateway.api_keys_file", str),
 )
 
-# The routing knobs: EXTPROC_X beats its AIBRIX_X twin, both beat the file. Applied (and range-checked)
-# by extproc.routing.settings.merge_env, which owns the routing section; a unit test holds this list
-# equal to routing.settings.env_variables().
-_ROUTING_KNOBS = {
-    "LOAD_BALANCE_QUEUED_WEIGHT": "routing.load_balance.queued_weight",
-    "LOAD_BALANCE_KV_PRESSURE_ALPHA": "routing.load_balance.kv_pressure_alpha",
-    "LOAD_BALANCE_KV_CRITICAL_FREE": "routing.load_balance.kv_critical_free",
-    "LOAD_BALANCE_IMBALANCE_FACTOR": "routing.load_balance.imbalance_factor",
-    "LOAD_BALANCE_IMBALANCE_MIN_GAP": "routing.load_balance.imbalance_min_gap",
-    "ROUTING_AUTO_BLEND_LOAD_BALANCE_WEIGHT": "routing.auto_blend.load_balance_weight",
-    "ROUTING_AUTO_BLEND_LEAST_REQUEST_WEIGHT": "routing.auto_blend.least_request_weight",
-    "ROUTING_AUTO_BLEND_PREFIX_CACHE_WEIGHT": "routing.auto_blend.prefix_cache_weight",
-    "ROUTING_AUTO_BLEND_PREFIX_CACHE_LOAD_BALANCE_WEIGHT":
-        "routing.auto_blend.prefix_cache_load_balance_weight",
-}
+# The routing knobs: EXTPROC_X beats its AIBRIX_X twin, both beat the file. Listed, applied and
+# range-checked by extproc.routing.settings (merge_env), which owns the routing section: named here from
+# its table, so the two cannot drift apart.
 ROUTING_KNOBS: tuple[Variable, ...] = tuple(
     Variable(f"{prefix}_{suffix}", key, aibrix=prefix == "AIBRIX")
-    for suffix, key in _ROUTING_KNOBS.items() for prefix in ("EXTPROC", "AIBRIX"))
+    for suffix, key in env_knobs().items() for prefix in ("EXTPROC", "AIBRIX"))
 
 REDIS_URL, REDIS_HOST, REDIS_PORT, REDIS_PASSWORD = ("EXTPROC_REDIS_URL", "REDIS_HOST", "REDIS_PORT",
                                                      "REDIS_PASSWORD")
@@ -117,15 +108,6 @@ def redis_url_from_env(env: Mapping[str, str], configured: str | None) -> str | 
             netloc = f"{user}:{quote(password, safe='')}@{parts.netloc.rpartition('@')[2]}"
             url = urlunsplit(parts._replace(netloc=netloc))
     return url
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password replaced, for logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{parts.netloc.rpartition('@')[2]}"))
 
 
 _GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})  # Go's strconv.ParseBool, as AIBrix reads it

@@ -39,7 +39,7 @@ from extproc.envoy_contract import (
     POD,
     RATE_LIMIT_HEADERS,
     REQUEST_ID,
-    REQUEST_ID_HEADER,
+    ROUTED_REQUEST_ID_HEADER,
     STRATEGY,
     STRATEGY_HEADER,
     TARGET_POD_HEADER,
@@ -143,7 +143,7 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         {"header": {"key": header, "value": f"%DYNAMIC_METADATA({GATEWAY_METADATA_NAMESPACE}:{key})%"},
          "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}
         for header, key in ((TARGET_POD_HEADER, POD), (STRATEGY_HEADER, STRATEGY),
-                            (REQUEST_ID_HEADER, REQUEST_ID), *((h, h) for h in RATE_LIMIT_HEADERS))]
+                            (ROUTED_REQUEST_ID_HEADER, REQUEST_ID), *((h, h) for h in RATE_LIMIT_HEADERS))]
     # Envoy's own replies in the OpenAI shape too: upstream failures (connect refused, reset, timeout),
     # bodies over its buffer, and the rest (the gateway unreachable, no destination). The gateway's own
     # ImmediateResponses carry the `answered` marker in their metadata and pass untouched.

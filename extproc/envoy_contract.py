@@ -13,8 +13,15 @@ from __future__ import annotations
 # (gateway.destination_header may rename it; Envoy's bootstrap must then be rendered with the same name).
 DEFAULT_DESTINATION_HEADER = "x-gateway-destination-endpoint"
 STRATEGY_HEADER = "routing-strategy"  # the client's choice of strategy (AIBrix's header)
+MODEL_HEADER = "model"                # the model, when the client names it outside the body
+SESSION_HEADER = "x-aibrix-session-key"  # session-affinity's key (AIBrix's header)
+AUTHORIZATION_HEADER = "authorization"   # the client's API key (`Bearer ...`), when keys are required
+TRACEPARENT_HEADER = "traceparent"    # W3C trace context: read only when OpenTelemetry is on
+# Two request ids on the wire, kept apart: Envoy's (or the client's) on the request, read as the id to
+# route under; the gateway's answer on the response, as AIBrix names it.
+ENVOY_REQUEST_ID_HEADER = "x-request-id"  # request header: the id Envoy assigns (or the client sent)
+ROUTED_REQUEST_ID_HEADER = "request-id"   # response header: the request id the gateway routed under
 TARGET_POD_HEADER = "target-pod"      # AIBrix's response header naming the pod; never taken from clients
-REQUEST_ID_HEADER = "request-id"      # response header: the request id the gateway routed under
 # Headers that steer Envoy's ORIGINAL_DST or AIBrix-style gateways: never accepted from clients.
 CLIENT_DESTINATION_HEADERS = (DEFAULT_DESTINATION_HEADER, TARGET_POD_HEADER)
 

@@ -83,7 +83,7 @@ def score(raw: Any, strategy: str | None, env: Mapping[str, str]) -> Scored:
     chosen = profile.picker.pick(candidates, totals) if len(candidates) > 1 else candidates[0]
     kept = {v.pod.name for v in candidates}
     # Routing alone a strategy's raw scores are shown; blended, the weighted normalised totals.
-    lower = len(profile.scorers) == 1 and bool(getattr(profile.scorers[0][0], "lower_is_better", False))
+    lower = len(profile.scorers) == 1 and profile.scorers[0][0].lower_is_better
     return Scored(chosen.pod.name, {v.pod.name: s for v, s in zip(candidates, totals)},
                   [v.pod.name for v in views if v.pod.name not in kept], lower,
                   router.resolve(spec, MODEL).weighted)

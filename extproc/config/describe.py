@@ -7,7 +7,7 @@ disagree with the gateway: Redis found through REDIS_HOST shows here as it is us
 from __future__ import annotations
 
 from extproc.config.schema import Config
-from extproc.environment import redact_url
+from extproc.redact import redact_url
 
 
 def describe(config: Config) -> list[str]:

@@ -107,7 +107,7 @@ class FleetRun:
         self._schedule()
         res.spans = {r.index: [[0.0, math.inf]] if r.alive else [] for r in replicas}
         self.scaler = self._autoscaler(groups, gpu_profiles) if optimizer else None
-        self.speed = gws[0].gateway.accounting.speed
+        self.pod_speed = gws[0].gateway.pod_speed
         self.addr_index = {r.address: r.index for r in replicas}
         # by event kind; a tick returns True to end the run (give_up)
         self.instant = {STEP: self.on_step_end, EXPIRE: self.on_expire, DISPATCH: self.on_dispatch}
@@ -404,9 +404,9 @@ class FleetRun:
 
     def record_estimates(self, t: float) -> None:
         row = [NAN] * len(self.replicas)
-        speed, addr_index = self.speed, self.addr_index
+        pod_speed, addr_index = self.pod_speed, self.addr_index
         for p in self.gws[0].gateway.pool.all_pods():
-            sp = speed.speed(p.key)
+            sp = pod_speed(p.key)
             if sp is not None:
                 row[addr_index[p.address]] = sp.saturated
         self.res.capacity_estimates.append((t, row))

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 from extproc.pool.pod import PodKey
 from extproc.state.shared import LocalCounts
-from extproc.state.sync_core import Snapshot, SyncCore, SyncedState, WriteBatch
+from extproc.state.sync_core import SharedSnapshot, SyncCore, SyncedState, WriteBatch
 
 GATEWAY_TTL = 3.0  # SyncCore's default liveness window
 
@@ -47,10 +47,10 @@ class SyncHub:
             self.speed.setdefault(key, {})[field] = evidence
 
     def read(self, field: str, keys: Iterable[PodKey], now: float, speed: bool = False,
-             tokens: bool = True) -> Snapshot:
+             tokens: bool = True) -> SharedSnapshot:
         live = {g for g, beat in self.heartbeats.items() if beat >= now - GATEWAY_TTL}
-        snap = Snapshot(server_now=now, gateways=dict(self.heartbeats), running={},
-                        tokens={} if tokens else None, speed={} if speed else None)
+        snap = SharedSnapshot(server_now=now, gateways=dict(self.heartbeats), running={},
+                              tokens={} if tokens else None, speed={} if speed else None)
         for key in keys:
             if snap.speed is not None:
                 for g, raw in self.speed.get(key, {}).items():

@@ -117,11 +117,12 @@ async def _serve(args: argparse.Namespace) -> int:
     import redis.asyncio as aioredis
     from aiohttp import web
 
-    from extproc.environment import in_cluster, redact_url, redis_url_from_env
+    from extproc.environment import in_cluster, redis_url_from_env
     from extproc.gpu_profiles import ProfileStore
     from extproc.optimizer.deployments import DeploymentSource, FileDeploymentSource, StaticDeploymentSource
     from extproc.optimizer.kubernetes import KubernetesDeploymentSource, MergedDeploymentSource
     from extproc.optimizer.service import OptimizerService, ServiceSettings
+    from extproc.redact import redact_url
 
     file_source = FileDeploymentSource(args.config) if args.config else None
     source: DeploymentSource = file_source or StaticDeploymentSource([])

@@ -110,7 +110,7 @@ def decision_times(pod_counts: tuple[int, ...] = (10, 100, 1000), decisions: int
             if len(in_flight) > keep:
                 key, pod = in_flight.popleft()
                 out_tokens = rng.randint(16, 512)
-                tpot = GPUS[pod.gpu] * (1.0 + SLOWDOWN * gw.accounting.shared.running(pod.key))
+                tpot = GPUS[pod.gpu] * (1.0 + SLOWDOWN * gw.shared.running(pod.key))
                 ttfb = 0.05 + rng.random() * 0.1
                 t = time.perf_counter_ns()
                 gw.complete(key, status=200, output_tokens=out_tokens, token_source="usage",

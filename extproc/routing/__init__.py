@@ -24,7 +24,7 @@ from extproc.routing.framework import (
 )
 from extproc.routing.router import Router
 from extproc.routing.settings import RoutingSettings, SettingError
-from extproc.routing.state import RoutingState
+from extproc.routing.store import RoutingState
 
 __all__ = ["PodView", "Profile", "Router", "RoutingSettings", "RoutingState", "SettingError", "StrategySpec",
            "StrategySpecError", "UnknownStrategy", "build", "strategy_names"]

@@ -172,10 +172,11 @@ class Normalized:
     """A member strategy's scorer as one voice of a blend: its scores normalised per request."""
 
     __slots__ = ("inner", "_lower")
+    lower_is_better = False  # normalised: higher is better
 
     def __init__(self, inner: Scorer) -> None:
         self.inner = inner
-        self._lower = bool(getattr(inner, "lower_is_better", False))
+        self._lower = inner.lower_is_better
 
     def score(self, request: Request, pods: Sequence[PodView], now: float) -> list[float]:
         return normalize(self.inner.score(request, pods, now), self._lower)

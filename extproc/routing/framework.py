@@ -11,37 +11,19 @@ Everything here is pure: time comes in as `now`, nothing does I/O.
 from __future__ import annotations
 
 import logging
-import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import Any, Protocol, runtime_checkable
 
 from extproc.openai import Request
 from extproc.routing.outcome import Queued, Rejected
 from extproc.routing.params import Params, declare
 from extproc.routing.settings import RoutingSettings
-from extproc.routing.state import RoutingState
+from extproc.routing.store import RoutingState
 from extproc.state.record import PodView, RequestRecord
 
 log = logging.getLogger(__name__)
-
-
-def capacities(pods: Sequence[PodView]) -> list[float]:
-    """Each pod's capacity for scoring: a pod with no usable estimate gets the mean of those that have
-    one (it competes as an average replica); with no estimate anywhere every pod gets 1.0, so scores
-    reduce to load (x KV penalty). The gateway mean-fills already; this covers every other caller."""
-    caps = list(map(_capacity, pods))
-    # The common case, at C speed: every pod has an estimate (a NaN anywhere makes the sum NaN).
-    if None not in caps and 0 < min(caps) and (total := sum(caps)) == total and max(caps) < math.inf:  # type: ignore
-        return caps  # type: ignore[return-value]
-    known = [c for c in caps if c is not None and 0 < c < math.inf]
-    fill = sum(known) / len(known) if known else 1.0
-    return [c if c is not None and 0 < c < math.inf else fill for c in caps]
-
-
-_capacity = attrgetter("capacity")
 
 
 class Filter(Protocol):
@@ -50,8 +32,10 @@ class Filter(Protocol):
 
 class Scorer(Protocol):
     """Rates every pod. Routing alone, a strategy's own Picker reads the raw scores. Blended, each
-    scorer's scores are normalised per request (blend.normalize): a scorer whose lower scores are
-    better says so with a class attribute `lower_is_better = True`; NaN or ±Inf means "not scored"."""
+    scorer's scores are normalised per request (blend.normalize) by the direction every scorer
+    declares, `lower_is_better`; NaN or ±Inf means "not scored"."""
+
+    lower_is_better: bool  # a class attribute of every scorer: which way its raw scores point
 
     def score(self, request: Request, pods: Sequence[PodView], now: float) -> Sequence[float]: ...
 

@@ -36,29 +36,13 @@ from itertools import compress
 from operator import add, attrgetter, is_, is_not, mul, truediv
 
 from extproc.openai import Request
-from extproc.routing.framework import PodView, capacities
-from extproc.routing.load_balance import kv_penalty
+from extproc.routing.framework import PodView
+from extproc.routing.load import capacities, imbalanced, kv_penalty
 from extproc.routing.settings import LoadBalanceSettings
 from extproc.routing.snapshot import derived
 
 # Normalised loads are floats: pods within this relative distance of the minimum count as tied.
 TIE = 1e-9
-
-
-def loads(pods: Sequence[PodView], capacity_aware: bool = True) -> list[float]:
-    """Each pod's running count, in requests of a mean-capacity pod when `capacity_aware`."""
-    ratios, scale = _ratios(pods, capacity_aware)
-    return [r * scale for r in ratios]
-
-
-def _ratios(pods: Sequence[PodView], capacity_aware: bool) -> tuple[list[float], float]:
-    """running / capacity per pod (map over a builtin: no Python per pod) and the scale (the mean
-    capacity) that turns them into requests; raw counts and 1.0 when not capacity-aware."""
-    running = list(map(_running, pods))
-    if not capacity_aware:
-        return running, 1.0
-    caps = capacities(pods)
-    return list(map(truediv, running, caps)), sum(caps) / len(caps)
 
 
 def least_loaded(values: Sequence[float], factor: float, min_gap: float, scale: float = 1.0) -> list[int] | None:
@@ -80,10 +64,8 @@ def _skewed(values: Sequence[float], low: float, high: float, factor: float, min
 def _fires(values: Sequence[float], low: float, high: float, factor: float, min_gap: float,
            scale: float) -> bool:
     """Whether load is severely skewed: some pod would be excluded (so not all tied, as with min-gap 0)."""
-    n = len(values)
-    if (high - low) * scale < min_gap:
-        return False
-    if n > 2 and high * scale <= factor * ((sum(values) - high) * scale / (n - 1) + 1):
+    if not imbalanced((high - low) * scale, high * scale, (sum(values) - high) * scale, len(values), factor,
+                      min_gap):
         return False
     return high > _tie_limit(low, scale)  # the most loaded pod is not tied with the least
 
@@ -111,7 +93,6 @@ def _lowest_kv_free(pods: Sequence[PodView]) -> float:
     return 1.0 if low is None else low
 
 
-_running = attrgetter("running")
 _kv_free = attrgetter("kv_free")
 _speed = attrgetter("speed")
 _reported = partial(is_not, None)

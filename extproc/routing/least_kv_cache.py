@@ -7,16 +7,17 @@ from collections.abc import Sequence
 
 from extproc.openai import Request
 from extproc.routing.framework import BuildContext, MaxScorePicker, PodView, Profile, register
+from extproc.routing.load import mean_fill
 
 
 class KvFreeScorer:
     """Higher is better: the free fraction of the GPU KV cache."""
 
+    lower_is_better = False
+
     def score(self, request: Request, pods: Sequence[PodView], now: float) -> list[float]:
-        free = [p.kv_free if p.kv_free is not None and p.kv_free == p.kv_free else None for p in pods]
-        known = [f for f in free if f is not None]
-        fill = sum(known) / len(known) if known else 1.0
-        return [fill if f is None else f for f in free]
+        return mean_fill([p.kv_free if p.kv_free is not None and p.kv_free == p.kv_free else None
+                          for p in pods], 1.0)
 
 
 @register("least-kv-cache")

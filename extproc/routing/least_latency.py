@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from extproc.openai import Request
 from extproc.pool.pod import PodKey
 from extproc.routing.framework import BuildContext, PodView, Profile, register
-from extproc.routing.load_balance import LowestScorePicker
+from extproc.routing.load import LowestScorePicker, mean_fill
 from extproc.state.record import RequestRecord
 
 DEFAULT_OUTPUT_TOKENS = 128
@@ -64,10 +64,9 @@ class LeastLatencyScorer:
     def score(self, request: Request, pods: Sequence[PodView], now: float) -> list[float]:
         out = request.max_tokens or DEFAULT_OUTPUT_TOKENS
         predictions = [self.model.predict(p.pod.key, out) for p in pods]
-        known = [x for x in predictions if x is not None]
-        fill = sum(known) / len(known) if known else 0.0
         # unobserved: explored first while idle, then an average pod
-        return [x if x is not None else 0.0 if p.running == 0 else fill for x, p in zip(predictions, pods)]
+        filled = mean_fill(predictions, 0.0)
+        return [0.0 if x is None and p.running == 0 else f for x, f, p in zip(predictions, filled, pods)]
 
 
 @register("least-latency")

@@ -9,6 +9,10 @@ from extproc.routing.framework import BuildContext, MaxScorePicker, PodView, Pro
 
 
 class LeastRequestScorer:
+    """Higher is better: 1 − running / the most running of any pod."""
+
+    lower_is_better = False
+
     def score(self, request: Request, pods: Sequence[PodView], now: float) -> list[float]:
         most = max(p.running for p in pods)
         if most == 0:

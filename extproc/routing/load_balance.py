@@ -27,20 +27,17 @@ Edge cases, as the spec lists them (under `speed`, all but the idle rule):
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from itertools import compress, repeat
-from operator import attrgetter, is_, le
+from operator import attrgetter, le
 
 from extproc.openai import Request
-from extproc.routing.framework import BuildContext, PodView, Profile, capacities, register
+from extproc.routing.framework import BuildContext, PodView, Profile, register
+from extproc.routing.load import INF, LowestScorePicker, capacities, kv_penalty, speeds
 from extproc.routing.settings import LoadBalanceSettings
 from extproc.routing.snapshot import derived
-from extproc.state.speed import UNKNOWN_SPREAD, Speed
 
-INF = math.inf
 # Scores within this many standard errors of the best (the speed estimates' spreads, combined) tie.
 TIE_Z = 2.0
 
@@ -54,8 +51,7 @@ def load_balance_score(load: float, capacity: float, kv_free: float | None, alph
         return INF
     if load <= 0:
         return 0.0  # idle: 0 whatever the capacity (and 0/0 never happens)
-    used = 1.0 - kv_free
-    return load / capacity * (1.0 + alpha * used * used)
+    return load / capacity * kv_penalty(kv_free, alpha)
 
 
 class LoadBalanceScorer:
@@ -95,18 +91,17 @@ class LoadBalanceScorer:
         queued = [weight * q if (q := p.queued) == q else 0.0 for p in pods] if weight > 0 else None
         kvs = list(map(_kv_free, pods))
         flags = [k is not None and k < critical for k in kvs]  # NaN < x is False: unreported
-        speeds = _speeds(pods) if s.capacity == "speed" else None
-        if speeds is not None:
+        fitted = speeds(pods) if s.capacity == "speed" else None
+        if fitted is not None:
             penalty = [1.0 if x else kv_penalty(k, alpha) for x, k in zip(flags, kvs)]
-            base = [INF if x else sp.base for x, sp in zip(flags, speeds)]
-            shape = [0.0 if x else sp.shape for x, sp in zip(flags, speeds)]
+            base = [INF if x else sp.base for x, sp in zip(flags, fitted)]
+            shape = [0.0 if x else sp.shape for x, sp in zip(flags, fitted)]
             # the fold holds while every load is finite (INF x (1 + 0 x inf) would be NaN)
             folded = queued is None or all(map(math.isfinite, queued))
-            spread = [(TIE_Z * sp.spread) ** 2 for sp in speeds]
+            spread = [(TIE_Z * sp.spread) ** 2 for sp in fitted]
             return _Columns(queued, flags, (base, shape, penalty), folded, spread=spread, widest=max(spread))
         reported = None not in kvs and (t := sum(kvs)) == t  # type: ignore[operator]  # no None, no NaN
-        # 1 + α·(1 − kvFree)², computed as load_balance_score does (unreported: fully free)
-        penalty = [1.0 + alpha * (u := 1.0 - (1.0 if k is None or k != k else k)) * u for k in kvs]
+        penalty = [kv_penalty(k, alpha) for k in kvs]  # unreported: fully free, no penalty
         return _Columns(queued, flags, None, True, capacities(pods), penalty, reported)
 
 
@@ -126,8 +121,6 @@ class _Columns:
 
 
 _kv_free = attrgetter("kv_free")
-_speed = attrgetter("speed")
-_is_none = partial(is_, None)
 
 
 def tie_within_spread(scores: list[float], loads: Sequence[float], variance: Sequence[float],
@@ -161,60 +154,6 @@ def tie_within_spread(scores: list[float], loads: Sequence[float], variance: Seq
         if math.log(scores[i] / best) <= math.sqrt(mine + variance[i]):
             out[i] = lifted
     return out
-
-
-def kv_penalty(kv_free: float | None, alpha: float) -> float:
-    """The score's second factor, 1 + α(1 − kvFree)²; unreported (None or NaN) is no penalty."""
-    if kv_free is None or kv_free != kv_free:
-        return 1.0
-    used = 1.0 - kv_free
-    return 1.0 + alpha * used * used
-
-
-def _speeds(pods: Sequence[PodView]) -> list[Speed] | None:
-    """Every pod's speed; a pod without one (new since the last refresh) gets the mean of the others'
-    (its base as the mean drain rate, as the spec fills capacities). None when no pod has one yet."""
-    speeds = list(map(_speed, pods))
-    if not any(map(_is_none, speeds)):  # not `None in speeds`: that calls Speed.__eq__ per pod
-        return speeds  # type: ignore[return-value]
-    known = [sp for sp in speeds if sp is not None]
-    if not known:
-        return None
-    base = len(known) / sum(1.0 / sp.base for sp in known)
-    shape = sum(sp.shape for sp in known) / len(known)
-    fill = Speed(base, shape, 0.0, 0.0, UNKNOWN_SPREAD)  # unmeasured: tied until measured
-    return [fill if sp is None else sp for sp in speeds]
-
-
-def kv_usage(pod: PodView) -> float:
-    """Combined GPU + CPU KV-cache usage (the tie-break); unreported parts count as empty."""
-    gpu = 0.0 if pod.kv_free is None or pod.kv_free != pod.kv_free else 1.0 - pod.kv_free
-    cpu = pod.cpu_kv_usage
-    return gpu + (cpu if cpu is not None and cpu == cpu else 0.0)
-
-
-class LowestScorePicker:
-    """Load-balance routing alone: the lowest finite score wins; +Inf pods are passed over unless every
-    pod is +Inf (cluster-wide KV pressure must not become an outage). Ties go to the least combined KV
-    usage, then at random."""
-
-    __slots__ = ("_rng",)
-
-    def __init__(self, rng: random.Random) -> None:
-        self._rng = rng
-
-    def pick(self, pods: Sequence[PodView], scores: Sequence[float]) -> PodView:
-        best = min(scores)
-        if best != best or best == INF:  # NaN only from a foreign scorer; treat as unusable
-            tied: Sequence[PodView] = pods
-        else:
-            if scores.count(best) == 1:  # the usual case, without a pass of Python over the pods
-                return pods[scores.index(best)]
-            tied = [p for p, s in zip(pods, scores) if s == best]
-        usage = [kv_usage(p) for p in tied]
-        least = min(usage)
-        tied = [p for p, u in zip(tied, usage) if u == least]
-        return tied[0] if len(tied) == 1 else self._rng.choice(tied)
 
 
 @register("load-balance")

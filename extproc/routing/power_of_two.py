@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 from extproc.openai import Request
 from extproc.routing.framework import BuildContext, PodView, Profile, register
-from extproc.routing.load_balance import LoadBalanceScorer, LowestScorePicker
+from extproc.routing.load import LowestScorePicker
+from extproc.routing.load_balance import LoadBalanceScorer
 
 
 class TwoChoices:

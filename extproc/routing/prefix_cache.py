@@ -23,10 +23,10 @@ from typing import Any
 from extproc.openai import CHARS_PER_TOKEN, Request
 from extproc.pool.pod import PodKey
 from extproc.routing.framework import BuildContext, MaxScorePicker, PodView, Profile, register
-from extproc.routing.gate import loads
+from extproc.routing.load import overloaded
 from extproc.routing.params import Params
 from extproc.routing.settings import LoadBalanceSettings, SettingError
-from extproc.routing.state import Series
+from extproc.routing.store import Series
 
 # What the table costs in memory, measured with tracemalloc on CPython 3.11 and rounded up so that the
 # byte cap holds: a block held by one pod (int key, OrderedDict link, a small dict) ~361 bytes; each
@@ -202,19 +202,11 @@ class PrefixCache:
             table.insert(hashes, chosen.pod.key, now)
 
 
-def overloaded(pods: Sequence[PodView], settings: LoadBalanceSettings) -> list[bool]:
-    """Per pod, the imbalance gate's rule (gate.py): its capacity-normalised load is `min_gap` requests
-    above the least-loaded pod's and, with three or more pods, above factor x (the others' mean + 1)."""
-    values = loads(pods)
-    low, total, n = min(values), sum(values), len(values)
-    factor, gap = settings.imbalance_factor, settings.imbalance_min_gap
-    return [v - low >= gap and (n == 2 or v > factor * ((total - v) / (n - 1) + 1)) for v in values]
-
-
 class PrefixCacheScorer:
     """Higher is better: the fraction of the prompt's blocks a pod holds as an unbroken prefix."""
 
     __slots__ = ("cache", "load_balance")
+    lower_is_better = False
 
     def __init__(self, cache: PrefixCache, load_balance: LoadBalanceSettings) -> None:
         self.cache = cache

@@ -26,7 +26,7 @@ from extproc.routing.blend import StrategySpec, auto_blend, compose, parse_spec
 from extproc.routing.framework import Profile, StrategySpecError, build, strategy_names
 from extproc.routing.gate import ImbalanceGate
 from extproc.routing.settings import RoutingSettings
-from extproc.routing.state import RoutingState
+from extproc.routing.store import RoutingState
 
 
 class Router:

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 
 from extproc.openai import Request
 from extproc.routing.framework import BuildContext, PodView, Profile, register
-from extproc.routing.load_balance import LoadBalanceScorer, LowestScorePicker
+from extproc.routing.load import LowestScorePicker
+from extproc.routing.load_balance import LoadBalanceScorer
 
-SESSION_HEADER = "x-aibrix-session-key"
 MAX_SESSION_KEY_BYTES = 256
 
 

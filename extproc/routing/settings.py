@@ -97,10 +97,16 @@ _AB_KEYS = {  # routing.auto_blend.* -> (per-model key, env suffix, kind)
 _CORE_KEYS = frozenset({"default_strategy", "seed", "load_balance", "auto_blend", "cache_size"})
 
 
+def env_knobs() -> dict[str, str]:
+    """Each knob's environment suffix (EXTPROC_ and AIBRIX_ go before it) -> the config key it sets."""
+    return {suffix: f"routing.{section}.{key}"
+            for section, keys in (("load_balance", _LB_KEYS), ("auto_blend", _AB_KEYS))
+            for key, (_, suffix, _) in keys.items()}
+
+
 def env_variables() -> list[str]:
     """Every environment variable read here (for docs and `--help`)."""
-    return [f"{prefix}_{suffix}" for _, suffix, _ in (*_LB_KEYS.values(), *_AB_KEYS.values())
-            for prefix in ("EXTPROC", "AIBRIX")]
+    return [f"{prefix}_{suffix}" for suffix in env_knobs() for prefix in ("EXTPROC", "AIBRIX")]
 
 
 def merge_env(routing: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:

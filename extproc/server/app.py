@@ -33,9 +33,9 @@ from extproc.server.gateway import Gateway
 from extproc.server.heap import HeapTrimmer
 from extproc.server.otel import from_env as otel_from_env
 from extproc.server.processor import Processor, parse_body
+from extproc.server.supervisor import WorkerSpec
 from extproc.server.tls import ReloadingCredentials, TlsError, TlsSettings
 from extproc.server.traces import run_tracing
-from extproc.server.workers import WorkerSpec
 from extproc.state.accounting import Accounting
 from extproc.state.shared import LocalState, SharedState
 from extproc.state.workers import WorkerState
@@ -237,9 +237,7 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     await scraper.close()
     await prober.close()
     await limiter.close()
-    close = getattr(shared, "close", None)
-    if close is not None:
-        await close()
+    await shared.close()
     parser_pool.shutdown(wait=False, cancel_futures=True)
     if otel is not None:  # the last spans out, bounded (the SDK's export timeout), off the loop
         await asyncio.to_thread(otel[1].shutdown)

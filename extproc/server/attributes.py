@@ -11,15 +11,22 @@ from collections.abc import Mapping
 
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest
 
-from extproc.envoy_contract import STRATEGY_HEADER
+from extproc.envoy_contract import (
+    AUTHORIZATION_HEADER,
+    ENVOY_REQUEST_ID_HEADER,
+    MODEL_HEADER,
+    SESSION_HEADER,
+    STRATEGY_HEADER,
+    TRACEPARENT_HEADER,
+)
 
 FILTER = "envoy.filters.http.ext_proc"  # the key Envoy files the attributes under
 
 # The request's headers routing reads (processor.WANTED_HEADERS without the pseudo-headers and
 # x-request-id, which have attributes of their own; content-length: Envoy resets it on a new body).
-HEADERS = ("model", STRATEGY_HEADER, "authorization", "x-aibrix-session-key", "traceparent")
+HEADERS = (MODEL_HEADER, STRATEGY_HEADER, AUTHORIZATION_HEADER, SESSION_HEADER, TRACEPARENT_HEADER)
 # attribute -> the header name the processor knows it by
-_NAMED = {"request.path": ":path", "request.method": ":method", "request.id": "x-request-id"}
+_NAMED = {"request.path": ":path", "request.method": ":method", "request.id": ENVOY_REQUEST_ID_HEADER}
 ATTRIBUTES = (*_NAMED, *(f"request.headers['{h}']" for h in HEADERS))
 _AS_HEADER = {**_NAMED, **{f"request.headers['{h}']": h for h in HEADERS}}
 

@@ -10,7 +10,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,11 +29,12 @@ from extproc.routing.framework import Hooks
 from extproc.routing.outcome import Outcome, Rejected, Routed
 from extproc.server.auth import ApiKeys
 from extproc.server.metrics import PodMetricsCollector
-from extproc.state.accounting import Accounting
+from extproc.state.accounting import Accounting, PodFigures
 from extproc.state.inflight import OpenRequest, OpenRequests
 from extproc.state.reconcile import Reconciler
 from extproc.state.record import PodView, RequestRecord
 from extproc.state.shared import LocalState, SharedState
+from extproc.state.speed import Speed
 from extproc.telemetry.engine_metrics import EngineSample
 
 log = logging.getLogger(__name__)
@@ -69,12 +70,16 @@ class Gateway:
         # Per-key limits, checked before routing (extproc/ratelimit/); in process unless given a Redis one
         self.limiter = limiter or RateLimiter(config.rate_limits, self.registry, clock=clock)
         self.accounting = accounting or Accounting(shared or LocalState())
+        # The accounting's parts the gateway drives itself: the counts shared with other gateways and
+        # the views routing reads.
+        self.shared: SharedState = self.accounting.shared
+        self.view_cache = self.accounting.view_cache
         self.open = OpenRequests()
         # Keys unique per process and request, "<origin>.<n>"; clients never see or choose them. The
         # origin names this process, so a gateway that receives another's record knows whose it is.
         self.origin = f"{os.getpid():x}.{time.time_ns():x}"
         self._keys = (f"{self.origin}.{n:x}" for n in itertools.count())
-        self.accounting.shared.listen(self.origin)
+        self.shared.listen(self.origin)
         self.requests_total = Counter("extproc_requests", "Requests handled, by outcome",
                                       ["model", "pod", "strategy", "code"], registry=self.registry)
         self._series: dict[tuple[str, str], set[tuple[str, str]]] = {}  # (model, pod) -> (strategy, code)
@@ -141,10 +146,10 @@ class Gateway:
         self.reconciler.forget(live)
         self._pending = {k: v for k, v in self._pending.items() if k in live}
         settings = config.routing_settings
-        self.accounting.default_mode = settings.load_balance.capacity
-        self.accounting.capacity_modes = {m: r.load_balance.capacity for m, r in settings.models.items()}
+        self.view_cache.configure(settings.load_balance.capacity,
+                                  {m: r.load_balance.capacity for m, r in settings.models.items()})
         self.router.state.forget(live)  # what strategies learned of a departed pod went with it
-        self.accounting.shared.track(config.pods)
+        self.shared.track(config.pods)
 
     def add_hook(self, plugin: object) -> None:
         """Register a post_choice / post_response hook that is not part of any strategy."""
@@ -183,7 +188,7 @@ class Gateway:
         now = self.clock()
         # Unhealthy pods are left out, unless that leaves none: a health signal must never cause a
         # total outage.
-        candidates = self.accounting.routable(request.model, self.pool.ready_pods(request.model), now)
+        candidates = self.view_cache.routable(request.model, self.pool.ready_pods(request.model), now)
         if not candidates:
             return None
         chosen = profile.pick(request, candidates, now, queued)
@@ -220,7 +225,7 @@ class Gateway:
         # Routed by another gateway process behind the same Envoy: it releases its count when this
         # reaches it (through Redis). The tokens are credited here, once.
         owner = key.rpartition(".")[0]
-        if owner and owner != self.origin and self.accounting.shared.forward(owner, key, status):
+        if owner and owner != self.origin and self.shared.forward(owner, key, status):
             self.peer_records.labels("sent").inc()
         pod = self.pool.pod_at(upstream) if upstream else None
         if pod is not None:
@@ -230,7 +235,7 @@ class Gateway:
         """Release this process's requests whose records another gateway received and passed on.
         Their tokens were credited there; here the count, health and the request series."""
         n = 0
-        for key, status in self.accounting.shared.take_forwarded():
+        for key, status in self.shared.take_forwarded():
             entry = self.open.close(key)
             if entry is not None:
                 self._finish(entry, status=status)
@@ -277,7 +282,7 @@ class Gateway:
         had ended before it was read have come in. A record that still arrives after its request was
         released finds nothing open and only credits its tokens (`complete`): nothing counts twice."""
         n = self._judge(key, self._pending.pop(key, None))
-        shared, reconciler = self.accounting.shared, self.reconciler
+        shared, reconciler = self.shared, self.reconciler
         if sample is not None and reconciler.suspect(key, shared.running(key), sample):
             self._pending[key] = _Pending(sample, shared.running(key) - shared.local_running(key),
                                           shared.local_running(key),
@@ -306,6 +311,24 @@ class Gateway:
 
     def sample_busy(self) -> None:
         self.accounting.sample_busy(self.clock())
+
+    def observe_scrape(self, key: PodKey, ok: bool, refused: bool) -> None:
+        """A metrics scrape of the pod answered (`ok`) or not (`refused`: nothing listening)."""
+        self.accounting.health.observe_scrape(key, ok, refused, self.clock())
+
+    # -- what /metrics and the simulation read --------------------------------------------------------
+
+    def views(self, model: str, now: float) -> Sequence[PodView]:
+        """The model's ready pods as routing sees them (cached views)."""
+        return self.view_cache.views(model, self.pool.ready_pods(model), now)
+
+    def pod_figures(self, now: float) -> list[PodFigures]:
+        """Every pod's fresh view and what was learned of it."""
+        return self.accounting.figures(self.pool.all_pods(), now)
+
+    def pod_speed(self, key: PodKey) -> Speed | None:
+        """The pod's fitted speed (capacity: speed); None until it is measured."""
+        return self.accounting.speed.speed(key)
 
     def expire(self) -> int:
         """Release requests whose record never came (Envoy restarted, access log lost)."""

@@ -53,18 +53,13 @@ async def every(interval: Callable[[], float], step: Callable[[], None | Awaitab
 
 def start(gateway: Gateway, scraper: MetricsScraper, prober: HealthProber,
           heap: HeapTrimmer | None = None) -> list[asyncio.Task]:
-    health = gateway.accounting.health
-
-    def on_scrape(key, ok: bool, refused: bool) -> None:
-        health.observe_scrape(key, ok, refused, gateway.clock())
-
     scraper.on_sample = gateway.reconcile
 
     tasks = [
         # `lambda`, not `gateway.pool.all_pods`: a reload replaces the pool, and the loops must follow
         asyncio.create_task(scraper.run(lambda: gateway.pool.all_pods(),
                                         gateway.config.metrics_refresh_seconds,
-                                        on_scrape), name="metrics"),
+                                        gateway.observe_scrape), name="metrics"),
         asyncio.create_task(prober.run(lambda: gateway.pool.all_pods()), name="probes"),
         asyncio.create_task(every(lambda: gateway.config.metrics_refresh_seconds, gateway.refresh,
                                   "capacity refresh"), name="refresh"),
@@ -81,7 +76,5 @@ def start(gateway: Gateway, scraper: MetricsScraper, prober: HealthProber,
     if heap is not None:  # what large bodies left in malloc's arenas, back to the system
         tasks.append(asyncio.create_task(every(lambda: HEAP_TRIM_SECONDS, heap.trim_if_due, "heap trim"),
                                          name="heap-trim"))
-    run = getattr(gateway.accounting.shared, "run", None)
-    if run is not None:
-        tasks.append(asyncio.create_task(run(), name="shared-state"))
+    tasks.append(asyncio.create_task(gateway.shared.run(), name="shared-state"))  # Redis: its sync loop
     return tasks

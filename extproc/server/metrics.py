@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from extproc.routing.state import Series
+from extproc.routing.store import Series
+from extproc.state.accounting import PodFigures
+from extproc.state.record import PodView
 
 LABELS = ["model", "pod"]
 FAMILIES = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily}
@@ -17,9 +19,11 @@ class Scraped(Protocol):
     """What /metrics reads of the gateway (extproc.server.gateway.Gateway)."""
 
     clock: Callable[[], float]
-    accounting: Any
-    pool: Any
     router: Any
+
+    def pod_figures(self, now: float) -> list[PodFigures]: ...
+
+    def views(self, model: str, now: float) -> Sequence[PodView]: ...
 
 
 def family(series: Series) -> Metric:
@@ -38,7 +42,6 @@ class PodMetricsCollector:
 
     def collect(self) -> Iterator[Metric]:
         gw = self._gw
-        acc = gw.accounting
         now = gw.clock()
         running = GaugeMetricFamily("extproc_pod_running_requests", "Requests in flight per pod, "
                                     "across every gateway replica when Redis is configured", labels=LABELS)
@@ -62,30 +65,27 @@ class PodMetricsCollector:
                                     labels=LABELS)
         tokens = CounterMetricFamily("extproc_output_tokens", "Output tokens tallied by this gateway",
                                      labels=LABELS)
-        pods = gw.pool.all_pods()
-        for view in acc.build_views(pods, now):
+        for pod in gw.pod_figures(now):
+            view = pod.view
             labels = [view.pod.model, view.pod.name]
-            key = view.pod.key
             running.add_metric(labels, view.running)
-            local.add_metric(labels, acc.shared.local_running(key))
+            local.add_metric(labels, pod.local_running)
             queued.add_metric(labels, view.queued)
             if view.kv_free is not None:
                 kv_free.add_metric(labels, view.kv_free)
             if view.capacity is not None:
                 capacity.add_metric(labels, view.capacity)
-            if (rate := acc.capacity.estimate(key)) is not None:
-                observed.add_metric(labels, rate)
-            if (speed := acc.speed.speed(key)) is not None:
-                tpot.add_metric(labels, speed.tpot(max(1, view.running)))
+            if pod.observed is not None:
+                observed.add_metric(labels, pod.observed)
+            if pod.speed is not None:
+                tpot.add_metric(labels, pod.speed.tpot(max(1, view.running)))
             healthy.add_metric(labels, 1.0 if view.healthy else 0.0)
-            tokens.add_metric(labels, acc.output_tokens.get(key, 0))
+            tokens.add_metric(labels, pod.output_tokens)
         imbalance = CounterMetricFamily("extproc_load_imbalance", "Times the load-imbalance gate kept only "
                                         "the least-loaded pods", labels=["model"])
         for model, n in gw.router.imbalance_total.items():
             imbalance.add_metric([model], n)
         yield from (running, local, queued, kv_free, capacity, observed, tpot, healthy, tokens, imbalance)
         # what strategies learned (prefix-cache lookups, SLO utilization ...), each strategy's own series
-        pool = gw.pool
-        views = lambda model: acc.views(model, pool.ready_pods(model), now)  # noqa: E731
-        for series in gw.router.state.collect(views, now):
+        for series in gw.router.state.collect(lambda model: gw.views(model, now), now):
             yield family(series)

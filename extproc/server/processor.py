@@ -27,28 +27,35 @@ from google.protobuf.message import DecodeError
 from prometheus_client import Counter
 
 from extproc import admission, openai
-from extproc.envoy_contract import ENVOY_MAX_HEADERS, EXTPROC_SERVICE, STRATEGY_HEADER
+from extproc.envoy_contract import (
+    AUTHORIZATION_HEADER,
+    ENVOY_MAX_HEADERS,
+    ENVOY_REQUEST_ID_HEADER,
+    EXTPROC_SERVICE,
+    MODEL_HEADER,
+    ROUTED_REQUEST_ID_HEADER,
+    SESSION_HEADER,
+    STRATEGY_HEADER,
+    TRACEPARENT_HEADER,
+)
 from extproc.openai import OpenAIError, Request
 from extproc.ratelimit import Admission
 from extproc.routing import StrategySpec, StrategySpecError, strategy_names
 from extproc.routing.framework import UnknownStrategy, Waiting, waiting_for, waitings
 from extproc.routing.outcome import Queued, Rejected, Routed
-from extproc.routing.session_affinity import MAX_SESSION_KEY_BYTES, SESSION_HEADER
+from extproc.routing.session_affinity import MAX_SESSION_KEY_BYTES
 from extproc.server import attributes, responses
 from extproc.server.gateway import Gateway
 from extproc.server.heap import HeapTrimmer
 
 log = logging.getLogger(__name__)
 
-MODEL_HEADER = "model"
-TRACEPARENT_HEADER = "traceparent"  # W3C trace context: read only when OpenTelemetry is on
-REQUEST_ID_HEADER = "x-request-id"
 # Bodies above this are parsed off the event loop, so one long prompt never stalls other streams.
 OFFLOAD_BODY_BYTES = 256 * 1024
 
 
-WANTED_HEADERS = frozenset({":path", ":method", REQUEST_ID_HEADER, MODEL_HEADER, STRATEGY_HEADER,
-                            "content-length", "authorization", SESSION_HEADER, TRACEPARENT_HEADER})
+WANTED_HEADERS = frozenset({":path", ":method", ENVOY_REQUEST_ID_HEADER, MODEL_HEADER, STRATEGY_HEADER,
+                            "content-length", AUTHORIZATION_HEADER, SESSION_HEADER, TRACEPARENT_HEADER})
 
 
 def _headers(http_headers) -> dict[str, str]:
@@ -197,7 +204,7 @@ class Stream:
         the gateway answers the request itself, else None."""
         path = self._path = headers.get(":path", "").split("?", 1)[0]
         method = headers.get(":method", "")
-        self._request_id = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+        self._request_id = headers.get(ENVOY_REQUEST_ID_HEADER) or uuid.uuid4().hex
         self._header_model = headers.get(MODEL_HEADER)
         self._session = headers.get(SESSION_HEADER) or None
         self._traceparent = headers.get(TRACEPARENT_HEADER) if self._gw.spans is not None else None
@@ -206,8 +213,8 @@ class Stream:
                                      param=SESSION_HEADER, code="invalid_session_key")
         self._has_length = "content-length" in headers
         gw = self._gw
-        gw.api_keys.check(headers.get("authorization"))
-        self._authorization = headers.get("authorization")
+        gw.api_keys.check(headers.get(AUTHORIZATION_HEADER))
+        self._authorization = headers.get(AUTHORIZATION_HEADER)
 
         if path == openai.MODELS_PATH:
             if method != "GET":
@@ -361,7 +368,7 @@ class Stream:
                                self._request_id, self._strategy, new_body, self._has_length, trace, limits)
 
     def _reply_headers(self) -> list[tuple[str, str]]:
-        headers = [("request-id", self._request_id)]
+        headers = [(ROUTED_REQUEST_ID_HEADER, self._request_id)]
         if self._strategy:
             headers.append((STRATEGY_HEADER, self._strategy))
         return headers

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from extproc.gpu_profiles import GpuProfile
 from extproc.openai import Request
 from extproc.pool.pod import Pod, deployment_of
-from extproc.routing.state import Series
+from extproc.routing.store import Series
 from extproc.slo.ledger import LEDGER_LIMIT, Ledger
 from extproc.slo.model import DeploymentModel, Signature, build_table
 from extproc.slo.predictor import OutputPredictor

@@ -1,74 +1,62 @@
-"""The gateway's learned view of every pod: in-flight counts, completed tokens, capacity, engine
-metrics and health, combined into the PodViews routing reads.
+"""The gateway's learners: what every routed request teaches of its pod (in-flight counts, completed
+tokens, capacity, speed, health), and the view cache routing reads them through (state/views.py).
 
 Accounting is itself a pair of lifecycle hooks: `post_choice` counts a request in flight on its pod,
-`post_response` releases it and credits its output tokens. It does no I/O: the live server feeds it
-engine samples and Redis snapshots from background loops, the fleet simulation feeds it virtual ones.
+`post_response` releases it, credits its output tokens and measures its speed; each moves the pod's
+cached view at once. It does no I/O: the live server feeds it engine samples and Redis snapshots from
+background loops, the fleet simulation feeds it virtual ones.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from extproc.openai import Request
 from extproc.pool.pod import Pod, PodKey
 from extproc.state.capacity import BusyClock, CapacityEstimator
-from extproc.state.record import PodView, RequestRecord, Snapshot
+from extproc.state.record import PodView, RequestRecord
 from extproc.state.shared import SharedState
-from extproc.state.speed import LoadIntegral, SpeedEstimator
-from extproc.telemetry.engine_metrics import EngineSample
+from extproc.state.speed import LoadIntegral, Speed, SpeedEstimator
+from extproc.state.views import SampleSource, ViewCache, no_samples
 from extproc.telemetry.health import PodHealth
 
-SampleSource = Callable[[PodKey, float], EngineSample | None]
 
+@dataclass(slots=True, frozen=True)
+class PodFigures:
+    """One pod as /metrics shows it: its fresh view (true running counts) and what was learned of it."""
 
-def _no_samples(key: PodKey, now: float) -> EngineSample | None:
-    return None
-
-
-# Routing reads cached views: rebuilt from samples and capacity at most this often, running counts
-# re-read from the shared state at most this often; this gateway's own changes apply at once.
-VIEW_REBUILD_SECONDS = 0.25
-RUNNING_RESYNC_SECONDS = 0.05
-
-
-@dataclass(slots=True)
-class _Cached:
-    pods: Sequence[Pod]
-    views: Snapshot
-    keys: list[PodKey]
-    built: float
-    synced: float
-    routable: Snapshot | None = None  # the views routing picks among (see `routable`); None: not yet
-
-
-SPEED, OBSERVED = "speed", "observed"  # routing.load_balance.capacity
+    view: PodView
+    local_running: int          # in flight through this gateway only
+    observed: float | None      # AIBrix's observed rate (capacity: observed), tokens/s
+    speed: Speed | None         # its fitted speed (capacity: speed)
+    output_tokens: int          # this gateway's own tally
 
 
 class Accounting:
     def __init__(self, shared: SharedState, capacity: CapacityEstimator | None = None,
-                 health: PodHealth | None = None, samples: SampleSource = _no_samples,
+                 health: PodHealth | None = None, samples: SampleSource = no_samples,
                  speed: SpeedEstimator | None = None) -> None:
         self.shared = shared
         self.capacity = capacity or CapacityEstimator()  # AIBrix's observed rate (capacity: observed)
         self.speed = speed or SpeedEstimator()  # speed at load (capacity: speed, the default)
         self.load = LoadIntegral()
         self._starts: dict[int, tuple[float, float]] = {}  # id(request) -> (routed at, load integral)
-        # Which capacity each model's views carry (the model's routing.load_balance.capacity).
-        self.capacity_modes: dict[str, str] = {}
-        self.default_mode = SPEED
-        # What routing counts in flight: with peers, this gateway's recent starts echoed per peer.
-        self._routing_running = getattr(shared, "routing_running", shared.running)
         self.health = health or PodHealth()
         self.health.on_change = self._health_changed
-        self.samples = samples
         self.output_tokens: dict[PodKey, int] = {}  # this gateway's own tally, for /metrics
-        self._cache: dict[str, _Cached] = {}  # per model
-        self._live: dict[PodKey, PodView] = {}  # the cached view of each pod, for in-place updates
+        self.view_cache = ViewCache(shared, self.capacity, self.speed, self.health, samples)
         self.busy = BusyClock()
         self._tracked: list[Pod] = []
+
+    @property
+    def samples(self) -> SampleSource:
+        """The engine samples: read by the speed fit here and by the views alike (one source)."""
+        return self.view_cache.samples
+
+    @samples.setter
+    def samples(self, source: SampleSource) -> None:
+        self.view_cache.samples = source
 
     # -- hooks -----------------------------------------------------------------------------------
 
@@ -76,9 +64,7 @@ class Accounting:
         pod = chosen.pod
         self.shared.add_running(pod, 1)
         self._starts[id(request)] = (now, self.load.advance(pod.key, now, self.shared.running(pod.key)))
-        view = self._live.get(pod.key)
-        if view is not None:
-            view.running += 1 + getattr(self.shared, "peers", 0)  # see SyncCore.routing_running
+        self.view_cache.started(pod.key)
 
     def _health_changed(self, key: PodKey, healthy: bool, restarted: bool = False) -> None:
         """A pod left or rejoined routing (a response, scrape or probe): the cached view follows now.
@@ -86,12 +72,7 @@ class Accounting:
         type's figure (a pod out for slow scrapes keeps what was measured)."""
         if restarted:
             self.speed.restarted(key)
-        view = self._live.get(key)
-        if view is not None:
-            view.healthy = healthy
-            cached = self._cache.get(key[0])
-            if cached is not None:
-                cached.routable = None
+        self.view_cache.health_changed(key, healthy)
 
     def post_response(self, record: RequestRecord, now: float) -> None:
         key = record.pod.key
@@ -103,9 +84,7 @@ class Accounting:
         self.credit(record.pod, record.output_tokens)
         self.busy.completed(key)
         self.health.observe_response(key, record.status, record.connect_failure, now)
-        view = self._live.get(key)
-        if view is not None:
-            view.running = max(0, view.running - 1)
+        self.view_cache.ended(key)
 
     def _observe_speed(self, record: RequestRecord, now: float, started: float, load_then: float,
                        load_now: float) -> None:
@@ -173,8 +152,7 @@ class Accounting:
 
     def forget(self, live: Iterable[PodKey]) -> None:
         live = set(live)
-        self._cache.clear()
-        self._live.clear()
+        self.view_cache.clear()
         self.capacity.forget(live)
         self.speed.forget(live)
         self.load.forget(live)
@@ -183,66 +161,11 @@ class Accounting:
         for key in [k for k in self.output_tokens if k not in live]:
             del self.output_tokens[key]
 
-    # -- what routing reads -----------------------------------------------------------------------
+    # -- what /metrics reads ------------------------------------------------------------------------
 
-    def views(self, model: str, pods: Sequence[Pod], now: float) -> Snapshot:
-        """The model's pods as routing sees them: cached, see VIEW_REBUILD_SECONDS."""
-        return self._cached(model, pods, now).views
-
-    def routable(self, model: str, pods: Sequence[Pod], now: float) -> Snapshot:
-        """The views routing picks among: the healthy ones, or all of them when none is healthy (a
-        health signal must never cause a total outage). Kept until the views are rebuilt or a pod's
-        health changes, so what strategies derive from it is derived once (routing/snapshot.py)."""
-        cached = self._cached(model, pods, now)
-        if cached.routable is None:
-            views = cached.views
-            healthy = [v for v in views if v.healthy]
-            cached.routable = views if len(healthy) == len(views) or not healthy else Snapshot(healthy)
-        return cached.routable
-
-    def _cached(self, model: str, pods: Sequence[Pod], now: float) -> _Cached:
-        # The other workers' routing since the last decision, as it happened (a rebuild or resync
-        # below then overwrites these views with sums that hold the same changes).
-        changes = self.shared.peer_changes()
-        if changes:
-            live = self._live
-            for key, delta in changes:
-                view = live.get(key)
-                if view is not None:
-                    view.running = max(0, view.running + delta)
-        cached = self._cache.get(model)
-        if cached is None or cached.pods is not pods or now - cached.built >= VIEW_REBUILD_SECONDS:
-            views = Snapshot(self.build_views(pods, now, self._routing_running))
-            keys = [view.pod.key for view in views]
-            cached = self._cache[model] = _Cached(pods, views, keys, now, now)
-            self._live.update(zip(keys, views))
-            return cached
-        if now - cached.synced >= RUNNING_RESYNC_SECONDS:
-            for view, n in zip(cached.views, map(self._routing_running, cached.keys)):
-                view.running = n
-            cached.synced = now
-        return cached
-
-    def build_views(self, pods: Sequence[Pod], now: float,
-                    running: Callable[[PodKey], int] | None = None) -> list[PodView]:
-        """Fresh views from every source (also what /metrics shows, with the true running counts)."""
-        running = running or self.shared.running
-        capacities = self.capacity.capacities(p.key for p in pods)
-        speeds = self.speed.speeds()
-        modes, default = self.capacity_modes, self.default_mode
-        views = []
-        for pod in pods:
-            key = pod.key
-            speed = speeds.get(key) if modes.get(pod.model, default) == SPEED else None
-            sample = self.samples(key, now)
-            kv_free = queued = cpu_kv = None
-            if sample is not None:
-                queued = sample.waiting
-                cpu_kv = sample.cpu_kv_usage
-                if sample.kv_usage is not None and math.isfinite(sample.kv_usage):
-                    kv_free = min(1.0, max(0.0, 1.0 - sample.kv_usage))
-            views.append(PodView(pod, running=running(key), queued=queued or 0.0,
-                                 kv_free=kv_free, cpu_kv_usage=cpu_kv,
-                                 capacity=speed.saturated if speed is not None else capacities[key],
-                                 healthy=self.health.healthy(key), speed=speed))
-        return views
+    def figures(self, pods: Sequence[Pod], now: float) -> list[PodFigures]:
+        """Each pod's fresh view (true running counts, not routing's) with what was learned of it."""
+        shared, capacity, speed, tokens = self.shared, self.capacity, self.speed, self.output_tokens
+        return [PodFigures(view, shared.local_running(view.pod.key), capacity.estimate(view.pod.key),
+                           speed.speed(view.pod.key), tokens.get(view.pod.key, 0))
+                for view in self.view_cache.build_views(pods, now)]

@@ -27,8 +27,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 
 from extproc.cancellation import raise_if_cancelled
-from extproc.environment import redact_url
 from extproc.pool.pod import Pod, PodKey
+from extproc.redact import redact_url
 from extproc.state import redis_scripts
 from extproc.state.shared import LocalCounts
 from extproc.state.sync_core import (
@@ -42,7 +42,7 @@ from extproc.state.sync_core import (
     GATEWAYS_KEY,
     KEY_TTL_SECONDS,
     MAX_RECEIVE,
-    Snapshot,
+    SharedSnapshot,
     SyncCore,
     SyncedState,
     WriteBatch,
@@ -195,9 +195,9 @@ class RedisState(SyncedState):
         reads = iter(replies[writes:])
         seconds, micros = next(reads)
         self._offset = seconds + micros / 1e6 - (sent + done) / 2
-        snap = Snapshot(server_now=seconds + micros / 1e6, gateways=dict(next(reads)), running={},
-                        tokens={} if batch.read_tokens else None,
-                        members={} if batch.read_tokens else None)
+        snap = SharedSnapshot(server_now=seconds + micros / 1e6, gateways=dict(next(reads)), running={},
+                              tokens={} if batch.read_tokens else None,
+                              members={} if batch.read_tokens else None)
         if inbox is not None:
             self.core.receive(next(reads) or ())
         for model, pods in models.items():

@@ -25,6 +25,14 @@ class SharedState(Protocol):
     def running(self, key: PodKey) -> int:
         """In flight on the pod across every live gateway; this gateway's own share always current."""
 
+    def routing_running(self, key: PodKey) -> int:
+        """What routing counts in flight: `running`, plus, between syncs, this gateway's own recent
+        starts echoed once per live peer (SyncCore.routing_running); `running` where counts are exact."""
+
+    @property
+    def peers(self) -> int:
+        """Other live gateways whose choices `routing_running` echoes; 0 where none are heard."""
+
     def local_running(self, key: PodKey) -> int:
         """In flight on the pod through this gateway only."""
 
@@ -60,6 +68,13 @@ class SharedState(Protocol):
     @property
     def up(self) -> bool:
         """True while counts are shared with other gateways."""
+
+    async def run(self) -> None:
+        """The background sync, for the server's lifetime (a task of its own); returns at once where
+        nothing is synced from outside the process."""
+
+    async def close(self) -> None:
+        """At shutdown: leave the shared counts (others stop counting this gateway at once)."""
 
 
 class LocalCounts:
@@ -157,6 +172,11 @@ class LocalState:
     def running(self, key: PodKey) -> int:
         return self.counts.running.get(key, 0)
 
+    def routing_running(self, key: PodKey) -> int:
+        return self.counts.running.get(key, 0)
+
+    peers = 0  # no one else routes
+
     def local_running(self, key: PodKey) -> int:
         return self.counts.running.get(key, 0)
 
@@ -192,6 +212,12 @@ class LocalState:
     @property
     def up(self) -> bool:
         return False  # never sharing
+
+    async def run(self) -> None:
+        pass  # nothing to sync
+
+    async def close(self) -> None:
+        pass
 
 
 __all__ = ["LocalCounts", "LocalState", "SharedState"]

@@ -141,7 +141,9 @@ class WriteBatch:
 
 
 @dataclass(slots=True)
-class Snapshot:
+class SharedSnapshot:
+    """One read of the shared store (Redis, or the fleet simulation's stand-in): what `apply` folds in."""
+
     server_now: float                                  # Redis's clock, Unix seconds
     gateways: dict[str, float]                         # heartbeat member -> score
     running: dict[PodKey, int]                         # per tracked pod: fleet total (absent: 0)
@@ -342,7 +344,7 @@ class SyncCore:
         self.peer_speed = {}  # each gateway fits on its own records until Redis is back
         self._peer_vectors = {}
 
-    def apply(self, snap: Snapshot) -> None:
+    def apply(self, snap: SharedSnapshot) -> None:
         """A snapshot read: other live gateways' counts, and token deltas since the last one. Our own
         share in a total is what we wrote (confirmed before the read, in the same pipeline)."""
         me = self.me
@@ -504,3 +506,9 @@ class SyncedState:
     @property
     def up(self) -> bool:
         return self.core.up
+
+    async def run(self) -> None:
+        pass  # synced from outside (the fleet simulation's hub); RedisState runs its own loop
+
+    async def close(self) -> None:
+        pass

@@ -223,6 +223,11 @@ class WorkerState:
             return self.counts.running.get(key, 0)
         return max(0, sum(self._running[slot::self.slots]))
 
+    def routing_running(self, key: PodKey) -> int:
+        return self.running(key)  # the other workers' changes arrive one by one (peer_changes)
+
+    peers = 0  # the other workers' choices are counted as they happen, not echoed
+
     def local_running(self, key: PodKey) -> int:
         return self.counts.running.get(key, 0)
 
@@ -364,6 +369,12 @@ class WorkerState:
     @property
     def up(self) -> bool:
         return True  # shared memory does not go down while the workers live
+
+    async def run(self) -> None:
+        pass  # the segment is shared memory: nothing to sync
+
+    async def close(self) -> None:
+        pass  # the supervisor owns the segment
 
 
 __all__ = ["WorkerState", "create_segment", "segment_size"]

@@ -7,7 +7,8 @@ from extproc.openai import Request
 from extproc.pool.pod import Pod
 from extproc.routing import Router, RoutingSettings
 from extproc.routing.framework import PodView
-from extproc.routing.gate import ImbalanceGate, least_loaded, loads
+from extproc.routing.gate import ImbalanceGate, least_loaded
+from extproc.routing.load import loads
 from extproc.routing.settings import LoadBalanceSettings, ModelRouting
 from extproc.state.speed import Speed
 from tests.unit.routing.support import REQ, names, view

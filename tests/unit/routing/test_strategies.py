@@ -22,7 +22,7 @@ from extproc.routing.prefix_cache import (
 )
 from extproc.routing.session_affinity import rendezvous
 from extproc.routing.settings import SettingError, parse_settings
-from extproc.routing.state import RoutingState
+from extproc.routing.store import RoutingState
 from extproc.routing.throughput import RecentTokens
 from extproc.state.record import RequestRecord
 from tests.unit.routing.support import REQ, view

@@ -200,7 +200,7 @@ def test_most_urgent_is_dispatched_first():
         gw.route(req(), p, "r2")
         entries = []
         for rid, r in (("relaxed", req(max_tokens=8)), ("urgent", req(max_tokens=8))):
-            w = p.pick(r, gw.accounting.views("m", gw.pool.ready_pods("m"), gw.clock()), gw.clock())
+            w = p.pick(r, gw.views("m", gw.clock()), gw.clock())
             assert type(w) is Queued
             entries.append((rid, r, w))
         entries[1][2].entry.slack = -100.0    # the second arrival is far more urgent (own sub-queue)

@@ -10,12 +10,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from extproc.config import parse
-from extproc.environment import redact_url, redis_url_from_env
+from extproc.environment import redis_url_from_env
 from extproc.fleetsim.shared import SimSharedState, SyncHub
 from extproc.pool.pod import Pod
+from extproc.redact import redact_url
 from extproc.state.redis_sync import RedisState
 from extproc.state.shared import LocalCounts, LocalState
-from extproc.state.sync_core import Snapshot, SyncCore, decode_vector, encode_vector
+from extproc.state.sync_core import SharedSnapshot, SyncCore, decode_vector, encode_vector
 
 POD = Pod("llama", "pod-a", "10.0.0.1:8000", namespace="team")
 OTHER = Pod("llama", "pod-b", "10.0.0.2:8000", namespace="team")
@@ -37,9 +38,9 @@ def core(**kw) -> SyncCore:
 
 
 def snap(now: float, gateways: dict[str, float], running: dict | None = None, tokens: dict | None = None,
-         aibrix: dict | None = None, members: dict | None = None) -> Snapshot:
-    return Snapshot(server_now=now, gateways=gateways, running=running or {}, tokens=tokens or {},
-                    aibrix=aibrix or {}, members=members)
+         aibrix: dict | None = None, members: dict | None = None) -> SharedSnapshot:
+    return SharedSnapshot(server_now=now, gateways=gateways, running=running or {}, tokens=tokens or {},
+                          aibrix=aibrix or {}, members=members)
 
 
 # -- LocalState ------------------------------------------------------------------------------------
@@ -304,7 +305,9 @@ def test_routing_echoes_own_starts_per_peer_until_the_next_snapshot():
         g.sync(0.2)
     a.sync(0.3)
     assert a.routing_running(pod.key) == a.running(pod.key) == 3
-    assert LocalState().running(pod.key) == 0 and not hasattr(LocalState(), "routing_running")
+    local = LocalState()  # nothing to echo in one process: routing counts what runs
+    local.add_running(pod, 1)
+    assert local.routing_running(pod.key) == local.running(pod.key) == 1 and local.peers == 0
 
 
 def test_after_an_outage_every_own_field_is_written_again_zeros_included():
@@ -368,12 +371,13 @@ def test_speed_evidence_is_sent_when_changed_and_read_once_a_heartbeat_and_dropp
     c.speed_out[POD.key] = [1.5, 2.0]
     assert decode_vector(c.plan(11.0).speed[POD.key]) == [1.5, 2.0]
     now = 11.0
-    c.apply(Snapshot(server_now=now, gateways={"gw-live:1": now, "gw-dead:1": now - 10, ME: now, "x": now},
-                     running={}, tokens={}, speed={
-                         "gw-live:1": {POD.key: encode_vector([3.0, 4.0])},
-                         "gw-dead:1": {POD.key: encode_vector([5.0])},
-                         ME: {POD.key: encode_vector([1.0, 2.0])},
-                         "x": {POD.key: "{", OTHER.key: encode_vector([math.nan])}}))
+    c.apply(SharedSnapshot(server_now=now,
+                           gateways={"gw-live:1": now, "gw-dead:1": now - 10, ME: now, "x": now},
+                           running={}, tokens={}, speed={
+                               "gw-live:1": {POD.key: encode_vector([3.0, 4.0])},
+                               "gw-dead:1": {POD.key: encode_vector([5.0])},
+                               ME: {POD.key: encode_vector([1.0, 2.0])},
+                               "x": {POD.key: "{", OTHER.key: encode_vector([math.nan])}}))
     assert c.peer_speed == {POD.key: [[3.0, 4.0]]}  # live others only; garbage and NaN skipped
     c.apply(snap(now + 0.1, {"gw-live:1": now}))  # a tick that did not read speed keeps the last
     assert c.peer_speed == {POD.key: [[3.0, 4.0]]}
@@ -405,11 +409,11 @@ def test_speed_evidence_of_many_peers_is_read_eight_at_a_time_in_turn_and_kept_b
     turns = [c.speed_peers() for _ in range(3)]
     assert all(len(t) == SPEED_PEERS_PER_HEARTBEAT for t in turns)
     assert set().union(*turns) == set(peers) and turns[0] == peers[:8]  # every peer within 3 heartbeats
-    c.apply(Snapshot(server_now=now, gateways={g: now for g in [*peers, ME]}, running={}, tokens={},
-                     speed={"gw-00:1": {POD.key: encode_vector([1.0])}}))
-    c.apply(Snapshot(server_now=now + 1, gateways={g: now + 1 for g in [*peers, ME]}, running={}, tokens={},
-                     speed={"gw-10:1": {POD.key: encode_vector([2.0])}}))
+    c.apply(SharedSnapshot(server_now=now, gateways={g: now for g in [*peers, ME]}, running={}, tokens={},
+                           speed={"gw-00:1": {POD.key: encode_vector([1.0])}}))
+    c.apply(SharedSnapshot(server_now=now + 1, gateways={g: now + 1 for g in [*peers, ME]}, running={},
+                           tokens={}, speed={"gw-10:1": {POD.key: encode_vector([2.0])}}))
     assert sorted(c.peer_speed[POD.key]) == [[1.0], [2.0]]  # gw-00's last read still counts
-    c.apply(Snapshot(server_now=now + 9, gateways={"gw-10:1": now + 9, ME: now + 9}, running={}, tokens={},
-                     speed={}))
+    c.apply(SharedSnapshot(server_now=now + 9, gateways={"gw-10:1": now + 9, ME: now + 9}, running={},
+                           tokens={}, speed={}))
     assert c.peer_speed == {POD.key: [[2.0]]}  # gw-00 no longer heard: its evidence goes

@@ -175,11 +175,11 @@ def test_the_capacity_setting_is_checked_and_reaches_the_views():
     assert per_model.for_model("m").load_balance.capacity == "observed"
     raw = {"models": {"m": {"pods": [{"name": "fast", "address": "10.0.0.1:8000"}]}}}
     gw = Gateway(parse(raw, env={}))
-    assert gw.accounting.default_mode == "speed"
+    assert gw.view_cache.default_mode == "speed"
     with pytest.raises(ConfigError):
         gw.apply(parse({**raw, "routing": {"load_balance": {"capacity": 3}}}, env={}))
     gw.apply(parse({**raw, "routing": {"load_balance": {"capacity": "observed"}}}, env={}))
-    assert gw.accounting.default_mode == "observed"
+    assert gw.view_cache.default_mode == "observed"
 
 
 def test_a_prompt_heavy_mix_is_valued_at_its_prefill_cost():

@@ -119,11 +119,11 @@ def test_routing_views_follow_the_other_workers_choices_between_resyncs(pair):
     acc = Accounting(two)
     pods = [A, B]
     two.track(pods)
-    views = acc.routable("m", pods, now=0.0)
+    views = acc.view_cache.routable("m", pods, now=0.0)
     assert [v.running for v in views] == [0, 0]
     one.add_running(A, 1)
     one.add_running(A, 1)
-    views = acc.routable("m", pods, now=0.001)  # well within the 50 ms resync
+    views = acc.view_cache.routable("m", pods, now=0.001)  # well within the 50 ms resync
     assert [v.running for v in views] == [2, 0]
 
 

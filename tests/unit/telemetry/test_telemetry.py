@@ -90,11 +90,12 @@ def test_routing_views_follow_ejection_and_readmission_at_once():
 
     pods = [Pod("m", "a", "10.0.0.1:8000"), Pod("m", "b", "10.0.0.2:8000")]
     acc = Accounting(LocalState())
-    views = acc.views("m", pods, 0.0)
+    views = acc.view_cache.views("m", pods, 0.0)
     acc.health.observe_response(pods[0].key, 0, True, 0.01)  # connection refused
-    assert [v.healthy for v in acc.views("m", pods, 0.02)] == [False, True]  # cached, yet current
+    assert [v.healthy for v in acc.view_cache.views("m", pods, 0.02)] == [False, True]  # cached, yet current
     acc.health.probe_result(pods[0].key, True, 0.1)  # a probe succeeded
-    assert acc.views("m", pods, 0.11) is views and views[0].healthy  # the same cached views, updated
+    # the same cached views, updated
+    assert acc.view_cache.views("m", pods, 0.11) is views and views[0].healthy
 
 
 def test_only_a_pod_whose_address_refused_comes_back_as_restarted():
