@@ -152,6 +152,7 @@ class RedisState(SyncedState):
             async with asyncio.timeout(self.op_timeout):
                 await client.script_load(redis_scripts.WRITE)
                 await client.script_load(redis_scripts.REAP)
+                await client.script_load(redis_scripts.SPEED)
             self._scripts_loaded = True
         if self.core.aibrix_snapshots and (self._last_scan is None
                                            or now - self._last_scan >= self.heartbeat_interval):
@@ -172,10 +173,9 @@ class RedisState(SyncedState):
             if batch.read_tokens:  # with the members: once a heartbeat, and after a failure
                 pipe.hgetall(tokens_key(model))
                 pipe.smembers(members_key(model))
-        speed_reads = [(model, g) for g in self.core.speed_peers() for model in self.core.peer_members(g)
-                       if model in models] if batch.read_speed else []
-        for model, gateway in speed_reads:
-            pipe.hgetall(speed_key(model, gateway))
+        if batch.read_speed:
+            for model in models:
+                pipe.hgetall(speed_key(model))
         for key in aibrix_keys:
             pipe.hgetall(key)
         sent = self.clock()
@@ -191,7 +191,7 @@ class RedisState(SyncedState):
         self._last_turn.set(time.perf_counter() - started)
         self.core.confirm(batch, now)
         if any(replies[i] == 1 for i in scripts):
-            self.core.lost_ledger()
+            self.core.lost_ledger(batch)
         reads = iter(replies[writes:])
         seconds, micros = next(reads)
         self._offset = seconds + micros / 1e6 - (sent + done) / 2
@@ -207,11 +207,10 @@ class RedisState(SyncedState):
                 snap.members[model] = next(reads)
         if batch.read_speed:
             snap.speed = {}
-            for model, gateway in speed_reads:
-                pods, vectors = models[model], snap.speed.setdefault(gateway, {})
+            for pods in models.values():
                 for pid, raw in next(reads).items():
                     if (key := pods.get(pid)) is not None:
-                        vectors[key] = raw
+                        snap.speed[key] = raw
         for fields in reads:
             if fields and EXTPROC_MARK not in fields:
                 n = parse_int(fields.get("requests_running"))
@@ -250,24 +249,23 @@ class RedisState(SyncedState):
             for model in models:
                 changed.setdefault(model, ([], []))
         for model, (running, tokens) in changed.items():
-            pipe.evalsha(redis_scripts.WRITE_SHA, 4, running_key(model), tokens_key(model),
-                         ledger_key(model, self.field), members_key(model), KEY_TTL_SECONDS, self.field,
-                         len(running) // 2, *running, *tokens)
+            pipe.evalsha(redis_scripts.WRITE_SHA, 5, running_key(model), tokens_key(model),
+                         ledger_key(model, self.field), members_key(model), speed_key(model),
+                         KEY_TTL_SECONDS, self.field, len(running) // 2, *running, *tokens)
             scripts.append(queued)
             queued += 1
         for model, gateway in batch.reap:
-            pipe.evalsha(redis_scripts.REAP_SHA, 3, running_key(model), ledger_key(model, gateway),
-                         members_key(model), gateway)
+            pipe.evalsha(redis_scripts.REAP_SHA, 4, running_key(model), ledger_key(model, gateway),
+                         members_key(model), speed_key(model), gateway)
             queued += 1
         speed: dict[str, dict[str, str]] = {}
         for key, raw in batch.speed.items():
             pod = core.pod(key)
             speed.setdefault(pod.model, {})[pod_id(pod)] = raw
-        for model, vectors in speed.items():
-            name = speed_key(model, self.field)
-            pipe.hset(name, mapping=vectors)
-            pipe.expire(name, KEY_TTL_SECONDS)
-            queued += 2
+        for model, vectors in speed.items():  # after the model's WRITE, which makes the ledger
+            pipe.evalsha(redis_scripts.SPEED_SHA, 2, speed_key(model), ledger_key(model, self.field),
+                         KEY_TTL_SECONDS, *(x for pair in vectors.items() for x in pair))
+            queued += 1
         for key, n in batch.aibrix.items():
             pod = core.pod(key)
             name = aibrix_pod_key(self.field, pod)
@@ -313,8 +311,10 @@ class RedisState(SyncedState):
     def _connect(self) -> aioredis.Redis:
         if self._client is None:
             # No client-side retries: the loop's own backoff decides when to try again.
+            # surrogateescape: the speed sums are binary (state/speed_sums.py), every other reply text.
             self._client = aioredis.from_url(
-                self.url, decode_responses=True, socket_timeout=self.op_timeout,
+                self.url, decode_responses=True, encoding_errors="surrogateescape",
+                socket_timeout=self.op_timeout,
                 socket_connect_timeout=self.op_timeout, retry=Retry(NoBackoff(), 0),
                 health_check_interval=0)
         return self._client
@@ -374,9 +374,10 @@ class RedisState(SyncedState):
                               for x in (pid, str(t))]
                     ledger = ledger_key(model, self.field)
                     members = members_key(model)
-                    pipe.eval(redis_scripts.WRITE, 4, running_key(model), tokens_key(model), ledger, members,
-                              KEY_TTL_SECONDS, self.field, 0, *tokens)
-                    pipe.eval(redis_scripts.REAP, 3, running_key(model), ledger, members, self.field)
+                    speed = speed_key(model)
+                    pipe.eval(redis_scripts.WRITE, 5, running_key(model), tokens_key(model), ledger, members,
+                              speed, KEY_TTL_SECONDS, self.field, 0, *tokens)
+                    pipe.eval(redis_scripts.REAP, 4, running_key(model), ledger, members, speed, self.field)
                 pods = self.counts.pods
                 for key in self.core.written_aibrix():
                     if key in pods:
