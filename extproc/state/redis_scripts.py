@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 
 from extproc.state.speed import SHARED_TAUS
+from extproc.state.speed_sums import ROUNDING
 
 # Speed evidence (state/speed_sums.py, whose `move` this mirrors): a vector is little-endian doubles,
 # measured, then per group t,w,x,y,xx,xy,yy,n (binary: text cost Redis 100 us a pod in parsing and
@@ -18,6 +19,7 @@ _VECTORS = """
 local TAUS = {TAUS_HERE}
 local WIDTH = 1 + 8 * #TAUS
 local FMT = '<' .. string.rep('d', WIDTH)
+local ROUNDING = ROUNDING_HERE
 local function parse(s)
   if s and #s == 8 * WIDTH then return {struct.unpack(FMT, s)} end
   return nil
@@ -39,8 +41,10 @@ local function move(total, old, new)
     local fn = new and math.exp((new[i] - at) / TAUS[g]) or 0
     out[i] = at
     for k = i + 1, i + 7 do
-      local s = (total and ft * total[k] or 0) - (old and fo * old[k] or 0) + (new and fn * new[k] or 0)
-      if s > 0 then left = true else s = 0 end
+      local a, b, c = total and ft * total[k] or 0, old and fo * old[k] or 0, new and fn * new[k] or 0
+      local s = a - b + c
+      -- what rounding leaves of a share taken out is 0
+      if s > ROUNDING * (math.abs(a) + math.abs(b) + math.abs(c)) then left = true else s = 0 end
       out[k] = s
     end
   end
@@ -51,7 +55,7 @@ local function store(key, field, v)
   if v == nil then redis.call('HDEL', key, field)
   else redis.call('HSET', key, field, struct.pack(FMT, unpack(v, 1, WIDTH))) end
 end
-""".replace("TAUS_HERE", ", ".join(repr(t) for t in SHARED_TAUS))
+""".replace("TAUS_HERE", ", ".join(repr(t) for t in SHARED_TAUS)).replace("ROUNDING_HERE", repr(ROUNDING))
 
 # KEYS: running totals, token totals, this gateway's ledger, the model's members, the model's speed
 # sums (only its expiry refreshed, with the ledger that holds this gateway's share). ARGV: ttl seconds,

@@ -21,6 +21,7 @@ from extproc.state.speed import SHARED_TAUS, SPEED_VALUES
 
 GROUP = 8                          # (t, w, x, y, xx, xy, yy, n)
 NEW_RECORDS = 0.5                  # n grown this much beyond its decay: a record arrived since
+ROUNDING = 1e-9                    # a sum this small against the terms that made it is 0
 
 
 _WIRE = struct.Struct(f"<{SPEED_VALUES}d")
@@ -58,12 +59,15 @@ def move(total: Sequence[float] | None, old: Sequence[float] | None,
         i = 1 + g * GROUP
         at = max(v[i] for v in parts)
         sums = [0.0] * (GROUP - 1)
+        scale = [0.0] * (GROUP - 1)
         for v, sign in ((total, 1.0), (old, -1.0), (new, 1.0)):
             if v is not None:
-                f = sign * math.exp(-(at - v[i]) / tau)
+                f = math.exp(-(at - v[i]) / tau)
                 for k in range(GROUP - 1):
-                    sums[k] += f * v[i + 1 + k]
-        sums = [s if s > 0 else 0.0 for s in sums]
+                    sums[k] += sign * f * v[i + 1 + k]
+                    scale[k] += abs(f * v[i + 1 + k])
+        # What rounding leaves of a share taken out is 0.
+        sums = [s if s > ROUNDING * m else 0.0 for s, m in zip(sums, scale)]
         left = left or any(sums)
         out.append(at)
         out.extend(sums)

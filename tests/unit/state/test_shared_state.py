@@ -13,9 +13,9 @@ from extproc.config import parse
 from extproc.environment import redact_url, redis_url_from_env
 from extproc.fleetsim.shared import SimSharedState, SyncHub
 from extproc.pool.pod import Pod
+from extproc.state import speed_sums
 from extproc.state.redis_sync import RedisState
 from extproc.state.shared import LocalCounts, LocalState
-from extproc.state import speed_sums
 from extproc.state.sync_core import Snapshot, SyncCore
 
 POD = Pod("llama", "pod-a", "10.0.0.1:8000", namespace="team")
