@@ -27,9 +27,9 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 
 from extproc.cancellation import raise_if_cancelled
-from extproc.environment import redact_url
 from extproc.pool.pod import Pod, PodKey
-from extproc.state import redis_scripts
+from extproc.state import redis_connect, redis_scripts
+from extproc.state.redis_connect import RedisTarget
 from extproc.state.shared import LocalCounts
 from extproc.state.sync_core import (
     AIBRIX_POD_PATTERN,
@@ -68,11 +68,12 @@ def default_instance() -> str:
 
 
 class RedisState(SyncedState):
-    def __init__(self, url: str, instance: str | None = None, *, sync_interval: float = 0.1,
+    def __init__(self, url: str | RedisTarget, instance: str | None = None, *, sync_interval: float = 0.1,
                  heartbeat_interval: float = 1.0, gateway_ttl: float = 3.0, op_timeout: float = 0.5,
                  registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time,
                  aibrix_snapshots: bool = False) -> None:
-        self.url = url
+        self.target = url if isinstance(url, RedisTarget) else RedisTarget(url)
+        self.url = self.target.url
         self.instance = instance or default_instance()
         # "<instance>:<start ns>": a restarted gateway is a new field, never a continuation of its
         # predecessor's counts. Taken per object, so two states in one process stay distinct.
@@ -116,7 +117,7 @@ class RedisState(SyncedState):
 
     async def run(self) -> None:
         """Sync every `sync_interval` while Redis answers; back off (up to 1 s) while it does not."""
-        log.info("sharing state through Redis at %s as %s", redact_url(self.url), self.field)
+        log.info("sharing state through Redis at %s as %s", self.target.describe(), self.field)
         loop = asyncio.get_running_loop()
         while not self._closed:
             started = loop.time()
@@ -161,7 +162,7 @@ class RedisState(SyncedState):
             self._last_scan = now
         models = self._models()
         aibrix_keys = self._aibrix_keys
-        pipe = client.pipeline(transaction=False)
+        pipe = redis_connect.pipeline(client)
         writes, scripts = self._queue_writes(pipe, batch, now + self._offset, models)
         pipe.time()
         pipe.zrange(GATEWAYS_KEY, 0, -1, withscores=True)
@@ -312,17 +313,15 @@ class RedisState(SyncedState):
         if self._client is None:
             # No client-side retries: the loop's own backoff decides when to try again.
             # surrogateescape: the speed sums are binary (state/speed_sums.py), every other reply text.
-            self._client = aioredis.from_url(
-                self.url, decode_responses=True, encoding_errors="surrogateescape",
-                socket_timeout=self.op_timeout,
-                socket_connect_timeout=self.op_timeout, retry=Retry(NoBackoff(), 0),
-                health_check_interval=0)
+            self._client = redis_connect.open_async(
+                self.target, timeout=self.op_timeout, decode_responses=True,
+                encoding_errors="surrogateescape", retry=Retry(NoBackoff(), 0), health_check_interval=0)
         return self._client
 
     def _on_success(self) -> None:
         if self._reported_down or not self._ever_up:
             log.info("Redis at %s reachable: in-flight counts and tokens shared across gateways",
-                     redact_url(self.url))
+                     self.target.describe())
         self._failures = 0
         self._reported_down = False
         self._ever_up = True
@@ -340,10 +339,10 @@ class RedisState(SyncedState):
             if timeout:
                 log.warning("Redis at %s did not answer a sync turn within %gs (redis.timeout_seconds); "
                             "routing on this gateway's own counts until a turn succeeds",
-                            redact_url(self.url), self.op_timeout)
+                            self.target.describe(), self.op_timeout)
             else:
                 log.warning("Redis at %s unreachable (%s); routing on this gateway's own counts until "
-                            "it returns", redact_url(self.url), self._scrub(exc))
+                            "it returns", self.target.describe(), self._scrub(exc))
         # A cancelled or broken connection may be mid-reply: start the next attempt afresh.
         client, self._client = self._client, None
         if client is not None:
@@ -368,7 +367,7 @@ class RedisState(SyncedState):
             if client is None:
                 return
             try:
-                pipe = client.pipeline(transaction=False)
+                pipe = redis_connect.pipeline(client)
                 for model, pods in self._models().items():
                     tokens = [x for pid, key in pods.items() if (t := self.counts.tokens.get(key, 0)) > 0
                               for x in (pid, str(t))]
@@ -387,7 +386,7 @@ class RedisState(SyncedState):
                     await pipe.execute()
             except Exception as exc:
                 log.warning("could not withdraw from Redis at %s (%s); others drop us after %gs",
-                            redact_url(self.url), self._scrub(exc), self.core.gateway_ttl)
+                            self.target.describe(), self._scrub(exc), self.core.gateway_ttl)
             finally:
                 self.core.failed()
                 self._gauge.set(0)

@@ -104,3 +104,39 @@ def new_records(current: Sequence[float], written: Sequence[float] | None) -> bo
         if current[n] - written[n] * math.exp(-max(0.0, current[t] - written[t]) / tau) >= NEW_RECORDS:
             return True
     return False
+
+
+def others_many(totals: Sequence[bytes | str], owns: Sequence[bytes | None]) -> list[list[float] | None]:
+    """`others` of many pods at once (a heartbeat reads every pod's sums: 5,000 of them cost 150 ms
+    one by one in Python, a few ms here). Each total as read (bytes, or str as decoded with
+    surrogateescape), each own share as written (encoded) or None. None where nothing is left or the
+    total is not a vector."""
+    import numpy as np
+
+    width = _WIRE.size
+    raw = [t.encode("utf-8", "surrogateescape") if isinstance(t, str) else t for t in totals]
+    ok = np.array([len(t) == width for t in raw], dtype=bool)
+    zero = bytes(width)
+    total = np.frombuffer(b"".join(t if len(t) == width else zero for t in raw),
+                          dtype="<f8").reshape(-1, SPEED_VALUES)
+    has_own = np.array([o is not None and len(o) == width for o in owns], dtype=bool)
+    own = np.frombuffer(b"".join(o if o is not None and len(o) == width else zero for o in owns),
+                        dtype="<f8").reshape(-1, SPEED_VALUES)
+    with np.errstate(all="ignore"):
+        ok &= np.isfinite(total).all(axis=1)
+        out = np.empty_like(total)
+        out[:, 0] = np.where(has_own, np.maximum(total[:, 0], own[:, 0]), total[:, 0])
+        left = np.zeros(len(raw), dtype=bool)
+        for g, tau in enumerate(SHARED_TAUS):
+            i = 1 + g * GROUP
+            at = np.where(has_own, np.maximum(total[:, i], own[:, i]), total[:, i])
+            ft = np.exp((total[:, i] - at) / tau)[:, None]
+            fo = np.where(has_own, np.exp((own[:, i] - at) / tau), 0.0)[:, None]
+            a, b = ft * total[:, i + 1:i + GROUP], fo * own[:, i + 1:i + GROUP]
+            sums = a - b
+            sums = np.where(sums > ROUNDING * (np.abs(a) + np.abs(b)), sums, 0.0)
+            left |= (sums > 0).any(axis=1)
+            out[:, i] = at
+            out[:, i + 1:i + GROUP] = sums
+    rows = out.tolist()
+    return [row if keep else None for row, keep in zip(rows, (ok & left).tolist())]

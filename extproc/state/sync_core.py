@@ -188,7 +188,8 @@ class SyncCore:
         # less our share), as last read; per pod the read it came from, so unchanged ones are reused.
         self.speed_out: dict[PodKey, list[float]] = {}
         self.peer_speed: dict[PodKey, list[list[float]]] = {}
-        self._speed_read: dict[PodKey, tuple[str | bytes, list[float] | None, list[float] | None]] = {}
+        self._speed_read: dict[PodKey, tuple[str | bytes, bytes | None, list[float] | None]] = {}
+        self._written_raw: dict[PodKey, bytes] = {}     # ... as sent (the sums' reader subtracts it)
         self._outbox: dict[str, list[str]] = {}
         self._outbox_size = 0
         self._received: list[tuple[str, int]] = []
@@ -308,9 +309,11 @@ class SyncCore:
         for key, vector in batch.speed_sent.items():  # not speed_out: it may have moved since the plan
             if vector is None:
                 self._written_speed.pop(key, None)
+                self._written_raw.pop(key, None)
                 self._retiring_speed.pop(key, None)
             else:
                 self._written_speed[key] = vector
+                self._written_raw[key] = batch.speed[key]
 
     def lost_ledger(self, batch: WriteBatch | None = None) -> None:
         """Redis answered that our ledger was gone (taken for dead, or Redis lost it): the totals miss
@@ -319,6 +322,7 @@ class SyncCore:
         self._full = True
         sent = batch.speed_sent if batch is not None else {}
         self._written_speed = {key: v for key, v in sent.items() if v is not None}
+        self._written_raw = {key: batch.speed[key] for key in self._written_speed} if batch else {}
 
     def unsent(self, batch: WriteBatch) -> None:
         """The batch may not have reached Redis: its forwards go out again with the next one (a
@@ -354,6 +358,7 @@ class SyncCore:
         self._full = True  # Redis may come back empty or from an old snapshot: re-assert everything
         self._reaped = set()  # ... with silent gateways back in its totals
         self._written_speed = {}  # ... and without our speed evidence
+        self._written_raw = {}
         self.peer_speed = {}  # each gateway fits on its own records until Redis is back
         self._speed_read = {}
 
@@ -387,23 +392,23 @@ class SyncCore:
     def _apply_speed(self, sums: dict[PodKey, str | bytes]) -> None:
         """The others' evidence per pod: the fleet's sums less our share as written (a silent
         gateway's share stays until it is reaped, decaying meanwhile). A pod whose sums and our share
-        are as at the last read keeps its result: most are, at a low change rate."""
-        written, last = self._written_speed, self._speed_read
-        read: dict[PodKey, tuple[str | bytes, list[float] | None, list[float] | None]] = {}
-        peer_speed: dict[PodKey, list[list[float]]] = {}
+        are as at the last read keeps its result; the rest are worked out together."""
+        written, last = self._written_raw, self._speed_read
+        read: dict[PodKey, tuple[str | bytes, bytes | None, list[float] | None]] = {}
+        todo: list[PodKey] = []
         for key, raw in sums.items():
             own = written.get(key)
             hit = last.get(key)
             if hit is not None and hit[1] is own and hit[0] == raw:
-                others = hit[2]
+                read[key] = hit
             else:
-                total = speed_sums.decode(raw)
-                others = speed_sums.others(total, own) if total is not None else None
-            read[key] = (raw, own, others)
-            if others is not None:
-                peer_speed[key] = [others]
+                todo.append(key)
+        if todo:
+            owns = [written.get(key) for key in todo]
+            for key, own, others in zip(todo, owns, speed_sums.others_many([sums[k] for k in todo], owns)):
+                read[key] = (sums[key], own, others)
         self._speed_read = read
-        self.peer_speed = peer_speed
+        self.peer_speed = {key: [others] for key, (_, _, others) in read.items() if others is not None}
 
     def _count_tokens(self, key: PodKey, total: int) -> None:
         delta = 0

@@ -445,3 +445,14 @@ def test_workers_share_speed_evidence_through_the_segment():
     assert two.peer_speed() == {POD.key: [evidence]} and one.peer_speed() == {}
     WorkerState(fd, 0)  # worker 0 restarted: its predecessor's evidence is gone with it
     assert two.peer_speed() == {}
+
+
+def test_the_others_of_many_pods_at_once_are_each_pods_own():
+    a, b = evidence(100.0), evidence(104.0, n=2.0)
+    both = speed_sums.move(speed_sums.move(None, None, a), None, b)
+    totals = [speed_sums.encode(both), speed_sums.encode(a), b"short", speed_sums.encode(a)]
+    owns = [speed_sums.encode(b), speed_sums.encode(a), None, None]
+    got = speed_sums.others_many([totals[0].decode("utf-8", "surrogateescape"), *totals[1:]], owns)
+    assert got[0] == pytest.approx(speed_sums.others(both, b))
+    assert got[1] is None and got[2] is None  # nothing left; not a vector
+    assert got[3] == pytest.approx(a)
