@@ -125,5 +125,10 @@ return 1
 """
 
 WRITE_SHA = hashlib.sha1(WRITE.encode()).hexdigest()
+# KEYS: the heartbeat set (it only routes the call, on a cluster, to the shard whose clock the
+# heartbeats are scored by). Redis's TIME, which a cluster pipeline will not send.
+CLOCK = "return redis.call('TIME')"
+
+CLOCK_SHA = hashlib.sha1(CLOCK.encode()).hexdigest()
 SPEED_SHA = hashlib.sha1(SPEED.encode()).hexdigest()
 REAP_SHA = hashlib.sha1(REAP.encode()).hexdigest()

@@ -154,6 +154,7 @@ class RedisState(SyncedState):
                 await client.script_load(redis_scripts.WRITE)
                 await client.script_load(redis_scripts.REAP)
                 await client.script_load(redis_scripts.SPEED)
+                await client.script_load(redis_scripts.CLOCK)
             self._scripts_loaded = True
         if self.core.aibrix_snapshots and (self._last_scan is None
                                            or now - self._last_scan >= self.heartbeat_interval):
@@ -164,7 +165,10 @@ class RedisState(SyncedState):
         aibrix_keys = self._aibrix_keys
         pipe = redis_connect.pipeline(client)
         writes, scripts = self._queue_writes(pipe, batch, now + self._offset, models)
-        pipe.time()
+        if self.target.cluster:  # a cluster pipeline refuses TIME: the clock of the heartbeat set's shard
+            pipe.evalsha(redis_scripts.CLOCK_SHA, 1, GATEWAYS_KEY)
+        else:
+            pipe.time()
         pipe.zrange(GATEWAYS_KEY, 0, -1, withscores=True)
         inbox = self.core.inbox
         if inbox is not None:
@@ -194,7 +198,7 @@ class RedisState(SyncedState):
         if any(replies[i] == 1 for i in scripts):
             self.core.lost_ledger(batch)
         reads = iter(replies[writes:])
-        seconds, micros = next(reads)
+        seconds, micros = map(int, next(reads))
         self._offset = seconds + micros / 1e6 - (sent + done) / 2
         snap = Snapshot(server_now=seconds + micros / 1e6, gateways=dict(next(reads)), running={},
                         tokens={} if batch.read_tokens else None,
