@@ -245,9 +245,6 @@ class SyncCore:
             n = counts.running.get(key, 0)
             if n != written_running.get(key, 0) or (full and (n > 0 or key in written_running)):
                 batch.running[key] = n
-            t = counts.tokens.get(key, 0)
-            if t != written_tokens.get(key, 0) or (full and t > 0):
-                batch.tokens[key] = t
             if self.aibrix_snapshots:
                 row = self._written_aibrix.get(key)
                 # Rows expire in 500 ms: rewritten when changed or about to expire, deleted once idle.
@@ -256,6 +253,11 @@ class SyncCore:
                     batch.aibrix[key] = n
         for key in self._retiring:
             batch.running[key] = 0
+        if due or full:  # token totals are read once a heartbeat: written as often, not every turn
+            pods = counts.pods
+            for key, t in counts.tokens.items():
+                if key in pods and (t != written_tokens.get(key, 0) or (full and t > 0)):
+                    batch.tokens[key] = t
         batch.reap = sorted(self._silent - self._reaped)
         batch.forwards, self._outbox, self._outbox_size = self._outbox, {}, 0
         if due:  # the fit moves slowly: once a heartbeat is enough, and keeps each tick small

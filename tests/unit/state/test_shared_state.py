@@ -99,12 +99,14 @@ def test_only_net_changes_are_sent_between_heartbeats():
     c.counts.add_running(OTHER, 2)
     c.counts.add_tokens(OTHER, 40)
     b = c.plan(0.2)
-    assert b.running == {OTHER.key: 2} and b.tokens == {OTHER.key: 40}
+    assert b.running == {OTHER.key: 2} and b.tokens == {}  # tokens go with the heartbeat (read then)
     assert b.heartbeat  # any batch writing fields carries the heartbeat, so readers see us alive
     c.confirm(b, 0.2)
-    beat = c.plan(1.3)  # heartbeat: nothing resent (the ledger holds it; its script notices a loss)
-    assert beat.heartbeat and beat.due and beat.read_tokens and beat.running == {} and beat.tokens == {}
+    beat = c.plan(1.3)  # heartbeat: the tokens; nothing resent (the ledger holds it)
+    assert beat.heartbeat and beat.due and beat.read_tokens and beat.running == {}
+    assert beat.tokens == {OTHER.key: 40}
     c.confirm(beat, 1.3)
+    assert c.plan(2.4).tokens == {}  # unchanged since: not sent again
     c.lost_ledger()  # Redis answered that our ledger was gone: every own value again
     full = c.plan(1.4)
     assert full.reassert and full.running == {POD.key: 1, OTHER.key: 2} and full.tokens == {OTHER.key: 40}
@@ -215,9 +217,11 @@ def test_own_tokens_counted_once_across_an_outage():
     c.confirm(c.plan(0.9), 0.9)
     c.apply(snap(1.0, {}, tokens={POD.key: 100}))
     assert c.take_token_deltas() == {POD.key: 100}
-    c.counts.add_tokens(POD, 20)            # pushed, read back next tick ...
-    c.confirm(c.plan(1.05), 1.05)
-    c.apply(snap(1.1, {}, tokens={POD.key: 120}))
+    c.counts.add_tokens(POD, 20)            # pushed, read back with the next heartbeat ...
+    beat = c.plan(1.95)
+    assert beat.tokens == {POD.key: 120}   # own tokens go out in the turn that reads the totals
+    c.confirm(beat, 1.95)
+    c.apply(snap(2.0, {}, tokens={POD.key: 120}))
     c.failed()                              # ... then Redis goes away
     c.counts.add_tokens(POD, 5)
     assert c.take_token_deltas() == {POD.key: 20 + 5}  # pending shared + own local, no overlap
