@@ -24,7 +24,8 @@ Cluster a model's keys live on one shard and each model's writes are one atomic 
                                       leaves the totals, once, by any gateway that sees it (it writes
                                       everything again if it returns)
   extproc:speedsum:{<model>}          ours: hash, field "<ns>/<pod>", the speed evidence of every
-                                      gateway summed (state/speed_sums.py: each group of sums decayed
+                                      gateway summed, as little-endian doubles
+                                      (state/speed_sums.py: each group of sums decayed
                                       to its latest time), moved by the SPEED script by the difference
                                       to the gateway's share in its ledger ("s:<ns>/<pod>"), so a
                                       reaped gateway's share leaves it. A gateway writes a pod's
@@ -72,9 +73,10 @@ FORWARD_PREFIX = "extproc:done:"
 FORWARD_TTL_SECONDS = 60         # an inbox nobody pops (its gateway died) goes away
 MAX_FORWARDS = 10_000            # unsent while Redis is down: past this, reconciliation releases them
 MAX_RECEIVE = 2_000              # popped per tick
-# A pod's speed share is written at most once every this many heartbeats (`extproc bench sync`: at
-# every heartbeat the SPEED script alone cost Redis ~0.2 of a core at 16 gateways x 1,000 pods). The
-# sums forget over 5 s (base) and 120 s (slope): a share up to 5 s late lacks a few records.
+# A pod's speed share is written at most once every this many heartbeats (`extproc bench sync`, 16
+# gateways x 1,000 pods: Redis 0.46 of a core writing at every heartbeat, 0.34 every 5; every 10 saved
+# nothing measurable). The sums forget over 5 s (base) and 120 s (slope): a share up to 5 s late lacks
+# a few records.
 SPEED_WRITE_HEARTBEATS = 5
 
 

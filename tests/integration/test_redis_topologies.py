@@ -86,14 +86,17 @@ async def test_gateways_share_counts_through_a_cluster_and_survive_a_master_fail
     b.add_running(LLAMA, 1)
     b.add_running(MISTRAL, 4)
     await eventually(lambda: shared(a, b, LLAMA, 3) and shared(a, b, MISTRAL, 4), 10, "counts shared")
-    evidence = [time.time(), *(v for _ in range(4) for v in (time.time(), 50.0, 400.0, 1.0, 4e3, 8.0, 0.02, 3.0))]
+    now = time.time()
+    evidence = [now, *(v for _ in range(4) for v in (now, 50.0, 400.0, 1.0, 4e3, 8.0, 0.02, 3.0))]
     a.share_speed(LLAMA.key, evidence)
     await eventually(lambda: LLAMA.key in b.peer_speed(), 10, "speed sums through the cluster")
     # The master holding llama's keys dies; its replica takes over its slots.
     master = cluster.master_of(running_key("llama"))
     cluster.kill(master)
-    await eventually(lambda: cluster.healthy() and cluster.master_of(running_key("llama")) not in (master, None),
-                     30, "replica promoted")
+    def promoted() -> bool:
+        return cluster.healthy() and cluster.master_of(running_key("llama")) not in (master, None)
+
+    await eventually(promoted, 30, "replica promoted")
     a.add_running(LLAMA, 1)
     b.add_running(MISTRAL, -1)
     await eventually(lambda: shared(a, b, LLAMA, 4) and shared(a, b, MISTRAL, 3), 15,

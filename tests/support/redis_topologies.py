@@ -144,8 +144,8 @@ class LocalSentinel:
         self.master_port, self.replica_port, self.sentinel_port = free_port(), free_port(), free_port()
         self.procs: dict[int, Proc] = {}
         self.procs[self.master_port] = _server(f"redis-master-{self.master_port}", self.master_port, log_dir)
-        self.procs[self.replica_port] = _server(f"redis-replica-{self.replica_port}", self.replica_port, log_dir,
-                                                "--replicaof", "127.0.0.1", str(self.master_port))
+        self.procs[self.replica_port] = _server(f"redis-replica-{self.replica_port}", self.replica_port,
+                                                log_dir, "--replicaof", "127.0.0.1", str(self.master_port))
         conf = log_dir / f"sentinel-{self.sentinel_port}.conf"
         conf.write_text(f"port {self.sentinel_port}\nbind 127.0.0.1\n"
                         f"sentinel monitor {master_name} 127.0.0.1 {self.master_port} 1\n"
