@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from extproc.gpu_profiles import ProfileStore, profile_key
 from extproc.pool.pod import Pod
+from extproc.profiling.output import parse_redis_url, store_redis
 from extproc.state import redis_connect
 from extproc.state.redis_sync import RedisState
 from extproc.state.sync_core import running_key
@@ -113,3 +115,27 @@ async def test_gateways_follow_the_master_sentinel_promotes(sentinel, fleet):
     await eventually(lambda: sentinel.master() == sentinel.replica_port, 30, "sentinel promotes the replica")
     a.add_running(LLAMA, 1)
     await eventually(lambda: shared(a, b, LLAMA, 4), 15, "counts shared again through the new master")
+
+
+async def test_gen_profile_writes_and_the_gateway_reads_profiles_on_a_cluster(cluster, monkeypatch):
+    """Profiles of several models (keys on several shards): gen-profile's output through the cluster
+    variables, AIBrix's own keys, and the SLO refresh's reader (one pipeline of GETs, no MGET)."""
+    monkeypatch.setenv("EXTPROC_REDIS_MODE", "cluster")
+    monkeypatch.setenv("EXTPROC_REDIS_NODES", ",".join(cluster.nodes))
+    models = [f"model-{i}" for i in range(6)]
+    for i, model in enumerate(models):
+        profile = {"gpu": "a100", "cost": 1.0, "tputs": [[float(i + 1)]], "indexes": [[8], [128]],
+                   "e2e": [[1.0]], "slos": {"e2e": 10}, "created": 1.0}
+        await asyncio.to_thread(store_redis, parse_redis_url(f"redis://unused:1/0?model={model}"), "a100",
+                                profile)
+    client = redis_connect.open_async(redis_connect.target(None, "cluster", cluster.nodes), timeout=2)
+    try:
+        slots = {await client.cluster_keyslot(profile_key(m, "a100")) for m in models}
+        assert len(slots) > 1  # the keys do lie on several slots
+        store = ProfileStore()
+        assert await store.refresh_redis(client, {m: {"a100"} for m in models}) == len(models)
+    finally:
+        await client.aclose()
+    for i, model in enumerate(models):
+        found = store.profile_for(model, "default", "a100")
+        assert found is not None and found.tputs[0][0] == float(i + 1)
