@@ -52,6 +52,9 @@ CONFIG_OVERRIDES: tuple[Variable, ...] = (
     Variable("EXTPROC_METRICS_REFRESH_SECONDS", "telemetry.refresh_seconds", float),
     Variable("EXTPROC_METRICS_TIMEOUT_SECONDS", "telemetry.timeout_seconds", float),
     Variable("EXTPROC_REDIS_URL", "redis.url", str),
+    Variable("EXTPROC_REDIS_MODE", "redis.mode", str),
+    Variable("EXTPROC_REDIS_NODES", "redis.nodes", str),
+    Variable("EXTPROC_REDIS_MASTER_NAME", "redis.master_name", str),
     Variable("EXTPROC_API_KEYS_FILE", "gateway.api_keys_file", str),
 )
 

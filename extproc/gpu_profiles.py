@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from extproc.state import redis_connect
+
 log = logging.getLogger(__name__)
 
 Matrix = tuple[tuple[float, ...], ...]
@@ -300,7 +302,11 @@ class ProfileStore:
                           | {k.decode() if isinstance(k, bytes) else k for k in indexed})
             if not keys:
                 continue
-            for key, raw in zip(keys, await redis.mget(keys)):
+            # Key by key in one pipeline, not MGET: on a Redis Cluster they lie on several shards.
+            pipe = redis_connect.pipeline(redis)
+            for key in keys:
+                pipe.get(key)
+            for key, raw in zip(keys, await pipe.execute()):
                 if raw is not None:
                     self.offer_redis(model, key, raw)
                     n += 1

@@ -12,7 +12,8 @@ from extproc.redact import redact_url
 
 def describe(config: Config) -> list[str]:
     sync = config.redis_sync
-    redis = (f"on ({redact_url(config.redis_url)}; sync every {sync.interval_seconds:g} s, heartbeat "
+    where = config.redis_target.describe() if config.redis_target else redact_url(config.redis_url or "")
+    redis = (f"on ({where}; sync every {sync.interval_seconds:g} s, heartbeat "
              f"{sync.heartbeat_seconds:g} s, timeout {sync.timeout_seconds:g} s, AIBrix rows "
              f"{'on' if sync.aibrix_rows else 'off'})" if config.redis_url else "off")
     lines = [f"default strategy: {config.default_strategy}; destination header: {config.destination_header}; "

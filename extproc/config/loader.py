@@ -33,6 +33,7 @@ from extproc.config.source import DuplicateKey, read_yaml
 from extproc.envoy_contract import DEFAULT_DESTINATION_HEADER, ENVOY_BUFFER_BYTES
 from extproc.ratelimit.settings import RateLimitError, parse_rate_limits
 from extproc.routing.settings import RoutingSettings
+from extproc.state import redis_connect
 
 HEADER_NAME = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]+")  # an RFC 9110 token, lower-cased
 RESERVED_HEADERS = frozenset({"host", "content-length", "content-type", "transfer-encoding", "connection",
@@ -96,6 +97,12 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
         rate_limits = parse_rate_limits(raw.get("rate_limits"), tuple(models))
     except RateLimitError as exc:
         raise ConfigError(str(exc)) from None
+    redis_url = environment.redis_url_from_env(env, _optional_str(redis, "url"))
+    try:
+        redis_target = redis_connect.target(redis_url, redis.get("mode"), redis.get("nodes"),
+                                            redis.get("master_name"))
+    except redis_connect.RedisTargetError as exc:
+        raise ConfigError(str(exc)) from None
     return Config(pods=pods, models=tuple(models), default_strategy=settings.default_strategy,
                   destination_header=header, model_paths=frozenset(paths),
                   max_body_bytes=max_body,
@@ -106,7 +113,7 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
                   request_timeout_seconds=_number(gateway, "request_timeout_seconds", 3600.0, minimum=1),
                   metrics_refresh_seconds=_number(telemetry, "refresh_seconds", 1.0, minimum=0.05),
                   metrics_timeout_seconds=_number(telemetry, "timeout_seconds", 0.5, minimum=0.01),
-                  redis_url=environment.redis_url_from_env(env, _optional_str(redis, "url")),
+                  redis_url=redis_target.url if redis_target else None, redis_target=redis_target,
                   redis_instance=environment.pod_name(env), redis_sync=_redis_sync(redis),
                   tracing=environment.tracing_enabled(env),
                   api_keys_file=_keys_file(gateway), api_keys=environment.api_keys(env),

@@ -24,6 +24,7 @@ from extproc.pool.pod import Pod
 from extproc.pool.settings import DISCOVERY_KEYS, DiscoverySettings
 from extproc.ratelimit.settings import RateLimitSettings
 from extproc.routing.settings import RoutingSettings
+from extproc.state.redis_connect import RedisTarget
 
 # Inference endpoints routed to a pod; anything else (engine admin endpoints included) gets a 404.
 DEFAULT_MODEL_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
@@ -40,7 +41,7 @@ SECTION_KEYS: dict[str, frozenset[str]] = {
                           "api_keys_file", "fail_open"}),
     "telemetry": frozenset({"refresh_seconds", "timeout_seconds"}),
     "redis": frozenset({"url", "sync_interval_seconds", "heartbeat_seconds", "timeout_seconds",
-                        "aibrix_rows"}),
+                        "aibrix_rows", "mode", "nodes", "master_name"}),
     "discovery": DISCOVERY_KEYS,  # typed by extproc.config.discovery
 }
 TOP_KEYS = frozenset({"models", "routing", "rate_limits", *SECTION_KEYS})  # rate_limits: extproc.ratelimit
@@ -88,6 +89,8 @@ class Config:
     # Where shared state lives, as `serve` connects: EXTPROC_REDIS_URL, redis.url, else AIBrix's
     # REDIS_HOST/REDIS_PORT, with REDIS_PASSWORD added. None: this gateway keeps its counts to itself.
     redis_url: str | None = field(default=None, repr=False)  # may carry a password
+    # How to reach it: one instance at redis_url, a Cluster or a Sentinel-watched master (redis.mode).
+    redis_target: RedisTarget | None = field(default=None, repr=False)
     redis_instance: str | None = None  # this gateway's name in Redis (POD_NAME; None: the hostname)
     redis_sync: RedisSync = field(default_factory=lambda: RedisSync())  # read once, at start
     tracing: bool = False  # request traces for the GPU optimizer (AIBRIX_GPU_OPTIMIZER_TRACING_FLAG)

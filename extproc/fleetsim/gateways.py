@@ -81,7 +81,9 @@ class SimGateway:
         self.index = index
         self.shared = shared
         self.samples = Samples()
-        accounting = Accounting(shared, capacity=capacity, health=PodHealth(), samples=self.samples)
+        # One virtual clock for all: the gateways' "wall" clock too (shared speed evidence is timed by it).
+        accounting = Accounting(shared, capacity=capacity, health=PodHealth(), samples=self.samples,
+                                wall=clock)
         self.gateway = Gateway(config, clock=clock, accounting=accounting)
 
 

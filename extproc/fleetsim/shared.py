@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from extproc.pool.pod import PodKey
+from extproc.state import speed_sums
 from extproc.state.shared import LocalCounts
 from extproc.state.sync_core import SharedSnapshot, SyncCore, SyncedState, WriteBatch
 
@@ -27,13 +28,14 @@ GATEWAY_TTL = 3.0  # SyncCore's default liveness window
 class SyncHub:
     """What Redis holds, in memory: per pod, each gateway's ledger value; totals are summed at a read."""
 
-    __slots__ = ("share_tokens", "running", "tokens", "speed", "heartbeats")
+    __slots__ = ("share_tokens", "running", "tokens", "speed", "speed_sums", "heartbeats")
 
     def __init__(self, share_tokens: bool = True) -> None:
         self.share_tokens = share_tokens
         self.running: dict[PodKey, dict[str, int]] = {}
         self.tokens: dict[PodKey, dict[str, int]] = {}
-        self.speed: dict[PodKey, dict[str, str]] = {}  # each gateway's speed evidence per pod
+        self.speed: dict[PodKey, dict[str, list[float]]] = {}  # each gateway's speed share per pod
+        self.speed_sums: dict[PodKey, bytes] = {}              # ... summed, as Redis keeps them
         self.heartbeats: dict[str, float] = {}
 
     def write(self, field: str, batch: WriteBatch, now: float) -> None:
@@ -43,8 +45,16 @@ class SyncHub:
             self.running.setdefault(key, {})[field] = n
         for key, t in batch.tokens.items():
             self.tokens.setdefault(key, {})[field] = t
-        for key, evidence in batch.speed.items():
-            self.speed.setdefault(key, {})[field] = evidence
+        for key, raw in batch.speed.items():
+            shares = self.speed.setdefault(key, {})
+            new = speed_sums.decode(raw)
+            total = speed_sums.move(speed_sums.decode(self.speed_sums.get(key)), shares.pop(field, None), new)
+            if new is not None:
+                shares[field] = new
+            if total is None:
+                self.speed_sums.pop(key, None)
+            else:
+                self.speed_sums[key] = speed_sums.encode(total)
 
     def read(self, field: str, keys: Iterable[PodKey], now: float, speed: bool = False,
              tokens: bool = True) -> SharedSnapshot:
@@ -52,9 +62,8 @@ class SyncHub:
         snap = SharedSnapshot(server_now=now, gateways=dict(self.heartbeats), running={},
                               tokens={} if tokens else None, speed={} if speed else None)
         for key in keys:
-            if snap.speed is not None:
-                for g, raw in self.speed.get(key, {}).items():
-                    snap.speed.setdefault(g, {})[key] = raw
+            if snap.speed is not None and (raw := self.speed_sums.get(key)) is not None:
+                snap.speed[key] = raw
             snap.running[key] = sum(n for g, n in self.running.get(key, {}).items() if g in live)
             if snap.tokens is not None:
                 fields = self.tokens.get(key, {})

@@ -114,7 +114,6 @@ def optimizer_command(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    import redis.asyncio as aioredis
     from aiohttp import web
 
     from extproc.environment import in_cluster, redis_url_from_env
@@ -123,6 +122,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from extproc.optimizer.kubernetes import KubernetesDeploymentSource, MergedDeploymentSource
     from extproc.optimizer.service import OptimizerService, ServiceSettings
     from extproc.redact import redact_url
+    from extproc.state import redis_connect
 
     file_source = FileDeploymentSource(args.config) if args.config else None
     source: DeploymentSource = file_source or StaticDeploymentSource([])
@@ -142,7 +142,8 @@ async def _serve(args: argparse.Namespace) -> int:
             print(f"extproc optimizer: {e}", file=sys.stderr)
         return 2
     url = redis_url_from_env(os.environ, args.redis_url) or "redis://localhost:6379/0"
-    redis = aioredis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    where = redis_connect.target_from_env(os.environ, url)  # EXTPROC_REDIS_MODE: cluster, sentinel
+    redis = redis_connect.open_async(where or url, timeout=5)
     service = OptimizerService(
         source,
         store,
@@ -154,7 +155,8 @@ async def _serve(args: argparse.Namespace) -> int:
     runner = web.AppRunner(service.app(), access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
-    log.info("GPU optimizer on http://%s:%d (Redis %s)", args.host, args.port, redact_url(url))
+    log.info("GPU optimizer on http://%s:%d (Redis %s)", args.host, args.port,
+             where.describe() if where else redact_url(url))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +43,7 @@ import redis
 from extproc.localstack import Proc, free_port, wait_until
 from extproc.pool.pod import Pod
 from extproc.state.redis_sync import RedisState
+from extproc.state.speed import SpeedEstimator
 
 TOKENS_PER_REQUEST = 200
 
@@ -100,8 +102,10 @@ class Fleet:
     the truth every view is held against."""
 
     def __init__(self, states: list[RedisState], pods: list[Pod], inflight: int, seed: int,
-                 speed: bool) -> None:
+                 speed: bool, clock: Callable[[], float] = time.time) -> None:
         self.states = states
+        self.clock = clock
+        self.estimators = [SpeedEstimator() for _ in states]  # each gateway's own speed evidence
         self.pods = pods
         self.rng = random.Random(seed)
         self.held: list[list[int]] = [[0] * len(pods) for _ in states]   # gateway -> pod -> requests
@@ -121,8 +125,10 @@ class Fleet:
     def _measured(self, g: int, p: int) -> None:
         """A record reached gateway g: its evidence on the pod changes, as accounting's export does."""
         if self.speed:
-            vector = [time.time(), *(self.rng.random() for _ in range(32))]
-            self.states[g].share_speed(self.pods[p].key, vector)
+            key, now, rng, estimator = self.pods[p].key, self.clock(), self.rng, self.estimators[g]
+            estimator.observe(key, 0.02 * (1 + 0.05 * rng.random()), rng.uniform(1, 32), 199, now)
+            estimator.observe_prefill(key, 0.05 * rng.random(), rng.uniform(100, 2000), 200, now)
+            self.states[g].share_speed(key, estimator.export(key))  # type: ignore[arg-type]
 
     def _start(self, p: int) -> None:
         g = self.rng.randrange(len(self.states))
@@ -201,7 +207,7 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
     now = [time.time()]
     states = [RedisState(url, f"bench-gw-{g}", sync_interval=interval, gateway_ttl=3600.0,
                          clock=lambda: now[0]) for g in range(gateways)]
-    fleet = Fleet(states, make_pods(pods, models), inflight, seed, speed)
+    fleet = Fleet(states, make_pods(pods, models), inflight, seed, speed, clock=lambda: now[0])
     run = SyncRun(gateways, pods, models, rate, inflight, interval, turns)
     written: list[float] = [0.0] * gateways  # when each gateway last wrote
     try:

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 from extproc.gpu_profiles import profile_index_key, profile_key
 
@@ -25,6 +25,7 @@ class RedisTarget:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     tls: bool = False
+    url: str = field(default="", repr=False)  # as given, less its ?model= (credentials, TLS, db)
 
     def key(self, deployment: str) -> str:
         return profile_key(self.model, deployment)
@@ -49,7 +50,8 @@ def parse_redis_url(url: str) -> RedisTarget:
                           "aibrix:profile_<model>_<deployment>")
     return RedisTarget(parts.hostname or "localhost", port, int(db_text), model,
                        unquote(parts.username) if parts.username else None,
-                       unquote(parts.password) if parts.password else None, parts.scheme == "rediss")
+                       unquote(parts.password) if parts.password else None, parts.scheme == "rediss",
+                       urlunsplit(parts._replace(query="", fragment="")))
 
 
 def is_redis_url(target: str) -> bool:
@@ -57,14 +59,23 @@ def is_redis_url(target: str) -> bool:
 
 
 def store_redis(target: RedisTarget, deployment: str, profile: dict[str, Any]) -> str:
+    import os
+
     import redis
 
-    client = redis.Redis(host=target.host, port=target.port, db=target.db, username=target.username,
-                         password=target.password, ssl=target.tls, socket_timeout=10,
-                         socket_connect_timeout=10)
+    from extproc.state import redis_connect
+
+    # Redis Cluster or Sentinel: EXTPROC_REDIS_MODE / _NODES / _MASTER_NAME, the URL's credentials.
+    try:
+        where = redis_connect.target_from_env(os.environ, target.url)
+    except redis_connect.RedisTargetError as exc:
+        raise OutputError(str(exc)) from None
+    client = redis_connect.open_sync(where or target.url, timeout=10)
     key = target.key(deployment)
     try:
-        with client.pipeline(transaction=True) as pipe:  # the key, and its place in the model's index
+        # The key, and its place in the model's index: one transaction, but on a cluster they lie on
+        # two shards (a reader finds the key by its deployment name meanwhile).
+        with redis_connect.pipeline(client, transaction=True) as pipe:
             pipe.set(key, json.dumps(profile))
             pipe.sadd(profile_index_key(target.model), key)
             pipe.execute()

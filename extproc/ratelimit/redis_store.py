@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 from extproc.ratelimit.bucket import WINDOW_S, Verdict
 from extproc.ratelimit.settings import Limits
+from extproc.state import redis_connect
+from extproc.state.redis_connect import RedisTarget
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +30,13 @@ CALL_TIMEOUT_S = 1.0  # a pipeline's bound (requests stop waiting long before; c
 KEY_PREFIX = "extproc:ratelimit:"
 AIBRIX_USER_PREFIX = "aibrix-users/"  # AIBrix's user records: {"name": ..., "rpm": N, "tpm": N}
 
-# KEYS[1]: the bucket (a hash r, t, ts); KEYS[2]: AIBrix's user record, or "" (the config's limits).
+# KEYS[1]: the bucket (a hash r, t, ts); KEYS[2]: AIBrix's user record, absent (the config's limits).
 # ARGV: mode (take | charge), requests/min, tokens/min (0: unlimited), tokens to take or charge, window ms.
 # Returns {admitted 0/1, exceeded ("" | requests | tokens), requests left, tokens left, rpm, tpm}.
 SCRIPT = """
 local rl, tl = tonumber(ARGV[2]), tonumber(ARGV[3])
 local cost, win = tonumber(ARGV[4]), tonumber(ARGV[5])
-if KEYS[2] ~= '' then
+if KEYS[2] then
   local rec = redis.call('GET', KEYS[2])
   if rec then
     local ok, user = pcall(cjson.decode, rec)
@@ -74,11 +76,13 @@ SCRIPT_SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()  # noqa: S324 (Redis name
 
 
 class RedisStore:
-    def __init__(self, url: str, timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
-        from redis import asyncio as aioredis  # loads only when Redis is used
-
-        self._client = aioredis.Redis.from_url(url, socket_timeout=CALL_TIMEOUT_S,
-                                               socket_connect_timeout=CALL_TIMEOUT_S)
+    def __init__(self, url: str | RedisTarget, timeout: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        # the client loads only when Redis is used (redis_connect imports it on call)
+        self._client = redis_connect.open_async(url, timeout=CALL_TIMEOUT_S)
+        # On a Redis Cluster AIBrix's user records lie on other shards than the buckets, and a script
+        # reads keys of one shard: the config's limits apply (docs/kubernetes.md).
+        self._users = not (isinstance(url, RedisTarget) and url.cluster)
         self.timeout = timeout
         self._clock = clock
         self._resume_at = 0.0  # after a failure, Redis is skipped until then
@@ -96,7 +100,7 @@ class RedisStore:
         did not answer in time, the request goes unlimited."""
         if self._clock() < self._resume_at:
             return None
-        user_key = AIBRIX_USER_PREFIX + aibrix_user if aibrix_user else ""
+        user_key = AIBRIX_USER_PREFIX + aibrix_user if aibrix_user and self._users else ""
         answer = self._call(self.key(bucket_id), user_key, "take", limits.requests or 0,
                             limits.tokens or 0, cost)
         done, _ = await asyncio.wait((answer,), timeout=self.timeout)
@@ -151,13 +155,15 @@ class RedisStore:
             from redis.exceptions import ResponseError
 
             bucket, user, *args = calls[0]
+            keys = (bucket, user) if user else (bucket,)
             try:
-                return [await self._client.evalsha(SCRIPT_SHA, 2, bucket, user, *args)]
+                return [await self._client.evalsha(SCRIPT_SHA, len(keys), *keys, *args)]
             except ResponseError as exc:  # NOSCRIPT included: the caller loads it and sends again
                 return [exc]
-        pipe = self._client.pipeline(transaction=False)
+        pipe = redis_connect.pipeline(self._client)
         for bucket, user, *args in calls:
-            pipe.evalsha(SCRIPT_SHA, 2, bucket, user, *args)
+            keys = (bucket, user) if user else (bucket,)
+            pipe.evalsha(SCRIPT_SHA, len(keys), *keys, *args)
         return await pipe.execute(raise_on_error=False)
 
     async def start(self) -> None:

@@ -200,7 +200,7 @@ class Waiting:
     name: str                                     # names the background task: "<name>-profiles"
     live: Callable[[Any], Any]                    # gateway -> room (admit, wait, reject: admission.Room)
     virtual: Callable[[RoutingState], Any]        # the gateway's learned state -> the pure room
-    refresh: Callable[[Any, str | None], Any] | None = None  # (gateway, redis_url) -> coroutine
+    refresh: Callable[[Any, Any], Any] | None = None  # (gateway, Redis URL or RedisTarget) -> coroutine
 
 
 _REGISTRY: dict[str, tuple[Factory, Params | None]] = {}

@@ -112,12 +112,13 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     config = config_mod.load(path)
     registry = CollectorRegistry()
     redis_url = config.redis_url  # resolved by the loader (EXTPROC_REDIS_URL, redis.url, REDIS_HOST ...)
+    redis = config.redis_target or redis_url  # how to reach it: one instance, a cluster, a sentinel
     shared: SharedState
     if redis_url:
         from extproc.state.redis_sync import RedisState  # the Redis client loads only when used
 
         sync = config.redis_sync
-        shared = RedisState(redis_url, config.redis_instance, sync_interval=sync.interval_seconds,
+        shared = RedisState(redis, config.redis_instance, sync_interval=sync.interval_seconds,
                             heartbeat_interval=sync.heartbeat_seconds, gateway_ttl=sync.gateway_ttl,
                             op_timeout=sync.timeout_seconds, aibrix_snapshots=sync.aibrix_rows,
                             registry=registry)
@@ -128,7 +129,8 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     scraper = MetricsScraper(registry, timeout=config.metrics_timeout_seconds)
     accounting = Accounting(shared, health=PodHealth(), samples=scraper.sample)
     # Rate-limit budgets shared through Redis when there is one (turned on and off by reloads)
-    limit_store = RedisStore(redis_url, config.rate_limits.redis_timeout_s) if redis_url else None
+    limit_store = (RedisStore(redis, config.rate_limits.redis_timeout_s)
+                   if redis_url else None)
     limiter = RateLimiter(config.rate_limits, registry, store=limit_store)
     gateway = Gateway(config, registry=registry, accounting=accounting, limiter=limiter)
     registry.register(PodInfoCollector(lambda: gateway.pool.all_pods()))  # GPU type etc. per pod
@@ -192,14 +194,14 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     # from files named in routing.slo.profiles and Redis aibrix:profile_*, every 10 s; the split)
     for waiting in waitings():
         if waiting.refresh is not None:
-            background.append(asyncio.create_task(waiting.refresh(gateway, redis_url),
+            background.append(asyncio.create_task(waiting.refresh(gateway, redis),
                                                   name=f"{waiting.name}-profiles"))
     otel = otel_from_env(os.environ)
     if otel is not None:
         gateway.add_spans(otel[0])
     if config.tracing:
         if redis_url:
-            background.append(asyncio.create_task(run_tracing(gateway, redis_url), name="traces"))
+            background.append(asyncio.create_task(run_tracing(gateway, redis), name="traces"))
         else:
             log.warning("%s is set but no Redis is configured: no request traces", environment.TRACING_FLAG)
     log.info("ext_proc on %s:%d, admin on http://%s:%d, strategy %s", host, port, admin_host,

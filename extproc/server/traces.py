@@ -16,6 +16,7 @@ from extproc.routing.framework import PodView
 from extproc.routing.outcome import Rejected
 from extproc.server.gateway import Gateway
 from extproc.state.record import RequestRecord
+from extproc.state.redis_connect import RedisTarget
 from extproc.tracing.flusher import TraceFlusher
 from extproc.tracing.window import TraceRecorder
 
@@ -50,12 +51,12 @@ def tpot(record: RequestRecord) -> float | None:
     return max(0.0, record.e2e_s - record.ttfb_s) / (out - 1)
 
 
-async def run_tracing(gateway: Gateway, redis_url: str) -> None:
-    from redis import asyncio as aioredis
+async def run_tracing(gateway: Gateway, redis: RedisTarget | str) -> None:
+    from extproc.state import redis_connect
 
     recorder = TraceRecorder()
     gateway.add_hook(TraceHooks(recorder))
-    client = aioredis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+    client = redis_connect.open_async(redis, timeout=2)
     flusher = TraceFlusher(client, recorder)
     try:
         while True:

@@ -16,6 +16,7 @@ from extproc.gpu_profiles import ProfileStore
 from extproc.pool.pod import deployment_of
 from extproc.slo.assignment import assign
 from extproc.slo.state import SloState, learned
+from extproc.state.redis_connect import RedisTarget
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +39,13 @@ class SloRefresh:
         router = self._gw.router
         return learned(router.state.store) if router is not None else None
 
-    async def run_profiles(self, redis_url: str | None) -> None:
+    async def run_profiles(self, redis: RedisTarget | str | None) -> None:
         """Every profile_refresh_seconds: profile files named in config, and Redis `aibrix:profile_*`."""
         store = ProfileStore()
         client = None
-        if redis_url:
-            from redis import asyncio as aioredis
-            client = aioredis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+        if redis:
+            from extproc.state import redis_connect
+            client = redis_connect.open_async(redis, timeout=2)
         try:
             while True:
                 try:

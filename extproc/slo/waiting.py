@@ -26,10 +26,10 @@ def _virtual(store: RoutingState) -> Room:
     return Room(state.queues)
 
 
-def _refresh(gateway: Any, redis_url: str | None) -> Any:
+def _refresh(gateway: Any, redis: Any) -> Any:
     from extproc.slo.refresh import SloRefresh
 
-    return SloRefresh(gateway).run_profiles(redis_url)
+    return SloRefresh(gateway).run_profiles(redis)
 
 
 SLO_WAITING = Waiting("slo", live=_live, virtual=_virtual, refresh=_refresh)

@@ -9,7 +9,8 @@ background loops, the fleet simulation feeds it virtual ones.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from extproc.openai import Request
@@ -18,6 +19,7 @@ from extproc.state.capacity import BusyClock, CapacityEstimator
 from extproc.state.record import PodView, RequestRecord
 from extproc.state.shared import SharedState
 from extproc.state.speed import LoadIntegral, Speed, SpeedEstimator
+from extproc.state.speed_sums import shifted
 from extproc.state.views import SampleSource, ViewCache, no_samples
 from extproc.telemetry.health import PodHealth
 
@@ -36,8 +38,9 @@ class PodFigures:
 class Accounting:
     def __init__(self, shared: SharedState, capacity: CapacityEstimator | None = None,
                  health: PodHealth | None = None, samples: SampleSource = no_samples,
-                 speed: SpeedEstimator | None = None) -> None:
+                 speed: SpeedEstimator | None = None, wall: Callable[[], float] = time.time) -> None:
         self.shared = shared
+        self.wall = wall  # the clock shared speed evidence is timed by (each gateway's own differs)
         self.capacity = capacity or CapacityEstimator()  # AIBrix's observed rate (capacity: observed)
         self.speed = speed or SpeedEstimator()  # speed at load (capacity: speed, the default)
         self.load = LoadIntegral()
@@ -105,15 +108,17 @@ class Accounting:
         if span > 0 and tpot > 0:
             self.speed.observe(record.pod.key, tpot, (load_now - load_then) / span, out - 1, now)
 
-    def _share_speed(self) -> None:
-        """Publish this gateway's speed evidence and fold in the other gateways' (state/speed.py)."""
+    def _share_speed(self, now: float) -> None:
+        """Publish this gateway's speed evidence and fold in the other gateways' (state/speed.py),
+        timed on the wall clock in between."""
         peers = self.shared.peer_speed()
+        offset = self.wall() - now
         for pod in self._tracked:
             key = pod.key
             evidence = self.speed.export(key)
             if evidence is not None:
-                self.shared.share_speed(key, evidence)
-            self.speed.merge_peers(key, peers.get(key, ()))
+                self.shared.share_speed(key, shifted(evidence, offset))
+            self.speed.merge_peers(key, [shifted(v, -offset) for v in peers.get(key, ())])
 
     def credit(self, pod: Pod, tokens: int | None) -> None:
         """Completed output tokens of one request (also for a request this gateway did not route,
@@ -147,7 +152,7 @@ class Accounting:
             sample = self.samples(pod.key, now)
             if sample is not None:
                 self.speed.observe_kv(pod.key, sample.running, sample.kv_usage, now)
-        self._share_speed()
+        self._share_speed(now)
         self.speed.refresh(self._tracked, now)
 
     def forget(self, live: Iterable[PodKey]) -> None:

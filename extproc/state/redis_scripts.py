@@ -8,7 +8,57 @@ from __future__ import annotations
 
 import hashlib
 
-# KEYS: running totals, token totals, this gateway's ledger, the model's members. ARGV: ttl seconds,
+from extproc.state.speed import SHARED_TAUS
+from extproc.state.speed_sums import ROUNDING
+
+# Speed evidence (state/speed_sums.py, whose `move` this mirrors): a vector is little-endian doubles,
+# measured, then per group t,w,x,y,xx,xy,yy,n (binary: text cost Redis 100 us a pod in parsing and
+# formatting, this 18). `move` decays each group of total, old share and new share to the latest of
+# their times and returns the total less old plus new, or nil when no sum is left.
+_VECTORS = """
+local TAUS = {TAUS_HERE}
+local WIDTH = 1 + 8 * #TAUS
+local FMT = '<' .. string.rep('d', WIDTH)
+local ROUNDING = ROUNDING_HERE
+local function parse(s)
+  if s and #s == 8 * WIDTH then return {struct.unpack(FMT, s)} end
+  return nil
+end
+local function move(total, old, new)
+  local out = {0}
+  for _, v in ipairs({total or false, old or false, new or false}) do
+    if v and v[1] > out[1] then out[1] = v[1] end
+  end
+  local left = false
+  for g = 1, #TAUS do
+    local i = 2 + 8 * (g - 1)
+    local at = -1e308
+    if total and total[i] > at then at = total[i] end
+    if old and old[i] > at then at = old[i] end
+    if new and new[i] > at then at = new[i] end
+    local ft = total and math.exp((total[i] - at) / TAUS[g]) or 0
+    local fo = old and math.exp((old[i] - at) / TAUS[g]) or 0
+    local fn = new and math.exp((new[i] - at) / TAUS[g]) or 0
+    out[i] = at
+    for k = i + 1, i + 7 do
+      local a, b, c = total and ft * total[k] or 0, old and fo * old[k] or 0, new and fn * new[k] or 0
+      local s = a - b + c
+      -- what rounding leaves of a share taken out is 0
+      if s > ROUNDING * (math.abs(a) + math.abs(b) + math.abs(c)) then left = true else s = 0 end
+      out[k] = s
+    end
+  end
+  if left then return out end
+  return nil
+end
+local function store(key, field, v)
+  if v == nil then redis.call('HDEL', key, field)
+  else redis.call('HSET', key, field, struct.pack(FMT, unpack(v, 1, WIDTH))) end
+end
+""".replace("TAUS_HERE", ", ".join(repr(t) for t in SHARED_TAUS)).replace("ROUNDING_HERE", repr(ROUNDING))
+
+# KEYS: running totals, token totals, this gateway's ledger, the model's members, the model's speed
+# sums (only its expiry refreshed, with the ledger that holds this gateway's share). ARGV: ttl seconds,
 # this gateway, R, then R pairs (pod, in-flight), then pairs (pod, cumulative tokens). Values are
 # absolute: the totals move by the difference to the ledger, so sending a batch twice changes nothing.
 # Returns 1 when the ledger was missing (new gateway, reaped as silent, or Redis lost it): the caller
@@ -31,23 +81,43 @@ for i = 4, #ARGV, 2 do
     end
   end
 end
-for k = 1, 4 do redis.call('EXPIRE', KEYS[k], ttl) end
+for k = 1, #KEYS do redis.call('EXPIRE', KEYS[k], ttl) end
 return fresh
 """
 
-# KEYS: running totals, a silent gateway's ledger, the model's members. ARGV: that gateway. Takes its
-# in-flight share out of the totals, once (the marker goes with it); its cumulative tokens stay
-# counted, and stay in its ledger so that, if it was only paused, its writing them again adds nothing.
-REAP = """
+# KEYS: the model's speed sums, this gateway's ledger. ARGV: ttl seconds, then pairs (pod, this
+# gateway's whole evidence on it, empty to withdraw it). The ledger keeps each share ("s:<pod>"), so
+# resending a batch changes nothing and a reaped gateway's share can leave the sums.
+SPEED = _VECTORS + """
+for i = 2, #ARGV, 2 do
+  local field = 's:' .. ARGV[i]
+  local new = parse(ARGV[i + 1])
+  local old = parse(redis.call('HGET', KEYS[2], field))
+  local total = parse(redis.call('HGET', KEYS[1], ARGV[i]))
+  store(KEYS[1], ARGV[i], move(total, old, new))
+  if new then redis.call('HSET', KEYS[2], field, ARGV[i + 1]) else redis.call('HDEL', KEYS[2], field) end
+end
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
+return 0
+"""
+
+# KEYS: running totals, a silent gateway's ledger, the model's members, the model's speed sums.
+# ARGV: that gateway. Takes its in-flight share and its speed evidence out of the totals, once (the
+# marker goes with it); its cumulative tokens stay counted, and stay in its ledger so that, if it was
+# only paused, its writing them again adds nothing.
+REAP = _VECTORS + """
 redis.call('SREM', KEYS[3], ARGV[1])
 if redis.call('HDEL', KEYS[2], '~') == 0 then return 0 end
 local fields = redis.call('HGETALL', KEYS[2])
 for i = 1, #fields, 2 do
-  if string.sub(fields[i], 1, 2) == 'r:' then
-    local pod = string.sub(fields[i], 3)
+  local kind, pod = string.sub(fields[i], 1, 2), string.sub(fields[i], 3)
+  if kind == 'r:' then
     if redis.call('HINCRBY', KEYS[1], pod, -tonumber(fields[i + 1])) <= 0 then
       redis.call('HDEL', KEYS[1], pod)
     end
+    redis.call('HDEL', KEYS[2], fields[i])
+  elseif kind == 's:' then
+    store(KEYS[4], pod, move(parse(redis.call('HGET', KEYS[4], pod)), parse(fields[i + 1]), nil))
     redis.call('HDEL', KEYS[2], fields[i])
   end
 end
@@ -55,4 +125,10 @@ return 1
 """
 
 WRITE_SHA = hashlib.sha1(WRITE.encode()).hexdigest()
+# KEYS: the heartbeat set (it only routes the call, on a cluster, to the shard whose clock the
+# heartbeats are scored by). Redis's TIME, which a cluster pipeline will not send.
+CLOCK = "return redis.call('TIME')"
+
+CLOCK_SHA = hashlib.sha1(CLOCK.encode()).hexdigest()
+SPEED_SHA = hashlib.sha1(SPEED.encode()).hexdigest()
 REAP_SHA = hashlib.sha1(REAP.encode()).hexdigest()

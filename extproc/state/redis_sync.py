@@ -28,8 +28,8 @@ from redis.exceptions import NoScriptError
 
 from extproc.cancellation import raise_if_cancelled
 from extproc.pool.pod import Pod, PodKey
-from extproc.redact import redact_url
-from extproc.state import redis_scripts
+from extproc.state import redis_connect, redis_scripts
+from extproc.state.redis_connect import RedisTarget
 from extproc.state.shared import LocalCounts
 from extproc.state.sync_core import (
     AIBRIX_POD_PATTERN,
@@ -68,11 +68,12 @@ def default_instance() -> str:
 
 
 class RedisState(SyncedState):
-    def __init__(self, url: str, instance: str | None = None, *, sync_interval: float = 0.1,
+    def __init__(self, url: str | RedisTarget, instance: str | None = None, *, sync_interval: float = 0.1,
                  heartbeat_interval: float = 1.0, gateway_ttl: float = 3.0, op_timeout: float = 0.5,
                  registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time,
                  aibrix_snapshots: bool = False) -> None:
-        self.url = url
+        self.target = url if isinstance(url, RedisTarget) else RedisTarget(url)
+        self.url = self.target.url
         self.instance = instance or default_instance()
         # "<instance>:<start ns>": a restarted gateway is a new field, never a continuation of its
         # predecessor's counts. Taken per object, so two states in one process stay distinct.
@@ -116,7 +117,7 @@ class RedisState(SyncedState):
 
     async def run(self) -> None:
         """Sync every `sync_interval` while Redis answers; back off (up to 1 s) while it does not."""
-        log.info("sharing state through Redis at %s as %s", redact_url(self.url), self.field)
+        log.info("sharing state through Redis at %s as %s", self.target.describe(), self.field)
         loop = asyncio.get_running_loop()
         while not self._closed:
             started = loop.time()
@@ -152,6 +153,8 @@ class RedisState(SyncedState):
             async with asyncio.timeout(self.op_timeout):
                 await client.script_load(redis_scripts.WRITE)
                 await client.script_load(redis_scripts.REAP)
+                await client.script_load(redis_scripts.SPEED)
+                await client.script_load(redis_scripts.CLOCK)
             self._scripts_loaded = True
         if self.core.aibrix_snapshots and (self._last_scan is None
                                            or now - self._last_scan >= self.heartbeat_interval):
@@ -160,9 +163,12 @@ class RedisState(SyncedState):
             self._last_scan = now
         models = self._models()
         aibrix_keys = self._aibrix_keys
-        pipe = client.pipeline(transaction=False)
+        pipe = redis_connect.pipeline(client)
         writes, scripts = self._queue_writes(pipe, batch, now + self._offset, models)
-        pipe.time()
+        if self.target.cluster:  # a cluster pipeline refuses TIME: the clock of the heartbeat set's shard
+            pipe.evalsha(redis_scripts.CLOCK_SHA, 1, GATEWAYS_KEY)
+        else:
+            pipe.time()
         pipe.zrange(GATEWAYS_KEY, 0, -1, withscores=True)
         inbox = self.core.inbox
         if inbox is not None:
@@ -172,10 +178,9 @@ class RedisState(SyncedState):
             if batch.read_tokens:  # with the members: once a heartbeat, and after a failure
                 pipe.hgetall(tokens_key(model))
                 pipe.smembers(members_key(model))
-        speed_reads = [(model, g) for g in self.core.speed_peers() for model in self.core.peer_members(g)
-                       if model in models] if batch.read_speed else []
-        for model, gateway in speed_reads:
-            pipe.hgetall(speed_key(model, gateway))
+        if batch.read_speed:
+            for model in models:
+                pipe.hgetall(speed_key(model))
         for key in aibrix_keys:
             pipe.hgetall(key)
         sent = self.clock()
@@ -191,9 +196,9 @@ class RedisState(SyncedState):
         self._last_turn.set(time.perf_counter() - started)
         self.core.confirm(batch, now)
         if any(replies[i] == 1 for i in scripts):
-            self.core.lost_ledger()
+            self.core.lost_ledger(batch)
         reads = iter(replies[writes:])
-        seconds, micros = next(reads)
+        seconds, micros = map(int, next(reads))
         self._offset = seconds + micros / 1e6 - (sent + done) / 2
         snap = SharedSnapshot(server_now=seconds + micros / 1e6, gateways=dict(next(reads)), running={},
                               tokens={} if batch.read_tokens else None,
@@ -207,11 +212,10 @@ class RedisState(SyncedState):
                 snap.members[model] = next(reads)
         if batch.read_speed:
             snap.speed = {}
-            for model, gateway in speed_reads:
-                pods, vectors = models[model], snap.speed.setdefault(gateway, {})
+            for pods in models.values():
                 for pid, raw in next(reads).items():
                     if (key := pods.get(pid)) is not None:
-                        vectors[key] = raw
+                        snap.speed[key] = raw
         for fields in reads:
             if fields and EXTPROC_MARK not in fields:
                 n = parse_int(fields.get("requests_running"))
@@ -250,24 +254,23 @@ class RedisState(SyncedState):
             for model in models:
                 changed.setdefault(model, ([], []))
         for model, (running, tokens) in changed.items():
-            pipe.evalsha(redis_scripts.WRITE_SHA, 4, running_key(model), tokens_key(model),
-                         ledger_key(model, self.field), members_key(model), KEY_TTL_SECONDS, self.field,
-                         len(running) // 2, *running, *tokens)
+            pipe.evalsha(redis_scripts.WRITE_SHA, 5, running_key(model), tokens_key(model),
+                         ledger_key(model, self.field), members_key(model), speed_key(model),
+                         KEY_TTL_SECONDS, self.field, len(running) // 2, *running, *tokens)
             scripts.append(queued)
             queued += 1
         for model, gateway in batch.reap:
-            pipe.evalsha(redis_scripts.REAP_SHA, 3, running_key(model), ledger_key(model, gateway),
-                         members_key(model), gateway)
+            pipe.evalsha(redis_scripts.REAP_SHA, 4, running_key(model), ledger_key(model, gateway),
+                         members_key(model), speed_key(model), gateway)
             queued += 1
         speed: dict[str, dict[str, str]] = {}
         for key, raw in batch.speed.items():
             pod = core.pod(key)
             speed.setdefault(pod.model, {})[pod_id(pod)] = raw
-        for model, vectors in speed.items():
-            name = speed_key(model, self.field)
-            pipe.hset(name, mapping=vectors)
-            pipe.expire(name, KEY_TTL_SECONDS)
-            queued += 2
+        for model, vectors in speed.items():  # after the model's WRITE, which makes the ledger
+            pipe.evalsha(redis_scripts.SPEED_SHA, 2, speed_key(model), ledger_key(model, self.field),
+                         KEY_TTL_SECONDS, *(x for pair in vectors.items() for x in pair))
+            queued += 1
         for key, n in batch.aibrix.items():
             pod = core.pod(key)
             name = aibrix_pod_key(self.field, pod)
@@ -313,16 +316,16 @@ class RedisState(SyncedState):
     def _connect(self) -> aioredis.Redis:
         if self._client is None:
             # No client-side retries: the loop's own backoff decides when to try again.
-            self._client = aioredis.from_url(
-                self.url, decode_responses=True, socket_timeout=self.op_timeout,
-                socket_connect_timeout=self.op_timeout, retry=Retry(NoBackoff(), 0),
-                health_check_interval=0)
+            # surrogateescape: the speed sums are binary (state/speed_sums.py), every other reply text.
+            self._client = redis_connect.open_async(
+                self.target, timeout=self.op_timeout, decode_responses=True,
+                encoding_errors="surrogateescape", retry=Retry(NoBackoff(), 0), health_check_interval=0)
         return self._client
 
     def _on_success(self) -> None:
         if self._reported_down or not self._ever_up:
             log.info("Redis at %s reachable: in-flight counts and tokens shared across gateways",
-                     redact_url(self.url))
+                     self.target.describe())
         self._failures = 0
         self._reported_down = False
         self._ever_up = True
@@ -340,10 +343,10 @@ class RedisState(SyncedState):
             if timeout:
                 log.warning("Redis at %s did not answer a sync turn within %gs (redis.timeout_seconds); "
                             "routing on this gateway's own counts until a turn succeeds",
-                            redact_url(self.url), self.op_timeout)
+                            self.target.describe(), self.op_timeout)
             else:
                 log.warning("Redis at %s unreachable (%s); routing on this gateway's own counts until "
-                            "it returns", redact_url(self.url), self._scrub(exc))
+                            "it returns", self.target.describe(), self._scrub(exc))
         # A cancelled or broken connection may be mid-reply: start the next attempt afresh.
         client, self._client = self._client, None
         if client is not None:
@@ -368,15 +371,16 @@ class RedisState(SyncedState):
             if client is None:
                 return
             try:
-                pipe = client.pipeline(transaction=False)
+                pipe = redis_connect.pipeline(client)
                 for model, pods in self._models().items():
                     tokens = [x for pid, key in pods.items() if (t := self.counts.tokens.get(key, 0)) > 0
                               for x in (pid, str(t))]
                     ledger = ledger_key(model, self.field)
                     members = members_key(model)
-                    pipe.eval(redis_scripts.WRITE, 4, running_key(model), tokens_key(model), ledger, members,
-                              KEY_TTL_SECONDS, self.field, 0, *tokens)
-                    pipe.eval(redis_scripts.REAP, 3, running_key(model), ledger, members, self.field)
+                    speed = speed_key(model)
+                    pipe.eval(redis_scripts.WRITE, 5, running_key(model), tokens_key(model), ledger, members,
+                              speed, KEY_TTL_SECONDS, self.field, 0, *tokens)
+                    pipe.eval(redis_scripts.REAP, 4, running_key(model), ledger, members, speed, self.field)
                 pods = self.counts.pods
                 for key in self.core.written_aibrix():
                     if key in pods:
@@ -386,7 +390,7 @@ class RedisState(SyncedState):
                     await pipe.execute()
             except Exception as exc:
                 log.warning("could not withdraw from Redis at %s (%s); others drop us after %gs",
-                            redact_url(self.url), self._scrub(exc), self.core.gateway_ttl)
+                            self.target.describe(), self._scrub(exc), self.core.gateway_ttl)
             finally:
                 self.core.failed()
                 self._gauge.set(0)

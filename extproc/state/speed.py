@@ -91,6 +91,11 @@ class Speed:
 
 _SUMS_LEN = 8  # _Sums.vector()
 SPEED_VALUES = 1 + 4 * _SUMS_LEN  # SpeedEstimator.export: when measured, the four shared sums
+BASE_TAU = 5.0     # seconds: the horizon of `base` (SpeedEstimator's default)
+SHAPE_TAU = 120.0  # seconds: of the slope, the prefill speed and the mix
+# Each shared group's horizon, in `export`'s order (_Pod.shared): sums kept fleet-wide in Redis
+# (state/speed_sums.py) are forgotten at these rates, so they add up to what `merge_peers` would make.
+SHARED_TAUS = (BASE_TAU, SHAPE_TAU, SHAPE_TAU, SHAPE_TAU)
 
 
 class _Sums:
@@ -199,7 +204,8 @@ class _Pod:
 
 
 class SpeedEstimator:
-    def __init__(self, base_tau: float = 5.0, shape_tau: float = 120.0, kv_tau: float = 60.0) -> None:
+    def __init__(self, base_tau: float = BASE_TAU, shape_tau: float = SHAPE_TAU,
+                 kv_tau: float = 60.0) -> None:
         if min(base_tau, shape_tau, kv_tau) <= 0:
             raise ValueError("time constants must be positive")
         self.base_tau, self.shape_tau, self.kv_tau = base_tau, shape_tau, kv_tau

@@ -23,12 +23,15 @@ Cluster a model's keys live on one shard and each model's writes are one atomic 
                                       > 3 s (or gone from this set) is reaped: its running share
                                       leaves the totals, once, by any gateway that sees it (it writes
                                       everything again if it returns)
-  extproc:speed:{<model>}:<gateway>   ours: hash, field "<ns>/<pod>", value = the sums that gateway
-                                      fits the pod's speed from (state/speed.py `export`), as
-                                      little-endian doubles in base64; a vector is written when it
-                                      changed. Once a heartbeat a gateway reads up to 8 live peers'
-                                      hashes, in turn, and fits on each peer's last read (decayed
-                                      by its age), so the reads stay bounded however many gateways
+  extproc:speedsum:{<model>}          ours: hash, field "<ns>/<pod>", the speed evidence of every
+                                      gateway summed, as little-endian doubles
+                                      (state/speed_sums.py: each group of sums decayed
+                                      to its latest time), moved by the SPEED script by the difference
+                                      to the gateway's share in its ledger ("s:<ns>/<pod>"), so a
+                                      reaped gateway's share leaves it. A gateway writes a pod's
+                                      share when a record arrived, at most once every 5 heartbeats
+                                      (pods spread over them); it reads the model's sums once a
+                                      heartbeat, one vector per pod whatever the number of gateways
   extproc:done:<origin>               ours: list of "<request key> <status>", requests a gateway process
                                       routed whose access-log record reached another (one Envoy's log
                                       stream goes to one replica); the router pops it and releases them
@@ -40,14 +43,11 @@ heartbeat refresh.
 
 from __future__ import annotations
 
-import binascii
-import functools
-import math
-import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from extproc.pool.pod import Pod, PodKey
+from extproc.state import speed_sums
 from extproc.state.shared import LocalCounts
 
 # AIBrix's gateway (vllm-project/aibrix, pkg/cache/cache_gateway_snapshot.go, #2159): every 100 ms each
@@ -61,7 +61,7 @@ TOKENS_PREFIX = "extproc:tokens:"
 LEDGER_PREFIX = "extproc:ledger:"
 MEMBERS_PREFIX = "extproc:members:"
 GATEWAYS_KEY = "extproc:gateways"
-SPEED_PREFIX = "extproc:speed:"
+SPEED_PREFIX = "extproc:speedsum:"
 AIBRIX_POD_PREFIX = "aibrix:pod:"
 AIBRIX_POD_PATTERN = "aibrix:pod:*"
 KEY_TTL_SECONDS = 600            # totals and ledgers expire this long after their last write
@@ -73,7 +73,11 @@ FORWARD_PREFIX = "extproc:done:"
 FORWARD_TTL_SECONDS = 60         # an inbox nobody pops (its gateway died) goes away
 MAX_FORWARDS = 10_000            # unsent while Redis is down: past this, reconciliation releases them
 MAX_RECEIVE = 2_000              # popped per tick
-SPEED_PEERS_PER_HEARTBEAT = 8    # peers whose speed evidence is read per heartbeat, in turn
+# A pod's speed share is written at most once every this many heartbeats (`extproc bench sync`, 16
+# gateways x 1,000 pods: Redis 0.46 of a core writing at every heartbeat, 0.34 every 5; every 10 saved
+# nothing measurable). The sums forget over 5 s (base) and 120 s (slope): a share up to 5 s late lacks
+# a few records.
+SPEED_WRITE_HEARTBEATS = 5
 
 
 def pod_id(pod: Pod) -> str:
@@ -101,8 +105,8 @@ def members_key(model: str) -> str:
     return MEMBERS_PREFIX + model_tag(model)
 
 
-def speed_key(model: str, gateway: str) -> str:
-    return f"{SPEED_PREFIX}{model_tag(model)}:{gateway}"
+def speed_key(model: str) -> str:
+    return SPEED_PREFIX + model_tag(model)
 
 
 def aibrix_pod_key(gateway: str, pod: Pod) -> str:
@@ -127,8 +131,8 @@ class WriteBatch:
     aibrix: dict[PodKey, int] = field(default_factory=dict)    # AIBrix rows: > 0 set, 0 delete
     reap: list[tuple[str, str]] = field(default_factory=list)  # (model, silent gateway) to take out
     forwards: dict[str, list[str]] = field(default_factory=dict)  # owner -> "<key> <status>" entries
-    speed: dict[PodKey, str] = field(default_factory=dict)     # own speed evidence that changed, encoded
-    speed_sent: dict[PodKey, list[float]] = field(default_factory=dict)  # ... as it was when planned
+    speed: dict[PodKey, bytes] = field(default_factory=dict)   # own speed share to write; b"": withdraw
+    speed_sent: dict[PodKey, list[float] | None] = field(default_factory=dict)  # ... as planned
     read_speed: bool = False                                   # read the others' with this tick
     read_tokens: bool = False                                  # read the token totals with this tick
     # Every own value ever written, zeros included: Redis came back from an older snapshot (RDB), or
@@ -150,7 +154,7 @@ class SharedSnapshot:
     tokens: dict[PodKey, int] | None = None            # per pod: fleet cumulative tokens; None: not read
     aibrix: dict[str, int] = field(default_factory=dict)  # "ns/pod" -> AIBrix gateways' in-flight
     members: dict[str, set[str]] | None = None         # per model: gateways with a ledger; None: not read
-    speed: dict[str, dict[PodKey, str]] | None = None  # per peer read: pod -> its evidence; None: none
+    speed: dict[PodKey, str | bytes] | None = None     # per pod: the fleet's speed sums; None: not read
 
 
 class SyncCore:
@@ -171,9 +175,11 @@ class SyncCore:
         self._pending: dict[PodKey, int] = {}           # shared token deltas not yet taken
         self._last_heartbeat: float | None = None
         self._full = True                               # next batch re-asserts every own value
-        self._written_speed: dict[PodKey, list[float]] = {}
+        self._written_speed: dict[PodKey, list[float]] = {}  # own speed share as the ledger holds it
+        self._retiring_speed: dict[PodKey, Pod] = {}    # forgotten pods whose share is still written
+        self._speed_slot: dict[PodKey, int] = {}        # the heartbeats (mod N) a pod's share may go
+        self._beats = 0                                 # heartbeats planned
         self._members: dict[str, set[str]] = {}         # per model: gateways with a ledger, last read
-        self._live: set[str] = set()                    # gateways heard within the liveness window
         self._silent: set[tuple[str, str]] = set()      # (model, gateway) silent at the last snapshot
         self._reaped: set[tuple[str, str]] = set()      # ... already taken out of the totals
         # Routing's echo of the other gateways between snapshots (routing_running): how many live peers
@@ -182,11 +188,12 @@ class SyncCore:
         self._started: dict[PodKey, int] = {}
         # Access-log records of other gateways' requests, on their way to them; and ours from them.
         self.inbox: str | None = None                   # this gateway process's origin (see Gateway)
-        # Speed evidence: this gateway's own to publish, and the other live gateways' as last read.
+        # Speed evidence: this gateway's own to publish, and the other gateways' (the fleet's sums
+        # less our share), as last read; per pod the read it came from, so unchanged ones are reused.
         self.speed_out: dict[PodKey, list[float]] = {}
         self.peer_speed: dict[PodKey, list[list[float]]] = {}
-        self._peer_vectors: dict[str, dict[PodKey, list[float]]] = {}  # per peer: its last read
-        self._speed_turn = 0                            # where the peers' rotation stands
+        self._speed_read: dict[PodKey, tuple[str | bytes, bytes | None, list[float] | None]] = {}
+        self._written_raw: dict[PodKey, bytes] = {}     # ... as sent (the sums' reader subtracts it)
         self._outbox: dict[str, list[str]] = {}
         self._outbox_size = 0
         self._received: list[tuple[str, int]] = []
@@ -222,7 +229,7 @@ class SyncCore:
 
     def pod(self, key: PodKey) -> Pod:
         """A pod a batch names: tracked, or forgotten with its last zero still to write."""
-        return self.counts.pods.get(key) or self._retiring[key]
+        return self.counts.pods.get(key) or self._retiring.get(key) or self._retiring_speed[key]
 
     def plan(self, now: float) -> WriteBatch:
         """What to send now: the values that changed since they were written; after a failure (or
@@ -242,9 +249,6 @@ class SyncCore:
             n = counts.running.get(key, 0)
             if n != written_running.get(key, 0) or (full and (n > 0 or key in written_running)):
                 batch.running[key] = n
-            t = counts.tokens.get(key, 0)
-            if t != written_tokens.get(key, 0) or (full and t > 0):
-                batch.tokens[key] = t
             if self.aibrix_snapshots:
                 row = self._written_aibrix.get(key)
                 # Rows expire in 500 ms: rewritten when changed or about to expire, deleted once idle.
@@ -253,19 +257,43 @@ class SyncCore:
                     batch.aibrix[key] = n
         for key in self._retiring:
             batch.running[key] = 0
+        if due or full:  # token totals are read once a heartbeat: written as often, not every turn
+            pods = counts.pods
+            for key, t in counts.tokens.items():
+                if key in pods and (t != written_tokens.get(key, 0) or (full and t > 0)):
+                    batch.tokens[key] = t
         batch.reap = sorted(self._silent - self._reaped)
         batch.forwards, self._outbox, self._outbox_size = self._outbox, {}, 0
         if due:  # the fit moves slowly: once a heartbeat is enough, and keeps each tick small
             batch.read_speed = True
-            written = self._written_speed
-            for key, vector in self.speed_out.items():
-                if key in counts.pods and (full or vector != written.get(key)):
-                    batch.speed[key] = encode_vector(vector)
-                    batch.speed_sent[key] = vector
+            self._plan_speed(batch)
         # The heartbeat goes first in any batch that writes counts, so a reader that sees our
         # counts also sees us alive and never reaps them.
         batch.heartbeat = due or bool(batch.running or batch.tokens)
         return batch
+
+    def _plan_speed(self, batch: WriteBatch) -> None:
+        """A pod's share goes when Redis lacks it, or when records arrived and its turn among the
+        heartbeats came (pods spread evenly over them, so each heartbeat writes a 1/N of them)."""
+        beat = self._beats % SPEED_WRITE_HEARTBEATS
+        self._beats += 1
+        written, slots, pods = self._written_speed, self._speed_slot, self.counts.pods
+        for key, vector in self.speed_out.items():
+            if key not in pods:
+                continue
+            old = written.get(key)
+            slot = slots.get(key)
+            if slot is None:
+                slot = slots[key] = len(slots) % SPEED_WRITE_HEARTBEATS
+            if old is None or slot == beat and speed_sums.new_records(vector, old):
+                batch.speed[key] = speed_sums.encode(vector)
+                batch.speed_sent[key] = vector
+        for key in list(self._retiring_speed):
+            if key in pods:  # tracked again before its share was withdrawn: it stays
+                del self._retiring_speed[key]
+            else:
+                batch.speed[key] = b""
+                batch.speed_sent[key] = None
 
     def confirm(self, batch: WriteBatch, now: float) -> None:
         self._written_running.update(batch.running)
@@ -284,28 +312,23 @@ class SyncCore:
         if batch.reassert:
             self._full = False
         self._reaped.update(batch.reap)
-        self._written_speed.update(batch.speed_sent)  # not speed_out: it may have moved since the plan
+        for key, vector in batch.speed_sent.items():  # not speed_out: it may have moved since the plan
+            if vector is None:
+                self._written_speed.pop(key, None)
+                self._written_raw.pop(key, None)
+                self._retiring_speed.pop(key, None)
+            else:
+                self._written_speed[key] = vector
+                self._written_raw[key] = batch.speed[key]
 
-    def speed_peers(self) -> list[str]:
-        """The live peers whose speed evidence to read with this heartbeat: all of them up to 8, else
-        8 in turn (each read every G/8 heartbeats: the evidence is decayed by its age when merged, so
-        a peer read late only lacks its latest records)."""
-        peers = sorted(set().union(*self._members.values()) & self._live - {self.me}) if self._members else []
-        if len(peers) <= SPEED_PEERS_PER_HEARTBEAT:
-            return peers
-        start = self._speed_turn * SPEED_PEERS_PER_HEARTBEAT % len(peers)
-        self._speed_turn += 1
-        return (peers + peers)[start:start + SPEED_PEERS_PER_HEARTBEAT]
-
-    def peer_members(self, gateway: str) -> list[str]:
-        """The models on which a peer holds a ledger (and so may have speed evidence)."""
-        return [model for model, members in self._members.items() if gateway in members]
-
-    def lost_ledger(self) -> None:
+    def lost_ledger(self, batch: WriteBatch | None = None) -> None:
         """Redis answered that our ledger was gone (taken for dead, or Redis lost it): the totals miss
-        our unchanged values, so the next batch writes every value again."""
+        our unchanged values, so the next batch writes every value again. The speed shares this batch
+        wrote (after the ledger was made afresh) are in the sums."""
         self._full = True
-        self._written_speed = {}
+        sent = batch.speed_sent if batch is not None else {}
+        self._written_speed = {key: v for key, v in sent.items() if v is not None}
+        self._written_raw = {key: batch.speed[key] for key in self._written_speed} if batch else {}
 
     def unsent(self, batch: WriteBatch) -> None:
         """The batch may not have reached Redis: its forwards go out again with the next one (a
@@ -341,8 +364,9 @@ class SyncCore:
         self._full = True  # Redis may come back empty or from an old snapshot: re-assert everything
         self._reaped = set()  # ... with silent gateways back in its totals
         self._written_speed = {}  # ... and without our speed evidence
+        self._written_raw = {}
         self.peer_speed = {}  # each gateway fits on its own records until Redis is back
-        self._peer_vectors = {}
+        self._speed_read = {}
 
     def apply(self, snap: SharedSnapshot) -> None:
         """A snapshot read: other live gateways' counts, and token deltas since the last one. Our own
@@ -351,7 +375,6 @@ class SyncCore:
         live = {g for g, beat in snap.gateways.items() if beat >= snap.server_now - self.gateway_ttl}
         if snap.members is not None:
             self._members = snap.members
-        self._live = live
         self._silent = {(model, g) for model, members in self._members.items() for g in members
                         if g not in live and g != me}
         self._reaped &= self._silent  # a gateway heard again is reaped afresh when it next goes silent
@@ -367,21 +390,31 @@ class SyncCore:
             for key in self.counts.pods:
                 self._count_tokens(key, snap.tokens.get(key, 0))
         if snap.speed is not None:
-            for g, vectors in snap.speed.items():  # each peer read replaces what it said before
-                if g != me:
-                    self._peer_vectors[g] = {key: v for key, raw in vectors.items()
-                                             if (v := decode_vector(raw)) is not None}
-            peer_speed: dict[PodKey, list[list[float]]] = {}
-            for g in list(self._peer_vectors):
-                if g not in live:
-                    del self._peer_vectors[g]
-                    continue
-                for key, v in self._peer_vectors[g].items():
-                    peer_speed.setdefault(key, []).append(v)
-            self.peer_speed = peer_speed
+            self._apply_speed(snap.speed)
         self.up = True
         self.peers = len(live - {me})
         self._started = {}
+
+    def _apply_speed(self, sums: dict[PodKey, str | bytes]) -> None:
+        """The others' evidence per pod: the fleet's sums less our share as written (a silent
+        gateway's share stays until it is reaped, decaying meanwhile). A pod whose sums and our share
+        are as at the last read keeps its result; the rest are worked out together."""
+        written, last = self._written_raw, self._speed_read
+        read: dict[PodKey, tuple[str | bytes, bytes | None, list[float] | None]] = {}
+        todo: list[PodKey] = []
+        for key, raw in sums.items():
+            own = written.get(key)
+            hit = last.get(key)
+            if hit is not None and hit[1] is own and hit[0] == raw:
+                read[key] = hit
+            else:
+                todo.append(key)
+        if todo:
+            owns = [written.get(key) for key in todo]
+            for key, own, others in zip(todo, owns, speed_sums.others_many([sums[k] for k in todo], owns)):
+                read[key] = (sums[key], own, others)
+        self._speed_read = read
+        self.peer_speed = {key: [others] for key, (_, _, others) in read.items() if others is not None}
 
     def _count_tokens(self, key: PodKey, total: int) -> None:
         delta = 0
@@ -410,8 +443,10 @@ class SyncCore:
                 self._retiring[key] = pods[key]  # its last zero goes out with the next batch
             else:
                 self._written_running.pop(key, None)
+            if key in self._written_speed:  # its share leaves the sums with the next heartbeat
+                self._retiring_speed[key] = pods[key]
             for table in (self.others, self._written_tokens, self._seen, self._pending, self.speed_out,
-                          self.peer_speed, self._written_speed, *self._peer_vectors.values()):
+                          self.peer_speed, self._speed_read, self._speed_slot):
                 table.pop(key, None)
             # Its AIBrix row (if any) is left to its 500 ms expiry.
             self._written_aibrix.pop(key, None)
@@ -421,29 +456,6 @@ class SyncCore:
 
     def written_aibrix(self) -> list[PodKey]:
         return list(self._written_aibrix)
-
-
-def encode_vector(vector: list[float]) -> str:
-    """Speed evidence on the wire: little-endian doubles in base64 (read G x P times a heartbeat, so
-    decoding must be cheap: a tenth of JSON's cost)."""
-    return binascii.b2a_base64(_doubles(len(vector)).pack(*vector), newline=False).decode()
-
-
-def decode_vector(raw: str) -> list[float] | None:
-    try:
-        data = binascii.a2b_base64(raw)
-    except (binascii.Error, ValueError):
-        return None
-    if not data or len(data) % 8:
-        return None
-    values = _doubles(len(data) // 8).unpack(data)
-    # A NaN or an infinity anywhere makes the sum one (finite values too large to add are refused too).
-    return list(values) if math.isfinite(sum(values)) else None
-
-
-@functools.cache
-def _doubles(n: int) -> struct.Struct:
-    return struct.Struct(f"<{n}d")
 
 
 class SyncedState:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import shutil
 import signal
@@ -20,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from extproc.environment import redis_url_from_env
 from extproc.localstack import Proc, free_port
 from extproc.pool.pod import Pod
+from extproc.state import speed_sums
 from extproc.state.redis_sync import RedisState
 
 pytestmark = [pytest.mark.integration,
@@ -348,3 +350,43 @@ async def test_password_through_aibrix_variables_never_logged(tmp_path, gateways
     finally:
         await gateways.close()
         server.stop()
+
+
+def speed_evidence(t: float, w: float) -> list[float]:
+    """An `export` vector: measured, then four groups (t, w, x, y, xx, xy, yy, n)."""
+    return [t, *(v for _ in range(4) for v in (t, w, 8 * w, 0.02 * w, 64 * w, 0.16 * w, 0.0004 * w, 3.0))]
+
+
+async def test_speed_evidence_is_summed_in_redis_and_a_crashed_gateways_share_leaves(redis_server, gateways,
+                                                                                     raw):
+    a = gateways.start(redis_server.url, "gw-a")
+    b = gateways.start(redis_server.url, "gw-b")
+    now = time.time()
+    mine, theirs = speed_evidence(now, 100.0), speed_evidence(now - 2.0, 40.0)
+    a.share_speed(POD.key, mine)
+    b.share_speed(POD.key, theirs)
+
+    base, slope = math.exp(-2.0 / 5.0), math.exp(-2.0 / 120.0)  # B's sums decayed to A's time
+
+    def a_sees_b() -> bool:
+        got = a.peer_speed().get(POD.key)
+        return (got is not None and got[0][2] == pytest.approx(40.0 * base)
+                and got[0][10] == pytest.approx(40.0 * slope))
+
+    await eventually(a_sees_b, 5, "A reads B's evidence as the sums less its own")
+    # One vector per pod in Redis, whatever the number of gateways: the Lua script's sum is Python's.
+    stored = speed_sums.decode(await raw_bytes(redis_server).hget("extproc:speedsum:{llama}", "team/a100-0"))
+    assert stored == pytest.approx(speed_sums.move(speed_sums.move(None, None, mine), None, theirs))
+    assert stored is not None and stored[2] == pytest.approx(100.0 + 40.0 * base)
+    await eventually(lambda: POD.key in b.peer_speed(), 5, "B reads A's")
+    assert b.peer_speed()[POD.key][0] == pytest.approx(mine)
+    await gateways.silence(b)  # crashed: its share is reaped with its counts
+    await eventually(lambda: POD.key not in a.peer_speed(), 8, "B's share out of the sums")
+    stored = speed_sums.decode(await raw_bytes(redis_server).hget("extproc:speedsum:{llama}", "team/a100-0"))
+    assert stored == pytest.approx(mine)
+    await a.close()  # leaving: nothing of A's is left either
+    assert await raw.hexists("extproc:speedsum:{llama}", "team/a100-0") == 0
+
+
+def raw_bytes(server: RedisProc) -> aioredis.Redis:
+    return aioredis.from_url(server.url)

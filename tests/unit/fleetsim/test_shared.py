@@ -42,12 +42,16 @@ def test_tokens_are_shared_once_each():
     a.sync(0.2)
     # Token totals are read once a heartbeat (1 s), running counts every sync.
     assert not a.take_token_deltas() and not b.take_token_deltas()
-    a.sync(1.0)
-    b.sync(1.0)
-    got_a = sum(a.take_token_deltas().values())
-    got_b = sum(b.take_token_deltas().values())
+    # ... and written once a heartbeat: a gateway whose heartbeat read comes before the other's write
+    # gets them with its next one.
+    got_a = got_b = 0
+    for t in (1.0, 2.0):
+        a.sync(t)
+        b.sync(t)
+        got_a += sum(a.take_token_deltas().values())
+        got_b += sum(b.take_token_deltas().values())
     assert got_a == 110 and got_b == 110
-    for t in (1.1, 2.0, 3.0):
+    for t in (2.1, 3.0, 4.0):
         a.sync(t)
         b.sync(t)
     assert not a.take_token_deltas() and not b.take_token_deltas()

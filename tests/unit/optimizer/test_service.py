@@ -30,6 +30,9 @@ class MemoryRedis:
             raise ConnectionError("redis is down")
         return [self.data.get(k) for k in keys]
 
+    def pipeline(self, transaction: bool = False) -> GetPipeline:
+        return GetPipeline(self)
+
     async def smembers(self, key: str) -> set[str]:
         if self.down:
             raise ConnectionError("redis is down")
@@ -312,3 +315,16 @@ async def test_own_metrics_count_the_cells_left_out(service: OptimizerService, c
     redis.traffic(NOW, short=100, long=10)  # nobody serves the long shape: planned without it
     await service.tick(NOW)
     assert (await own_metrics(client))[("extproc_optimizer_cells_skipped", (("model", MODEL),))] == 1
+
+
+class GetPipeline:
+    """A pipeline of GETs over a fake's `mget` (readers get AIBrix's keys one by one, cluster-safe)."""
+
+    def __init__(self, redis) -> None:
+        self.redis, self.keys = redis, []
+
+    def get(self, key: str) -> None:
+        self.keys.append(key)
+
+    async def execute(self) -> list:
+        return await self.redis.mget(self.keys)

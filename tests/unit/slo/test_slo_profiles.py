@@ -38,6 +38,9 @@ class FakeRedis:
     async def mget(self, keys):
         return [self.data.get(k) for k in keys]
 
+    def pipeline(self, transaction: bool = False) -> GetPipeline:
+        return GetPipeline(self)
+
 
 def gateway(tmp_path, file_created: float) -> Gateway:
     path = tmp_path / "dep.json"
@@ -119,3 +122,16 @@ def test_client_gone_while_queued_leaves_the_queue(tmp_path):
         assert gw.registry.get_sample_value("extproc_requests_total", {
             "model": "", "pod": "", "strategy": "slo-least-load-pulling", "code": "aborted"}) == 1
     asyncio.run(main())
+
+
+class GetPipeline:
+    """A pipeline of GETs over a fake's `mget` (readers get AIBrix's keys one by one, cluster-safe)."""
+
+    def __init__(self, redis) -> None:
+        self.redis, self.keys = redis, []
+
+    def get(self, key: str) -> None:
+        self.keys.append(key)
+
+    async def execute(self) -> list:
+        return await self.redis.mget(self.keys)

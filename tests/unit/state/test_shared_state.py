@@ -14,9 +14,10 @@ from extproc.environment import redis_url_from_env
 from extproc.fleetsim.shared import SimSharedState, SyncHub
 from extproc.pool.pod import Pod
 from extproc.redact import redact_url
+from extproc.state import speed_sums
 from extproc.state.redis_sync import RedisState
 from extproc.state.shared import LocalCounts, LocalState
-from extproc.state.sync_core import SharedSnapshot, SyncCore, decode_vector, encode_vector
+from extproc.state.sync_core import SharedSnapshot, SyncCore
 
 POD = Pod("llama", "pod-a", "10.0.0.1:8000", namespace="team")
 OTHER = Pod("llama", "pod-b", "10.0.0.2:8000", namespace="team")
@@ -99,12 +100,14 @@ def test_only_net_changes_are_sent_between_heartbeats():
     c.counts.add_running(OTHER, 2)
     c.counts.add_tokens(OTHER, 40)
     b = c.plan(0.2)
-    assert b.running == {OTHER.key: 2} and b.tokens == {OTHER.key: 40}
+    assert b.running == {OTHER.key: 2} and b.tokens == {}  # tokens go with the heartbeat (read then)
     assert b.heartbeat  # any batch writing fields carries the heartbeat, so readers see us alive
     c.confirm(b, 0.2)
-    beat = c.plan(1.3)  # heartbeat: nothing resent (the ledger holds it; its script notices a loss)
-    assert beat.heartbeat and beat.due and beat.read_tokens and beat.running == {} and beat.tokens == {}
+    beat = c.plan(1.3)  # heartbeat: the tokens; nothing resent (the ledger holds it)
+    assert beat.heartbeat and beat.due and beat.read_tokens and beat.running == {}
+    assert beat.tokens == {OTHER.key: 40}
     c.confirm(beat, 1.3)
+    assert c.plan(2.4).tokens == {}  # unchanged since: not sent again
     c.lost_ledger()  # Redis answered that our ledger was gone: every own value again
     full = c.plan(1.4)
     assert full.reassert and full.running == {POD.key: 1, OTHER.key: 2} and full.tokens == {OTHER.key: 40}
@@ -215,9 +218,11 @@ def test_own_tokens_counted_once_across_an_outage():
     c.confirm(c.plan(0.9), 0.9)
     c.apply(snap(1.0, {}, tokens={POD.key: 100}))
     assert c.take_token_deltas() == {POD.key: 100}
-    c.counts.add_tokens(POD, 20)            # pushed, read back next tick ...
-    c.confirm(c.plan(1.05), 1.05)
-    c.apply(snap(1.1, {}, tokens={POD.key: 120}))
+    c.counts.add_tokens(POD, 20)            # pushed, read back with the next heartbeat ...
+    beat = c.plan(1.95)
+    assert beat.tokens == {POD.key: 120}   # own tokens go out in the turn that reads the totals
+    c.confirm(beat, 1.95)
+    c.apply(snap(2.0, {}, tokens={POD.key: 120}))
     c.failed()                              # ... then Redis goes away
     c.counts.add_tokens(POD, 5)
     assert c.take_token_deltas() == {POD.key: 20 + 5}  # pending shared + own local, no overlap
@@ -360,29 +365,78 @@ def test_retries_while_redis_is_down_are_at_most_about_a_second_apart():
     assert max(pauses) <= 1.2  # Redis back: each gateway tries again within this, converging within 2 s
 
 
-def test_speed_evidence_is_sent_when_changed_and_read_once_a_heartbeat_and_dropped_when_redis_is():
+def evidence(t: float, n: float = 4.0) -> list[float]:
+    """An `export` vector: measured, then four groups (t, w, x, y, xx, xy, yy, n)."""
+    return [t, *(v for _ in range(4) for v in (t, 100.0, 800.0, 2.0, 9000.0, 20.0, 0.05, n))]
+
+
+def test_speed_share_is_sent_when_records_arrive_in_its_turn_and_the_others_are_the_sums_less_it():
+    from extproc.state.sync_core import SPEED_WRITE_HEARTBEATS
     c = core(heartbeat_interval=1.0)
-    c.speed_out[POD.key] = [1.0, 2.0]
+    c.speed_out[POD.key] = evidence(10.0)
     first = c.plan(10.0)
-    assert first.read_speed and decode_vector(first.speed[POD.key]) == [1.0, 2.0]
+    assert first.read_speed and speed_sums.decode(first.speed[POD.key]) == evidence(10.0)
     c.confirm(first, 10.0)
     assert not c.plan(10.1).read_speed and not c.plan(10.1).speed  # between heartbeats: counts only
-    assert c.plan(11.0).read_speed and not c.plan(11.0).speed  # unchanged: not sent again
-    c.speed_out[POD.key] = [1.5, 2.0]
-    assert decode_vector(c.plan(11.0).speed[POD.key]) == [1.5, 2.0]
-    now = 11.0
-    c.apply(SharedSnapshot(server_now=now,
-                           gateways={"gw-live:1": now, "gw-dead:1": now - 10, ME: now, "x": now},
-                           running={}, tokens={}, speed={
-                               "gw-live:1": {POD.key: encode_vector([3.0, 4.0])},
-                               "gw-dead:1": {POD.key: encode_vector([5.0])},
-                               ME: {POD.key: encode_vector([1.0, 2.0])},
-                               "x": {POD.key: "{", OTHER.key: encode_vector([math.nan])}}))
-    assert c.peer_speed == {POD.key: [[3.0, 4.0]]}  # live others only; garbage and NaN skipped
-    c.apply(snap(now + 0.1, {"gw-live:1": now}))  # a tick that did not read speed keeps the last
-    assert c.peer_speed == {POD.key: [[3.0, 4.0]]}
+    sent = []
+    for beat in range(1, 2 * SPEED_WRITE_HEARTBEATS + 1):
+        now = 10.0 + beat
+        c.speed_out[POD.key] = evidence(now, n=4.0 + beat)  # a record every heartbeat
+        batch = c.plan(now)
+        sent.append(POD.key in batch.speed)
+        c.confirm(batch, now)
+    assert sum(sent) == 2  # at most once in SPEED_WRITE_HEARTBEATS heartbeats
+    c.speed_out[POD.key] = evidence(40.0, n=0.0)  # only decayed since: nothing new to say
+    assert not any(POD.key in c.plan(30.0 + b).speed for b in range(SPEED_WRITE_HEARTBEATS))
+    own = c._written_speed[POD.key]
+    theirs = evidence(own[1], n=3.0)
+    total = speed_sums.move(None, None, own)
+    total = speed_sums.move(total, None, theirs)
+    c.apply(SharedSnapshot(server_now=50.0, gateways={ME: 50.0}, running={}, tokens={},
+                     speed={POD.key: speed_sums.encode(total), OTHER.key: b"garbage"}))
+    (got,) = c.peer_speed[POD.key]
+    assert got == pytest.approx(theirs) and OTHER.key not in c.peer_speed
     c.failed()
     assert c.peer_speed == {}  # Redis gone: each gateway on its own records
+    assert POD.key in c.plan(60.0).speed  # ... and its share written again once it is back
+
+
+def test_a_forgotten_pods_share_is_withdrawn_and_a_lost_ledger_keeps_what_the_batch_wrote():
+    c = core(heartbeat_interval=1.0)
+    c.speed_out[POD.key] = evidence(10.0)
+    c.speed_out[OTHER.key] = evidence(10.0)
+    batch = c.plan(10.0)
+    c.confirm(batch, 10.0)
+    c.lost_ledger(batch)  # made afresh in the same pipeline: this batch's shares are in the sums
+    assert set(c._written_speed) == {POD.key, OTHER.key}
+    c.forget([POD.key])
+    batch = c.plan(11.0)
+    assert batch.speed[OTHER.key] == b"" and batch.speed_sent[OTHER.key] is None
+    assert c.pod(OTHER.key) == OTHER
+    c.confirm(batch, 11.0)
+    assert OTHER.key not in c._written_speed and OTHER.key not in c.plan(12.0).speed
+
+
+def test_speed_sums_add_and_remove_shares_decayed_to_a_common_time():
+    a, b = evidence(100.0), evidence(105.0, n=2.0)
+    total = speed_sums.move(speed_sums.move(None, None, a), None, b)
+    assert total is not None and total[0] == 105.0 and total[1] == 105.0
+    base_f, shape_f = math.exp(-5.0 / 5.0), math.exp(-5.0 / 120.0)
+    assert total[2] == pytest.approx(100.0 * base_f + 100.0)  # w of the base group, a decayed 5 s
+    assert total[9 + 1] == pytest.approx(100.0 * shape_f + 100.0)  # w of the slope group
+    theirs = speed_sums.others(total, b)  # a, as of 105 s
+    assert theirs is not None and theirs[2] == pytest.approx(100.0 * base_f)
+    assert theirs[8] == pytest.approx(4.0 * base_f) and theirs[10] == pytest.approx(100.0 * shape_f)
+    left = speed_sums.others(total, a)
+    assert left is not None and left[2] == pytest.approx(100.0) and left[8] == pytest.approx(2.0)
+    assert speed_sums.move(total, a, None) == pytest.approx(left)
+    assert speed_sums.move(speed_sums.move(None, None, a), a, None) is None  # nothing left: no field
+    assert speed_sums.decode(speed_sums.encode(total)) == total
+    assert speed_sums.decode(b"1,2") is None and speed_sums.decode("x") is None
+    assert speed_sums.decode(speed_sums.encode([math.nan] * len(total))) is None
+    assert speed_sums.shifted(a, 7.0)[:2] == [107.0, 107.0] and speed_sums.shifted(a, 7.0)[2] == 100.0
+    assert speed_sums.new_records(evidence(110.0, n=4.0 * math.exp(-10 / 5.0)), a) is False
+    assert speed_sums.new_records(evidence(110.0, n=1.0 + 4.0 * math.exp(-10 / 5.0)), a) is True
 
 
 def test_workers_share_speed_evidence_through_the_segment():
@@ -400,20 +454,12 @@ def test_workers_share_speed_evidence_through_the_segment():
     assert two.peer_speed() == {}
 
 
-def test_speed_evidence_of_many_peers_is_read_eight_at_a_time_in_turn_and_kept_between_reads():
-    from extproc.state.sync_core import SPEED_PEERS_PER_HEARTBEAT
-    c = core()
-    now = 10.0
-    peers = [f"gw-{i:02}:1" for i in range(20)]
-    c.apply(snap(now, {g: now for g in [*peers, ME]}, members={"llama": {*peers, ME}}))
-    turns = [c.speed_peers() for _ in range(3)]
-    assert all(len(t) == SPEED_PEERS_PER_HEARTBEAT for t in turns)
-    assert set().union(*turns) == set(peers) and turns[0] == peers[:8]  # every peer within 3 heartbeats
-    c.apply(SharedSnapshot(server_now=now, gateways={g: now for g in [*peers, ME]}, running={}, tokens={},
-                           speed={"gw-00:1": {POD.key: encode_vector([1.0])}}))
-    c.apply(SharedSnapshot(server_now=now + 1, gateways={g: now + 1 for g in [*peers, ME]}, running={},
-                           tokens={}, speed={"gw-10:1": {POD.key: encode_vector([2.0])}}))
-    assert sorted(c.peer_speed[POD.key]) == [[1.0], [2.0]]  # gw-00's last read still counts
-    c.apply(SharedSnapshot(server_now=now + 9, gateways={"gw-10:1": now + 9, ME: now + 9}, running={},
-                           tokens={}, speed={}))
-    assert c.peer_speed == {POD.key: [[2.0]]}  # gw-00 no longer heard: its evidence goes
+def test_the_others_of_many_pods_at_once_are_each_pods_own():
+    a, b = evidence(100.0), evidence(104.0, n=2.0)
+    both = speed_sums.move(speed_sums.move(None, None, a), None, b)
+    totals = [speed_sums.encode(both), speed_sums.encode(a), b"short", speed_sums.encode(a)]
+    owns = [speed_sums.encode(b), speed_sums.encode(a), None, None]
+    got = speed_sums.others_many([totals[0].decode("utf-8", "surrogateescape"), *totals[1:]], owns)
+    assert got[0] == pytest.approx(speed_sums.others(both, b))
+    assert got[1] is None and got[2] is None  # nothing left; not a vector
+    assert got[3] == pytest.approx(a)
