@@ -10,7 +10,7 @@ import signal
 import socket
 from pathlib import Path
 
-from extproc.localstack import Proc, free_port, wait_until
+from extproc.localstack import Proc, free_port, port_free, wait_until
 
 
 def command(port: int, *args: str) -> str:
@@ -47,18 +47,10 @@ def _cluster_port() -> int:
     rng = random.Random()
     for _ in range(200):
         port = rng.randrange(20000, 55000)
-        if _free(port) and _free(port + 10000):
+        if port_free(port) and port_free(port + 10000):
             return port
     raise RuntimeError("no free port pair for a cluster node")
 
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _server(name: str, port: int, log_dir: Path, *extra: str) -> Proc:

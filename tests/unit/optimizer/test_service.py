@@ -14,6 +14,7 @@ from extproc.gpu_profiles import ProfileStore, dump_profile
 from extproc.optimizer.deployments import Deployment, StaticDeploymentSource
 from extproc.optimizer.service import OptimizerService, ServiceSettings, metrics_text
 from extproc.tracing import TraceRecorder
+from tests.support.get_pipeline import GetPipeline
 from tests.unit.optimizer.support import LONG, SHORT, profile
 
 NOW = 1_700_000_000.0
@@ -316,15 +317,3 @@ async def test_own_metrics_count_the_cells_left_out(service: OptimizerService, c
     await service.tick(NOW)
     assert (await own_metrics(client))[("extproc_optimizer_cells_skipped", (("model", MODEL),))] == 1
 
-
-class GetPipeline:
-    """A pipeline of GETs over a fake's `mget` (readers get AIBrix's keys one by one, cluster-safe)."""
-
-    def __init__(self, redis) -> None:
-        self.redis, self.keys = redis, []
-
-    def get(self, key: str) -> None:
-        self.keys.append(key)
-
-    async def execute(self) -> list:
-        return await self.redis.mget(self.keys)

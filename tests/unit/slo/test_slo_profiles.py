@@ -19,6 +19,7 @@ from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor
 from extproc.slo.refresh import SloRefresh
 from extproc.slo.state import learned
+from tests.support.get_pipeline import GetPipeline
 
 
 def raw_profile(gpu: str, created: float, tput: float) -> dict:
@@ -123,15 +124,3 @@ def test_client_gone_while_queued_leaves_the_queue(tmp_path):
             "model": "", "pod": "", "strategy": "slo-least-load-pulling", "code": "aborted"}) == 1
     asyncio.run(main())
 
-
-class GetPipeline:
-    """A pipeline of GETs over a fake's `mget` (readers get AIBrix's keys one by one, cluster-safe)."""
-
-    def __init__(self, redis) -> None:
-        self.redis, self.keys = redis, []
-
-    def get(self, key: str) -> None:
-        self.keys.append(key)
-
-    async def execute(self) -> list:
-        return await self.redis.mget(self.keys)
