@@ -142,9 +142,10 @@ return 0
 """
 
 # KEYS: running totals, a silent gateway's ledger, the model's members, the model's speed sums, the
-# packed totals, their slots and slot names. ARGV: that gateway. Takes its in-flight share and its speed evidence out of the totals, once (the
-# marker goes with it); its cumulative tokens stay counted, and stay in its ledger so that, if it was
-# only paused, its writing them again adds nothing.
+# packed totals, their slots and slot names. ARGV: that gateway. Takes its in-flight share (from both
+# forms of the totals) and its speed evidence out, once (the marker goes with it); its cumulative
+# tokens stay counted, and stay in its ledger so that, if it was only paused, its writing them again
+# adds nothing.
 REAP = _VECTORS + _PACKED + """
 local k = {running = KEYS[1], packed = KEYS[5], slots = KEYS[6], names = KEYS[7]}
 redis.call('SREM', KEYS[3], ARGV[1])

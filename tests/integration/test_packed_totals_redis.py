@@ -33,7 +33,8 @@ def client(tmp_path: Path) -> Iterator[redis.Redis]:
 
 def write(c: redis.Redis, gateway: str, running: dict[str, int]) -> None:
     pairs = [x for pod, n in running.items() for x in (pod, n)]
-    c.eval(redis_scripts.WRITE, 8, *write_keys(MODEL, gateway), KEY_TTL_SECONDS, gateway, len(running), *pairs)
+    c.eval(redis_scripts.WRITE, 8, *write_keys(MODEL, gateway), KEY_TTL_SECONDS, gateway, len(running),
+           *pairs)
 
 
 def reap(c: redis.Redis, gateway: str) -> None:
