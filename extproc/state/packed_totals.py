@@ -22,6 +22,9 @@ from extproc.pool.pod import PodKey
 HEADER_BYTES = 16                 # the epoch: Redis's TIME when the keys were built, "%010d%06d"
 VALUE_FORMAT = "<i4"              # Lua struct's format of one slot (numpy's dtype spelled the same)
 VALUE_DTYPE = np.dtype("<i4")
+# The scripts rebuild the slots afresh once they outnumber twice the busy pods by this many: the string
+# stays within 4 bytes x (2 x busy + this) while pods come and go, rebuilt once per this many new pods.
+COMPACT_SLACK = 4096
 
 
 def as_bytes(raw: str | bytes) -> bytes:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
-from extproc.state.packed_totals import HEADER_BYTES, VALUE_FORMAT
+from extproc.state.packed_totals import COMPACT_SLACK, HEADER_BYTES, VALUE_FORMAT
 from extproc.state.speed import SHARED_TAUS
 from extproc.state.speed_sums import ROUNDING
 
@@ -62,8 +62,9 @@ end
 # The running totals packed (state/packed_totals.py), kept by every script that moves them: a string
 # of a 16-character epoch then one little-endian int32 per slot, a hash pod -> slot, and a list of the
 # epoch then each slot's pod (so a reader fetches only the slots it has not seen). Slots are given out
-# in order and never reused while the keys live. `ensure` rebuilds all three from the totals hash when
-# any is missing (new model, expired, or written by a version without them), under a new epoch.
+# in order and never reused while the keys live. `ensure` rebuilds all three from the totals hash, under
+# a new epoch, when any is missing (new model, expired, or written by a version without them), or when
+# slots of pods long gone pile up (pods replaced over weeks would otherwise grow the string for ever).
 # `k` holds the keys: running, packed, slots, names.
 _PACKED = """
 local function slot_of(k, pod)
@@ -81,16 +82,25 @@ local function put(k, pod, v)
   redis.call('SETRANGE', k.packed, HEADER_HERE + 4 * slot_of(k, pod), struct.pack('VALUE_HERE', v))
 end
 local function ensure(k)
-  if redis.call('LLEN', k.names) > 0 and redis.call('EXISTS', k.packed) == 1 then return end
+  local slots = redis.call('LLEN', k.names) - 1
+  if slots >= 0 and redis.call('EXISTS', k.packed) == 1
+      and slots <= 2 * redis.call('HLEN', k.running) + SLACK_HERE then return end
+  local before = redis.call('LINDEX', k.names, 0)
   redis.call('DEL', k.names, k.slots, k.packed)
   local t = redis.call('TIME')
   local epoch = string.format('%010d%06d', tonumber(t[1]), tonumber(t[2]))
+  if epoch == before then  -- rebuilt twice within a microsecond: readers must still see a new epoch
+    epoch = string.format('%010d%06d', tonumber(t[1]), tonumber(t[2]) + 1)
+  end
   redis.call('RPUSH', k.names, epoch)
   redis.call('SET', k.packed, epoch)
   local f = redis.call('HGETALL', k.running)
   for i = 1, #f, 2 do put(k, f[i], tonumber(f[i + 1])) end
 end
-""".replace("HEADER_HERE", str(HEADER_BYTES)).replace("VALUE_HERE", VALUE_FORMAT)
+"""
+for _name, _value in (("HEADER_HERE", HEADER_BYTES), ("SLACK_HERE", COMPACT_SLACK),
+                      ("VALUE_HERE", VALUE_FORMAT)):
+    _PACKED = _PACKED.replace(_name, str(_value))
 
 # KEYS: running totals, token totals, this gateway's ledger, the model's members, the model's speed
 # sums (only its expiry refreshed, with the ledger that holds this gateway's share), then the packed

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from extproc.state import redis_scripts
-from extproc.state.packed_totals import SlotMap, decode
+from extproc.state.packed_totals import COMPACT_SLACK, SlotMap, decode
 from extproc.state.redis_sync import reap_keys, write_keys
 from extproc.state.sync_core import KEY_TTL_SECONDS, names_key, packed_key, running_key, slots_key
 from tests.support.redis_server import RedisServer
@@ -134,3 +134,17 @@ def test_a_shorter_names_list_starts_the_reader_afresh(client):
     client.ltrim(names_key(MODEL), 0, 1)  # what an older snapshot holds: the epoch and p0
     names = read(client, slot_map, {})
     assert names == [slot_map.epoch, "ns/p0"] and slot_map.names == ["ns/p0"]
+
+
+def test_slots_of_pods_gone_are_compacted_under_a_new_epoch(client):
+    """Pods replaced over time: once the slots outnumber twice the busy pods by COMPACT_SLACK, the
+    next write rebuilds the packed form from the busy pods alone."""
+    churned = {f"ns/old{i}": 1 for i in range(COMPACT_SLACK + 10)}
+    write(client, "gw-a", churned)
+    write(client, "gw-a", {pod: 0 for pod in churned} | {"ns/live": 2})  # all gone, one busy pod
+    epoch = client.lindex(names_key(MODEL), 0)
+    assert client.llen(names_key(MODEL)) == COMPACT_SLACK + 12  # not yet: compacted by the next write
+    write(client, "gw-a", {"ns/live": 3})
+    assert client.lindex(names_key(MODEL), 0) != epoch
+    assert packed_view(client) == {"ns/live": 3}
+    assert_consistent(client)
