@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from extproc.pool.pod import Pod
 from extproc.state import redis_scripts
 from extproc.state.packed_totals import COMPACT_SLACK, SlotMap, decode
-from extproc.state.redis_sync import reap_keys, write_keys
+from extproc.state.redis_sync import RedisState, reap_keys, write_keys
 from extproc.state.sync_core import KEY_TTL_SECONDS, names_key, packed_key, running_key, slots_key
 from tests.support.redis_server import RedisServer
 
@@ -148,3 +149,36 @@ def test_slots_of_pods_gone_are_compacted_under_a_new_epoch(client):
     assert client.lindex(names_key(MODEL), 0) != epoch
     assert packed_view(client) == {"ns/live": 3}
     assert_consistent(client)
+
+
+async def test_gateways_read_each_other_through_the_packed_totals_across_a_rebuild(client):
+    """RedisState end to end: a reader follows a pod's new slot, and the keys rebuilt under a new
+    epoch (expired, or cleared by hand) without a failed turn."""
+    url = f"redis://127.0.0.1:{client.connection_pool.connection_kwargs['port']}/0"
+    first = [Pod(MODEL, f"p{i}", f"127.0.0.1:{10 + i}", namespace="ns") for i in range(3)]
+    late = Pod(MODEL, "late", "127.0.0.1:20", namespace="ns")
+    a, b = RedisState(url, "gw-a"), RedisState(url, "gw-b")
+    try:
+        for state in (a, b):
+            state.track(first)
+        b.add_running(first[1], 2)
+        b.add_running(first[2], 1)
+        await b.sync_once()
+        await a.sync_once()
+        assert [a.running(p.key) for p in first] == [0, 2, 1]
+        for state in (a, b):
+            state.track([*first, late])
+        b.add_running(late, 4)
+        await b.sync_once()
+        await a.sync_once()
+        assert a.running(late.key) == 4 and a.running(first[1].key) == 2
+        for key in (packed_key(MODEL), names_key(MODEL), slots_key(MODEL)):
+            client.delete(key)
+        b.add_running(first[1], 1)
+        await b.sync_once()  # rebuilt from the totals hash, under a new epoch
+        await a.sync_once()
+        assert [a.running(p.key) for p in (*first, late)] == [0, 3, 1, 4]
+        assert a.up
+    finally:
+        await a.close()
+        await b.close()
