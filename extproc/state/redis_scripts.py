@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
+from extproc.state.packed_totals import COMPACT_SLACK, HEADER_BYTES, VALUE_FORMAT
 from extproc.state.speed import SHARED_TAUS
 from extproc.state.speed_sums import ROUNDING
 
@@ -57,13 +58,60 @@ local function store(key, field, v)
 end
 """.replace("TAUS_HERE", ", ".join(repr(t) for t in SHARED_TAUS)).replace("ROUNDING_HERE", repr(ROUNDING))
 
+
+# The running totals packed (state/packed_totals.py), kept by every script that moves them: a string
+# of a 16-character epoch then one little-endian int32 per slot, a hash pod -> slot, and a list of the
+# epoch then each slot's pod (so a reader fetches only the slots it has not seen). Slots are given out
+# in order and never reused while the keys live. `ensure` rebuilds all three from the totals hash, under
+# a new epoch, when any is missing (new model, expired, or written by a version without them), or when
+# slots of pods long gone pile up (pods replaced over weeks would otherwise grow the string for ever).
+# `k` holds the keys: running, packed, slots, names.
+_PACKED = """
+local function slot_of(k, pod)
+  local s = redis.call('HGET', k.slots, pod)
+  if s then return tonumber(s) end
+  s = redis.call('RPUSH', k.names, pod) - 2
+  redis.call('HSET', k.slots, pod, s)
+  return s
+end
+local function put(k, pod, v)
+  if v <= 0 then
+    if not redis.call('HGET', k.slots, pod) then return end  -- no slot reads as 0 already
+    v = 0
+  end
+  redis.call('SETRANGE', k.packed, HEADER_HERE + 4 * slot_of(k, pod), struct.pack('VALUE_HERE', v))
+end
+local function ensure(k)
+  local slots = redis.call('LLEN', k.names) - 1
+  if slots >= 0 and redis.call('EXISTS', k.packed) == 1
+      and slots <= 2 * redis.call('HLEN', k.running) + SLACK_HERE then return end
+  local before = redis.call('LINDEX', k.names, 0)
+  redis.call('DEL', k.names, k.slots, k.packed)
+  local t = redis.call('TIME')
+  local epoch = string.format('%010d%06d', tonumber(t[1]), tonumber(t[2]))
+  if epoch == before then  -- rebuilt twice within a microsecond: readers must still see a new epoch
+    epoch = string.format('%010d%06d', tonumber(t[1]), tonumber(t[2]) + 1)
+  end
+  redis.call('RPUSH', k.names, epoch)
+  redis.call('SET', k.packed, epoch)
+  local f = redis.call('HGETALL', k.running)
+  for i = 1, #f, 2 do put(k, f[i], tonumber(f[i + 1])) end
+end
+"""
+for _name, _value in (("HEADER_HERE", HEADER_BYTES), ("SLACK_HERE", COMPACT_SLACK),
+                      ("VALUE_HERE", VALUE_FORMAT)):
+    _PACKED = _PACKED.replace(_name, str(_value))
+
 # KEYS: running totals, token totals, this gateway's ledger, the model's members, the model's speed
-# sums (only its expiry refreshed, with the ledger that holds this gateway's share). ARGV: ttl seconds,
+# sums (only its expiry refreshed, with the ledger that holds this gateway's share), then the packed
+# totals, their slots and slot names. ARGV: ttl seconds,
 # this gateway, R, then R pairs (pod, in-flight), then pairs (pod, cumulative tokens). Values are
 # absolute: the totals move by the difference to the ledger, so sending a batch twice changes nothing.
 # Returns 1 when the ledger was missing (new gateway, reaped as silent, or Redis lost it): the caller
 # then writes every value again.
-WRITE = """
+WRITE = _PACKED + """
+local k = {running = KEYS[1], packed = KEYS[6], slots = KEYS[7], names = KEYS[8]}
+ensure(k)
 local fresh = redis.call('HSETNX', KEYS[3], '~', '1')
 redis.call('SADD', KEYS[4], ARGV[2])
 local ttl = tonumber(ARGV[1])
@@ -76,8 +124,10 @@ for i = 4, #ARGV, 2 do
   local old = tonumber(redis.call('HGET', KEYS[3], field) or '0')
   if n ~= old then
     if n == 0 then redis.call('HDEL', KEYS[3], field) else redis.call('HSET', KEYS[3], field, n) end
-    if redis.call('HINCRBY', total, ARGV[i], n - old) <= 0 and running then
-      redis.call('HDEL', total, ARGV[i])
+    local now = redis.call('HINCRBY', total, ARGV[i], n - old)
+    if running then
+      if now <= 0 then redis.call('HDEL', total, ARGV[i]) end
+      put(k, ARGV[i], now)
     end
   end
 end
@@ -101,20 +151,23 @@ redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
 return 0
 """
 
-# KEYS: running totals, a silent gateway's ledger, the model's members, the model's speed sums.
-# ARGV: that gateway. Takes its in-flight share and its speed evidence out of the totals, once (the
-# marker goes with it); its cumulative tokens stay counted, and stay in its ledger so that, if it was
-# only paused, its writing them again adds nothing.
-REAP = _VECTORS + """
+# KEYS: running totals, a silent gateway's ledger, the model's members, the model's speed sums, the
+# packed totals, their slots and slot names. ARGV: that gateway. Takes its in-flight share (from both
+# forms of the totals) and its speed evidence out, once (the marker goes with it); its cumulative
+# tokens stay counted, and stay in its ledger so that, if it was only paused, its writing them again
+# adds nothing.
+REAP = _VECTORS + _PACKED + """
+local k = {running = KEYS[1], packed = KEYS[5], slots = KEYS[6], names = KEYS[7]}
 redis.call('SREM', KEYS[3], ARGV[1])
 if redis.call('HDEL', KEYS[2], '~') == 0 then return 0 end
+ensure(k)
 local fields = redis.call('HGETALL', KEYS[2])
 for i = 1, #fields, 2 do
   local kind, pod = string.sub(fields[i], 1, 2), string.sub(fields[i], 3)
   if kind == 'r:' then
-    if redis.call('HINCRBY', KEYS[1], pod, -tonumber(fields[i + 1])) <= 0 then
-      redis.call('HDEL', KEYS[1], pod)
-    end
+    local now = redis.call('HINCRBY', KEYS[1], pod, -tonumber(fields[i + 1]))
+    if now <= 0 then redis.call('HDEL', KEYS[1], pod) end
+    put(k, pod, now)
     redis.call('HDEL', KEYS[2], fields[i])
   elseif kind == 's:' then
     store(KEYS[4], pod, move(parse(redis.call('HGET', KEYS[4], pod)), parse(fields[i + 1]), nil))
@@ -122,6 +175,20 @@ for i = 1, #fields, 2 do
   end
 end
 return 1
+"""
+
+# KEYS: the packed totals, their slot names. ARGV: the epoch the reader knows ("" for none), how many
+# entries of the names list it has (epoch included). Returns the packed string (nil: none yet), where
+# the names returned start (0: afresh, the epoch first; the epoch changed or the list shrank, as after
+# a restart from an older snapshot) and those names. One atomic read: names and values agree.
+READ = """
+local packed = redis.call('GET', KEYS[1])
+if not packed then return {false, 0, {}} end
+local from = tonumber(ARGV[2])
+if from > 0 and (redis.call('LINDEX', KEYS[2], 0) ~= ARGV[1] or redis.call('LLEN', KEYS[2]) < from) then
+  from = 0
+end
+return {packed, from, redis.call('LRANGE', KEYS[2], from, -1)}
 """
 
 WRITE_SHA = hashlib.sha1(WRITE.encode()).hexdigest()
@@ -132,3 +199,4 @@ CLOCK = "return redis.call('TIME')"
 CLOCK_SHA = hashlib.sha1(CLOCK.encode()).hexdigest()
 SPEED_SHA = hashlib.sha1(SPEED.encode()).hexdigest()
 REAP_SHA = hashlib.sha1(REAP.encode()).hexdigest()
+READ_SHA = hashlib.sha1(READ.encode()).hexdigest()

@@ -29,6 +29,7 @@ from redis.exceptions import NoScriptError
 from extproc.cancellation import raise_if_cancelled
 from extproc.pool.pod import Pod, PodKey
 from extproc.state import redis_connect, redis_scripts
+from extproc.state.packed_totals import SlotMap, as_bytes
 from extproc.state.redis_connect import RedisTarget
 from extproc.state.shared import LocalCounts
 from extproc.state.sync_core import (
@@ -49,9 +50,12 @@ from extproc.state.sync_core import (
     aibrix_pod_key,
     ledger_key,
     members_key,
+    names_key,
+    packed_key,
     parse_int,
     pod_id,
     running_key,
+    slots_key,
     speed_key,
     tokens_key,
 )
@@ -98,6 +102,7 @@ class RedisState(SyncedState):
         self._scripts_loaded = False
         self._model_pods: dict[str, dict[str, PodKey]] = {}
         self._layout = -1
+        self._slot_maps: dict[str, SlotMap] = {}  # per tracked model: where its pods are packed
         self._offset = 0.0               # Redis server clock minus ours, for skew-free heartbeats
         self._aibrix_keys: list[str] = []
         self._last_scan: float | None = None
@@ -155,6 +160,7 @@ class RedisState(SyncedState):
                 await client.script_load(redis_scripts.REAP)
                 await client.script_load(redis_scripts.SPEED)
                 await client.script_load(redis_scripts.CLOCK)
+                await client.script_load(redis_scripts.READ)
             self._scripts_loaded = True
         if self.core.aibrix_snapshots and (self._last_scan is None
                                            or now - self._last_scan >= self.heartbeat_interval):
@@ -173,8 +179,11 @@ class RedisState(SyncedState):
         inbox = self.core.inbox
         if inbox is not None:
             pipe.lpop(FORWARD_PREFIX + inbox, MAX_RECEIVE)
+        slot_maps = self._slot_maps
         for model in models:
-            pipe.hgetall(running_key(model))
+            slot_map = slot_maps[model]
+            pipe.evalsha(redis_scripts.READ_SHA, 2, packed_key(model), names_key(model), slot_map.epoch,
+                         slot_map.known())
             if batch.read_tokens:  # with the members: once a heartbeat, and after a failure
                 pipe.hgetall(tokens_key(model))
                 pipe.smembers(members_key(model))
@@ -206,7 +215,11 @@ class RedisState(SyncedState):
         if inbox is not None:
             self.core.receive(next(reads) or ())
         for model, pods in models.items():
-            _add_totals(snap.running, pods, next(reads))
+            packed, start, names = next(reads)
+            slot_map = slot_maps[model]
+            slot_map.extend(start, names)
+            if packed is not None and not slot_map.totals(as_bytes(packed), snap.running):
+                slot_map.reset()  # not of the names' epoch (never from one script): afresh next turn
             if snap.tokens is not None and snap.members is not None:
                 _add_totals(snap.tokens, pods, next(reads))
                 snap.members[model] = next(reads)
@@ -233,6 +246,10 @@ class RedisState(SyncedState):
             for key, pod in self.counts.pods.items():
                 models.setdefault(pod.model, {})[pod_id(pod)] = key
             self._model_pods, self._layout = models, self.counts.layout
+            maps = {model: self._slot_maps.get(model) or SlotMap() for model in models}
+            for model, slot_map in maps.items():
+                slot_map.track(models[model])
+            self._slot_maps = maps
         return self._model_pods
 
     def _queue_writes(self, pipe: Any, batch: WriteBatch, server_now: float,
@@ -254,14 +271,12 @@ class RedisState(SyncedState):
             for model in models:
                 changed.setdefault(model, ([], []))
         for model, (running, tokens) in changed.items():
-            pipe.evalsha(redis_scripts.WRITE_SHA, 5, running_key(model), tokens_key(model),
-                         ledger_key(model, self.field), members_key(model), speed_key(model),
+            pipe.evalsha(redis_scripts.WRITE_SHA, 8, *write_keys(model, self.field),
                          KEY_TTL_SECONDS, self.field, len(running) // 2, *running, *tokens)
             scripts.append(queued)
             queued += 1
         for model, gateway in batch.reap:
-            pipe.evalsha(redis_scripts.REAP_SHA, 4, running_key(model), ledger_key(model, gateway),
-                         members_key(model), speed_key(model), gateway)
+            pipe.evalsha(redis_scripts.REAP_SHA, 7, *reap_keys(model, gateway), gateway)
             queued += 1
         speed: dict[str, dict[str, str]] = {}
         for key, raw in batch.speed.items():
@@ -333,6 +348,8 @@ class RedisState(SyncedState):
 
     def _on_failure(self, exc: BaseException) -> None:
         self.core.failed()
+        for slot_map in self._slot_maps.values():  # Redis may come back from an older snapshot
+            slot_map.reset()
         self._gauge.set(0)
         self._failures += 1
         self._scripts_loaded = False
@@ -375,12 +392,9 @@ class RedisState(SyncedState):
                 for model, pods in self._models().items():
                     tokens = [x for pid, key in pods.items() if (t := self.counts.tokens.get(key, 0)) > 0
                               for x in (pid, str(t))]
-                    ledger = ledger_key(model, self.field)
-                    members = members_key(model)
-                    speed = speed_key(model)
-                    pipe.eval(redis_scripts.WRITE, 5, running_key(model), tokens_key(model), ledger, members,
-                              speed, KEY_TTL_SECONDS, self.field, 0, *tokens)
-                    pipe.eval(redis_scripts.REAP, 4, running_key(model), ledger, members, speed, self.field)
+                    pipe.eval(redis_scripts.WRITE, 8, *write_keys(model, self.field), KEY_TTL_SECONDS,
+                              self.field, 0, *tokens)
+                    pipe.eval(redis_scripts.REAP, 7, *reap_keys(model, self.field), self.field)
                 pods = self.counts.pods
                 for key in self.core.written_aibrix():
                     if key in pods:
@@ -401,6 +415,18 @@ def retry_pause(failures: int, sync_interval: float, jitter: float) -> float:
     """Seconds before the next attempt while Redis does not answer: doubling from the sync interval
     up to MAX_BACKOFF_SECONDS, times a jitter near 1 (gateways restarting together do not stampede)."""
     return min(MAX_BACKOFF_SECONDS, sync_interval * 2 ** min(failures, 5)) * jitter
+
+
+def write_keys(model: str, gateway: str) -> tuple[str, ...]:
+    """KEYS of the WRITE script (state/redis_scripts.py), in its order."""
+    return (running_key(model), tokens_key(model), ledger_key(model, gateway), members_key(model),
+            speed_key(model), packed_key(model), slots_key(model), names_key(model))
+
+
+def reap_keys(model: str, gateway: str) -> tuple[str, ...]:
+    """KEYS of the REAP script, in its order."""
+    return (running_key(model), ledger_key(model, gateway), members_key(model), speed_key(model),
+            packed_key(model), slots_key(model), names_key(model))
 
 
 def _add_totals(into: dict[PodKey, int], pods: dict[str, PodKey], fields: dict[str, str]) -> None:

@@ -10,6 +10,9 @@ Cluster a model's keys live on one shard and each model's writes are one atomic 
 
   extproc:running:{<model>}           hash, field "<namespace>/<pod>", the in-flight total of every
                                       live gateway (a pod at 0 has no field)
+  extproc:packed:{<model>}            the same totals packed for reading (state/packed_totals.py):
+  extproc:slots:{<model>}             a string of int32 per slot, the hash pod -> slot and the list
+  extproc:slotnames:{<model>}         of each slot's pod; kept by the same scripts as the hash
   extproc:tokens:{<model>}            hash, same fields, the completed output tokens of every gateway
                                       ever (cumulative: a gateway's share stays when it goes)
   extproc:ledger:{<model>}:<gateway>  hash, this gateway's own share: "r:<ns>/<pod>" in flight,
@@ -62,6 +65,9 @@ LEDGER_PREFIX = "extproc:ledger:"
 MEMBERS_PREFIX = "extproc:members:"
 GATEWAYS_KEY = "extproc:gateways"
 SPEED_PREFIX = "extproc:speedsum:"
+PACKED_PREFIX = "extproc:packed:"
+SLOTS_PREFIX = "extproc:slots:"
+NAMES_PREFIX = "extproc:slotnames:"
 AIBRIX_POD_PREFIX = "aibrix:pod:"
 AIBRIX_POD_PATTERN = "aibrix:pod:*"
 KEY_TTL_SECONDS = 600            # totals and ledgers expire this long after their last write
@@ -107,6 +113,18 @@ def members_key(model: str) -> str:
 
 def speed_key(model: str) -> str:
     return SPEED_PREFIX + model_tag(model)
+
+
+def packed_key(model: str) -> str:
+    return PACKED_PREFIX + model_tag(model)
+
+
+def slots_key(model: str) -> str:
+    return SLOTS_PREFIX + model_tag(model)
+
+
+def names_key(model: str) -> str:
+    return NAMES_PREFIX + model_tag(model)
 
 
 def aibrix_pod_key(gateway: str, pod: Pod) -> str:

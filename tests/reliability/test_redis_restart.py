@@ -16,9 +16,12 @@ import pytest
 import redis
 
 from extproc.localstack import LocalStack, wait_until
+from extproc.state import redis_scripts
+from extproc.state.redis_sync import write_keys
 from extproc.state.sync_core import (
     GATEWAY_RETENTION_SECONDS,
     GATEWAYS_KEY,
+    KEY_TTL_SECONDS,
     ledger_key,
     members_key,
     running_key,
@@ -96,12 +99,10 @@ async def test_redis_killed_and_restarted_from_a_snapshot(gateways, redis_server
         await asyncio.to_thread(wait_until, lambda: running(a) == 7 and running(b) == 7, 10, "7 shared")
         # The snapshot Redis will come back from: these counts, and a gateway gone for longer than the
         # retention (its heartbeat that old), taken atomically with BGSAVE inside MULTI.
-        # Its share as the write script would have left it: in its ledger, the members and the total.
+        # Its share written by the write script: in its ledger, the members and the totals (both forms).
         with client.pipeline(transaction=True) as pipe:
             pipe.zadd(GATEWAYS_KEY, {DEAD: time.time() - GATEWAY_RETENTION_SECONDS - 100})
-            pipe.hset(ledger_key(MODEL, DEAD), mapping={"~": 1, f"r:{POD_ID}": 9})
-            pipe.sadd(members_key(MODEL), DEAD)
-            pipe.hincrby(running_key(MODEL), POD_ID, 9)
+            pipe.eval(redis_scripts.WRITE, 8, *write_keys(MODEL, DEAD), KEY_TTL_SECONDS, DEAD, 1, POD_ID, 9)
             pipe.bgsave()
             pipe.execute()
         await asyncio.to_thread(wait_until, lambda: client.info("persistence")["rdb_bgsave_in_progress"] == 0,
