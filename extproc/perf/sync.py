@@ -170,7 +170,7 @@ def start_redis(log_dir: Path) -> tuple[Proc, int]:
         raise SystemExit("redis-server is not installed (apt-get install redis-server)")
     port = free_port()
     proc = Proc(f"redis-{port}", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                  "--appendonly", "no"], log_dir)
+                                  "--appendonly", "no", "--dir", str(log_dir)], log_dir)
     proc.wait_ready(lambda: _pong(port), timeout=15)
     return proc, port
 
