@@ -57,8 +57,10 @@ def _server(name: str, port: int, log_dir: Path, *extra: str) -> Proc:
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not installed (make test installs it through apt)")
+    data = log_dir / name  # a replica writes the master's snapshot to its directory: never the checkout
+    data.mkdir(parents=True, exist_ok=True)
     proc = Proc(name, [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                       "--appendonly", "no", *extra], log_dir)
+                       "--appendonly", "no", "--dir", str(data), *extra], log_dir)
     proc.wait_ready(lambda: command(port, "PING").startswith(("+PONG", "-")), timeout=15)
     return proc
 
