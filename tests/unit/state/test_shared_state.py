@@ -371,21 +371,23 @@ def evidence(t: float, n: float = 4.0) -> list[float]:
 
 
 def test_speed_share_is_sent_when_records_arrive_in_its_turn_and_the_others_are_the_sums_less_it():
-    from extproc.state.sync_core import SPEED_WRITE_HEARTBEATS
+    from extproc.state.sync_core import SPEED_READ_HEARTBEATS, SPEED_WRITE_HEARTBEATS
     c = core(heartbeat_interval=1.0)
     c.speed_out[POD.key] = evidence(10.0)
     first = c.plan(10.0)
     assert first.read_speed and speed_sums.decode(first.speed[POD.key]) == evidence(10.0)
     c.confirm(first, 10.0)
     assert not c.plan(10.1).read_speed and not c.plan(10.1).speed  # between heartbeats: counts only
-    sent = []
+    sent, read = [], []
     for beat in range(1, 2 * SPEED_WRITE_HEARTBEATS + 1):
         now = 10.0 + beat
         c.speed_out[POD.key] = evidence(now, n=4.0 + beat)  # a record every heartbeat
         batch = c.plan(now)
         sent.append(POD.key in batch.speed)
+        read.append(batch.read_speed)
         c.confirm(batch, now)
     assert sum(sent) == 2  # at most once in SPEED_WRITE_HEARTBEATS heartbeats
+    assert sum(read) == 2 * SPEED_WRITE_HEARTBEATS // SPEED_READ_HEARTBEATS  # the others', every other beat
     c.speed_out[POD.key] = evidence(40.0, n=0.0)  # only decayed since: nothing new to say
     assert not any(POD.key in c.plan(30.0 + b).speed for b in range(SPEED_WRITE_HEARTBEATS))
     own = c._written_speed[POD.key]
@@ -396,8 +398,12 @@ def test_speed_share_is_sent_when_records_arrive_in_its_turn_and_the_others_are_
                      speed={POD.key: speed_sums.encode(total), OTHER.key: b"garbage"}))
     (got,) = c.peer_speed[POD.key]
     assert got == pytest.approx(theirs) and OTHER.key not in c.peer_speed
+    beat = c.plan(55.0)
+    c.confirm(beat, 55.0)
+    assert beat.read_speed != c.plan(56.0).read_speed  # every other heartbeat ...
     c.failed()
     assert c.peer_speed == {}  # Redis gone: each gateway on its own records
+    assert c.plan(60.0).read_speed and c.plan(61.0).read_speed  # ... but at once after an outage
     assert POD.key in c.plan(60.0).speed  # ... and its share written again once it is back
 
 
