@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup redis chromium kubectl interop test unit integration reliability soak fuzz demo bench bench-memory bench-memory-large bench-sim validate-sim sim-fleet envoy-config clean
+.PHONY: setup lint redis chromium kubectl interop test unit integration reliability soak fuzz demo bench bench-memory bench-memory-large bench-sim validate-sim sim-fleet envoy-config clean
 
 setup: $(STAMP)
 
@@ -46,6 +46,10 @@ kubectl:
 
 test: setup redis chromium kubectl
 	$(PY) -m pytest -q
+
+# ruff (pinned in the test extra) over the package and the tests.
+lint: setup
+	$(VENV)/bin/ruff check extproc tests
 
 # AIBrix's own package (PyPI) in its own virtualenv, run against our stack and files: tests/interop.
 # Without its cloud dependencies: what its benchmark client, gen_profile, profile readers and optimizer
