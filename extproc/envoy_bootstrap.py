@@ -85,6 +85,10 @@ class BootstrapOptions:
     # that may fail open are the gateway's model paths, never an engine's other endpoints.
     fail_open: tuple[tuple[str, tuple[str, ...]], ...] = ()
     model_paths: tuple[str, ...] = DEFAULT_MODEL_PATHS
+    # How ext_proc sends the request body: BUFFERED (one message: the cheapest), or the modes a
+    # pool's data plane may use (STREAMED, BUFFERED_PARTIAL, FULL_DUPLEX_STREAMED), which the gateway
+    # answers too (server/body.py). The request's trailers are sent with any of them.
+    request_body_mode: str = "BUFFERED"
 
 
 def tally_script() -> str:
@@ -106,8 +110,13 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
     # are not sent (they would be a second message), nor is anything of the response: Envoy closes
     # the stream once the request is routed, and the response streams from the pod without the
     # gateway (its outcome comes back through the access log).
-    one_message = {"request_header_mode": "SKIP", "request_body_mode": "BUFFERED",
-                   "request_trailer_mode": "SKIP", "response_header_mode": "SKIP",
+    buffered = o.request_body_mode == "BUFFERED"
+    # Other body modes: the headers message too (Envoy refuses a route-cache refresh for headers that
+    # went on before the body), and the trailers, which may end the body.
+    one_message = {"request_header_mode": "SKIP" if buffered else "SEND",
+                   "request_body_mode": o.request_body_mode,
+                   "request_trailer_mode": "SKIP" if buffered else "SEND",
+                   "response_header_mode": "SKIP",
                    "response_body_mode": "NONE", "response_trailer_mode": "SKIP"}
     # Without a known body: the headers too (HTTP/2 headers + trailers without a body: a 400).
     two_messages = {**one_message, "request_header_mode": "SEND", "request_trailer_mode": "SEND"}
@@ -121,6 +130,7 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         "metadata_options": {"receiving_namespaces": {"untyped": [LB_METADATA_NAMESPACE,
                                                                   GATEWAY_METADATA_NAMESPACE]}},
         "processing_mode": one_message,
+        "allow_mode_override": True,  # STREAMED bodies are asked for buffered (server/body.py)
         "request_attributes": list(attributes.ATTRIBUTES),
     }
     keep_headers = {"envoy.filters.http.ext_proc": {

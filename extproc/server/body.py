@@ -35,6 +35,15 @@ STREAMED = ProcessingMode.STREAMED
 BUFFERED = ProcessingMode.BUFFERED
 BUFFERED_PARTIAL = ProcessingMode.BUFFERED_PARTIAL
 FULL_DUPLEX_STREAMED = ProcessingMode.FULL_DUPLEX_STREAMED
+# STREAMED pieces pass the headers on before the body is known: a route that follows the pick cannot be
+# chosen again (Envoy refuses a route-cache refresh then, and a load balancer has picked already). The
+# headers' answer asks for the body buffered instead, which Envoy grants where allow_mode_override is set
+# (Envoy AI Gateway sets it; so does `extproc envoy-config`); elsewhere the pieces come and are answered.
+# The rest of the mode as it was: the response headers come to a pool's picker only.
+BUFFER_THE_BODY = {pool: ProcessingMode(
+    request_header_mode=ProcessingMode.SEND, request_body_mode=BUFFERED, request_trailer_mode=ProcessingMode.SEND,
+    response_header_mode=ProcessingMode.SEND if pool else ProcessingMode.SKIP,
+    response_trailer_mode=ProcessingMode.SKIP) for pool in (False, True)}
 # Modes whose body is one message: routed as it comes (BUFFERED_PARTIAL holds the headers as BUFFERED does).
 ONE_MESSAGE_MODES = frozenset({ProcessingMode.NONE, BUFFERED, BUFFERED_PARTIAL})
 
@@ -42,10 +51,11 @@ ONE_MESSAGE_MODES = frozenset({ProcessingMode.NONE, BUFFERED, BUFFERED_PARTIAL})
 class Reassembly:
     """The pieces of one request body, until it ends."""
 
-    __slots__ = ("mode", "pieces", "size", "trailers")
+    __slots__ = ("mode", "pieces", "size", "trailers", "headers_sent")
 
-    def __init__(self, mode: int) -> None:
+    def __init__(self, mode: int, headers_sent: bool = True) -> None:
         self.mode = mode
+        self.headers_sent = headers_sent  # False: our bootstrap's one message path (headers as attributes)
         self.pieces: list[bytes] = []
         self.size = 0
         self.trailers = False  # the body was ended by the request's trailers
@@ -53,7 +63,7 @@ class Reassembly:
     @property
     def deferred_headers(self) -> bool:
         """Full duplex: the request headers are answered with the route, once the body has ended."""
-        return self.mode == FULL_DUPLEX_STREAMED
+        return self.mode == FULL_DUPLEX_STREAMED and self.headers_sent
 
     @property
     def passes_pieces(self) -> bool:
@@ -82,7 +92,10 @@ class Reassembly:
         """The route in the shape this mode needs, once the body has ended."""
         if self.mode == FULL_DUPLEX_STREAMED:
             out = route.body if route.body is not None else raw
-            answers = [route.headers_answer(len(out)), streamed_piece(out, not self.trailers)]
+            if not self.headers_sent:  # the route goes with the body: Envoy reads the envoy.lb metadata
+                answers = [route.streamed_answer(out, not self.trailers)]
+            else:
+                answers = [route.headers_answer(len(out)), streamed_piece(out, not self.trailers)]
             if self.trailers:
                 answers.append(responses.CONTINUE_REQUEST_TRAILERS)
             return answers

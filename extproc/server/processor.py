@@ -168,6 +168,9 @@ class Stream:
                     return self._on_body_piece(msg.request_body, parsed)
                 if not self._spec and not self._done and attributes.sent(msg):
                     self._one_message = True
+                    if msg.protocol_config.request_body_mode not in body.ONE_MESSAGE_MODES:
+                        self._attach(msg)  # a body in pieces, its headers not sent: this is the first
+                        return self._first_piece(msg, parsed)
                     reply = self._start(attributes.headers(msg), end_of_stream=False)
                     if reply is not None:
                         return reply
@@ -176,8 +179,11 @@ class Stream:
                 if msg.HasField("protocol_config"):
                     self._attach(msg)
                 reply = self._on_request_headers(msg.request_headers)
-                if self._body is not None and self._body.deferred_headers:
-                    return None  # full duplex: the headers are answered with the route
+                if self._body is not None and not self._done:
+                    if self._body.deferred_headers:
+                        return None  # full duplex: the headers are answered with the route
+                    if self._body.passes_pieces:  # STREAMED: the body buffered instead, if allowed
+                        reply.mode_override.CopyFrom(body.BUFFER_THE_BODY[self._pool])
                 return reply
             if kind == "request_trailers":
                 self._expect_trailers = False
@@ -226,9 +232,13 @@ class Stream:
         self._pool = not attributes.sent(msg)
         self._response_mode = config.response_body_mode
         if config.request_body_mode not in body.ONE_MESSAGE_MODES:
-            self._body = body.Reassembly(config.request_body_mode)
+            self._body = body.Reassembly(config.request_body_mode, headers_sent=msg.HasField("request_headers"))
         if self._pool and msg.HasField("metadata_context"):
             self._subset = body.subset_hint(msg.metadata_context)
+
+    def _first_piece(self, msg: ProcessingRequest, parsed: Request | OpenAIError | None) -> ProcessingResponse | None:
+        reply = self._start(attributes.headers(msg), end_of_stream=False)
+        return reply if reply is not None else self._on_body_piece(msg.request_body, parsed)
 
     def _on_body_piece(self, http_body, parsed: Request | OpenAIError | None) -> ProcessingResponse | None:
         """A piece of a body sent in pieces: held until the body ends (bounded by max_body_bytes)."""

@@ -14,6 +14,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
     HeadersResponse,
     ImmediateResponse,
     ProcessingResponse,
+    StreamedBodyResponse,
     TrailersResponse,
 )
 from envoy.type.v3.http_status_pb2 import HttpStatus
@@ -157,6 +158,14 @@ class Route:
     def trailers_answer(self) -> ProcessingResponse:
         """STREAMED, a body ended by trailers: the destination comes with the trailers' answer."""
         return ProcessingResponse(request_trailers=TrailersResponse(), dynamic_metadata=self.metadata())
+
+    def streamed_answer(self, data: bytes, end_of_stream: bool) -> ProcessingResponse:
+        """FULL_DUPLEX_STREAMED without a headers message: the whole body as one streamed piece, with
+        the route (and a header mutation, without which Envoy keeps its route cache)."""
+        return ProcessingResponse(request_body=BodyResponse(response=CommonResponse(
+            header_mutation=HeaderMutation(remove_headers=self.remove), clear_route_cache=True,
+            body_mutation=BodyMutation(streamed_response=StreamedBodyResponse(
+                body=data, end_of_stream=end_of_stream)))), dynamic_metadata=self.metadata())
 
     def headers_answer(self, body_length: int) -> ProcessingResponse:
         """FULL_DUPLEX_STREAMED: the held request headers, answered once the body has ended."""
