@@ -156,7 +156,8 @@ class Stream:
         pool's data plane reports on the response too: its stream stays open while the request runs."""
         return self._done and not self._expect_trailers and (self._decision is None or not self._pool)
 
-    def handle(self, msg: ProcessingRequest, parsed: Request | OpenAIError | None = None) -> ProcessingResponse:
+    def handle(self, msg: ProcessingRequest,
+               parsed: Request | OpenAIError | None = None) -> ProcessingResponse | list | None:
         """One ext_proc message in, one reply out. `parsed` is the body already parsed off the loop."""
         kind = msg.WhichOneof("request")
         try:
@@ -232,11 +233,13 @@ class Stream:
         self._pool = not attributes.sent(msg)
         self._response_mode = config.response_body_mode
         if config.request_body_mode not in body.ONE_MESSAGE_MODES:
-            self._body = body.Reassembly(config.request_body_mode, headers_sent=msg.HasField("request_headers"))
+            self._body = body.Reassembly(config.request_body_mode,
+                                         headers_sent=msg.HasField("request_headers"))
         if self._pool and msg.HasField("metadata_context"):
             self._subset = body.subset_hint(msg.metadata_context)
 
-    def _first_piece(self, msg: ProcessingRequest, parsed: Request | OpenAIError | None) -> ProcessingResponse | None:
+    def _first_piece(self, msg: ProcessingRequest,
+                     parsed: Request | OpenAIError | None) -> ProcessingResponse | list | None:
         reply = self._start(attributes.headers(msg), end_of_stream=False)
         return reply if reply is not None else self._on_body_piece(msg.request_body, parsed)
 
@@ -251,7 +254,8 @@ class Stream:
             return responses.CONTINUE_REQUEST_BODY if self._body.passes_pieces else None  # type: ignore[union-attr]
         return self._route_pieces(parsed, trailers=False)
 
-    def _route_pieces(self, parsed: Request | OpenAIError | None, trailers: bool) -> ProcessingResponse | None:
+    def _route_pieces(self, parsed: Request | OpenAIError | None,
+                      trailers: bool) -> ProcessingResponse | list | None:
         """The whole body is here: route it as a buffered one (the answer shaped for the mode)."""
         pieces = self._body
         pieces.trailers = trailers  # type: ignore[union-attr]
@@ -476,9 +480,10 @@ class Stream:
             endpoints = ",".join([endpoints, *(p.address for p in gw.fallbacks(
                 request, profile, decision.pod, self._subset))])
         pieces = self._body
-        # STREAMED passes the pieces on as they came: no rewrite
-        new_body = (openai.with_usage_requested(raw, request)
-                    if gw.config.include_usage and (pieces is None or not pieces.passes_pieces) else None)
+        # No rewrite where nothing would strip the usage chunk again (a pool's data plane has no tally of
+        # ours), nor where STREAMED pieces went on as they came.
+        new_body = (openai.with_usage_requested(raw, request) if gw.config.include_usage and not self._pool
+                    and (pieces is None or not pieces.passes_pieces) else None)
         trace = gw.spans.traceparent(request) if gw.spans is not None else None
         limits = responses.rate_limit_metadata(self._admission) if self._admission is not None else None
         route = responses.Route(gw.config.destination_header, endpoints, decision.pod, decision.key,

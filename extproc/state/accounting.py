@@ -78,7 +78,8 @@ class Accounting:
         self.view_cache.started(served.key)
         self.load.advance(chosen.key, now, self.shared.running(chosen.key))
         if id(request) in self._starts:
-            self._starts[id(request)] = (now, self.load.advance(served.key, now, self.shared.running(served.key)))
+            self._starts[id(request)] = (now, self.load.advance(served.key, now,
+                                                                self.shared.running(served.key)))
 
     def _health_changed(self, key: PodKey, healthy: bool, restarted: bool = False) -> None:
         """A pod left or rejoined routing (a response, scrape or probe): the cached view follows now.

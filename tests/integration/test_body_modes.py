@@ -30,7 +30,8 @@ def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, in
 
 
 @pytest.fixture(scope="module", params=MODES)
-def stack(request, upstreams: dict[str, int], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+def stack(request, upstreams: dict[str, int],
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     log_dir: Path = tmp_path_factory.mktemp(request.param.lower())
     s = LocalStack(config_path=log_dir / "gateway.yaml", log_dir=log_dir)
     s.write_config({"models": {MODEL: {"pods": [{"name": "a", "address": f"127.0.0.1:{upstreams['a']}"}]}},

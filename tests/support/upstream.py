@@ -18,9 +18,9 @@ def make_app(name: str) -> web.Application:
 
     async def generate(request: web.Request) -> web.StreamResponse:
         raw = await request.read()
-        body = json.loads(raw)
         seen.append(dict(request.headers))
         bodies.append(raw.decode("utf-8", "replace"))
+        body = json.loads(raw)
         tokens = int(body.get("max_tokens") or 3)
         headers = {"x-upstream": name}
         if not body.get("stream"):

@@ -134,11 +134,20 @@ def test_full_duplex_body_ended_by_trailers(gw: Gateway):
 
 def test_full_duplex_rewrite_is_the_buffered_one_with_its_length(gw: Gateway):
     s = Stream(gw)
-    s.handle(headers(FULL_DUPLEX, length=len(STREAM_CHAT)))
+    s.handle(headers(FULL_DUPLEX, ours=True, length=len(STREAM_CHAT)))
     answers = [a for a in feed(s, STREAM_CHAT) if a is not None]
     out = answers[1].request_body.response.body_mutation.streamed_response.body
     assert json.loads(out)["stream_options"] == {"include_usage": True}
     assert set_headers(answers[0].request_headers.response)["content-length"] == str(len(out))
+
+
+def test_a_pools_body_is_never_rewritten(gw: Gateway):
+    """A pool's data plane has no tally of ours to strip the usage chunk again: the body goes on as sent."""
+    s = Stream(gw)
+    s.handle(headers(FULL_DUPLEX, length=len(STREAM_CHAT)))
+    answers = [a for a in feed(s, STREAM_CHAT) if a is not None]
+    assert answers[1].request_body.response.body_mutation.streamed_response.body == STREAM_CHAT
+    assert "strip_usage" not in answers[0].dynamic_metadata.fields["extproc"].struct_value.fields
 
 
 def test_streamed_pieces_pass_on_unchanged_and_the_last_carries_the_route(gw: Gateway):
@@ -150,7 +159,8 @@ def test_streamed_pieces_pass_on_unchanged_and_the_last_carries_the_route(gw: Ga
     answers = feed(s, STREAM_CHAT)
     assert all(a.request_body.response.ByteSize() == 0 for a in answers[:-1])  # passed on as they came
     last = answers[-1]
-    assert last.request_body.response.clear_route_cache and not last.request_body.response.HasField("body_mutation")
+    assert last.request_body.response.clear_route_cache
+    assert not last.request_body.response.HasField("body_mutation")
     assert last.dynamic_metadata.fields["envoy.lb"].struct_value.fields[DEST].string_value
     assert "strip_usage" not in last.dynamic_metadata.fields["extproc"].struct_value.fields
     assert s.finished  # our bootstrap: the stream closes once routed
@@ -231,7 +241,8 @@ def test_our_bootstrap_gets_the_pick_alone(gw: Gateway):
     assert "," not in set_headers(answer.request_headers.response)[DEST]
 
 
-@pytest.mark.parametrize("subset", [["10.0.0.3:8000"], "10.0.0.3:8000", ["10.0.0.3"], "10.0.0.9:1,10.0.0.3:8000"])
+@pytest.mark.parametrize("subset", [["10.0.0.3:8000"], "10.0.0.3:8000", ["10.0.0.3"],
+                                    "10.0.0.9:1,10.0.0.3:8000"])
 def test_the_subset_hint_is_honoured(gw: Gateway, subset):
     for _ in range(3):
         s, answer = route_of(gw, subset=subset)
