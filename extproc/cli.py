@@ -163,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     envoy.add_argument("--gateway-config", metavar="GATEWAY.yaml",
                        help="the gateway's config: with gateway.fail_open, Envoy sends the model paths "
                             "round robin to each model's pods while the gateway is unreachable")
-    envoy.add_argument("--body-mode", choices=("BUFFERED", "STREAMED", "BUFFERED_PARTIAL", "FULL_DUPLEX_STREAMED"),
+    envoy.add_argument("--body-mode",
+                       choices=("BUFFERED", "STREAMED", "BUFFERED_PARTIAL", "FULL_DUPLEX_STREAMED"),
                        help="how ext_proc sends the request body (default: BUFFERED; with --pool: "
                             "FULL_DUPLEX_STREAMED, as gateways configure a pool)")
     envoy.add_argument("--pool", action="store_true",

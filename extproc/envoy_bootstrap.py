@@ -111,9 +111,10 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
     # the stream once the request is routed, and the response streams from the pod without the
     # gateway (its outcome comes back through the access log).
     buffered = o.request_body_mode == "BUFFERED"
-    # Other body modes: the headers message too (Envoy refuses a route-cache refresh for headers that
-    # went on before the body), and the trailers, which may end the body.
-    one_message = {"request_header_mode": "SKIP" if buffered else "SEND",
+    # STREAMED and BUFFERED_PARTIAL: the headers message too (Envoy refuses a route-cache refresh for
+    # headers that went on before the body); every mode but BUFFERED: the trailers, which may end it.
+    one_message = {"request_header_mode": "SKIP" if o.request_body_mode in ("BUFFERED", "FULL_DUPLEX_STREAMED")
+                   else "SEND",
                    "request_body_mode": o.request_body_mode,
                    "request_trailer_mode": "SKIP" if buffered else "SEND",
                    "response_header_mode": "SKIP",

@@ -41,7 +41,8 @@ FULL_DUPLEX_STREAMED = ProcessingMode.FULL_DUPLEX_STREAMED
 # (Envoy AI Gateway sets it; so does `extproc envoy-config`); elsewhere the pieces come and are answered.
 # The rest of the mode as it was: the response headers come to a pool's picker only.
 BUFFER_THE_BODY = {pool: ProcessingMode(
-    request_header_mode=ProcessingMode.SEND, request_body_mode=BUFFERED, request_trailer_mode=ProcessingMode.SEND,
+    request_header_mode=ProcessingMode.SEND, request_body_mode=BUFFERED,
+    request_trailer_mode=ProcessingMode.SEND,
     response_header_mode=ProcessingMode.SEND if pool else ProcessingMode.SKIP,
     response_trailer_mode=ProcessingMode.SKIP) for pool in (False, True)}
 # Modes whose body is one message: routed as it comes (BUFFERED_PARTIAL holds the headers as BUFFERED does).
@@ -84,16 +85,16 @@ class Reassembly:
         """The whole body with its last piece, not yet added (parsed in a worker process)."""
         return b"".join([*self.pieces, last])
 
-    def whole(self) -> HttpBody:
-        """The body as one buffered message, for the processor's buffered path."""
-        return HttpBody(body=b"".join(self.pieces), end_of_stream=not self.trailers)
+    def whole(self) -> bytes:
+        """The body, for the processor's buffered path (most bodies are one piece: no copy)."""
+        return self.pieces[0] if len(self.pieces) == 1 else b"".join(self.pieces)
 
     def answer(self, route: responses.Route, raw: bytes) -> ProcessingResponse | list[ProcessingResponse]:
         """The route in the shape this mode needs, once the body has ended."""
         if self.mode == FULL_DUPLEX_STREAMED:
             out = route.body if route.body is not None else raw
-            if not self.headers_sent:  # the route goes with the body: Envoy reads the envoy.lb metadata
-                answers = [route.streamed_answer(out, not self.trailers)]
+            if not self.headers_sent:  # our bootstrap: the route, then the body (server/responses.py)
+                answers = [route.streamed_answer(), streamed_piece(out, not self.trailers)]
             else:
                 answers = [route.headers_answer(len(out)), streamed_piece(out, not self.trailers)]
             if self.trailers:
@@ -105,8 +106,11 @@ class Reassembly:
 
 def streamed_piece(data: bytes, end_of_stream: bool) -> ProcessingResponse:
     """A full-duplex body answer: this data goes on in place of what came."""
-    return ProcessingResponse(request_body=BodyResponse(response=CommonResponse(body_mutation=BodyMutation(
-        streamed_response=StreamedBodyResponse(body=data, end_of_stream=end_of_stream)))))
+    answer = ProcessingResponse()
+    piece = answer.request_body.response.body_mutation.streamed_response
+    piece.body = data
+    piece.end_of_stream = end_of_stream
+    return answer
 
 
 def echo_response_body(http_body: HttpBody) -> ProcessingResponse:

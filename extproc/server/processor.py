@@ -175,16 +175,21 @@ class Stream:
                     reply = self._start(attributes.headers(msg), end_of_stream=False)
                     if reply is not None:
                         return reply
-                return self._on_request_body(msg.request_body, parsed)
+                http_body = msg.request_body
+                return self._on_request_body(http_body.body, http_body.end_of_stream, parsed)
             if kind == "request_headers":
                 if msg.HasField("protocol_config"):
                     self._attach(msg)
                 reply = self._on_request_headers(msg.request_headers)
-                if self._body is not None and not self._done:
-                    if self._body.deferred_headers:
-                        return None  # full duplex: the headers are answered with the route
-                    if self._body.passes_pieces:  # STREAMED: the body buffered instead, if allowed
-                        reply.mode_override.CopyFrom(body.BUFFER_THE_BODY[self._pool])
+                if reply is not None or self._done:
+                    return reply
+                pieces = self._body
+                if pieces is not None and pieces.deferred_headers:
+                    return None  # full duplex: the headers are answered with the route
+                # A client must never choose the upstream: strip any destination header it sent.
+                reply = responses.request_headers(self._gw.client_forbidden_headers)
+                if pieces is not None and pieces.passes_pieces:  # STREAMED: the body buffered, if allowed
+                    reply.mode_override.CopyFrom(body.BUFFER_THE_BODY[self._pool])
                 return reply
             if kind == "request_trailers":
                 self._expect_trailers = False
@@ -259,7 +264,7 @@ class Stream:
         """The whole body is here: route it as a buffered one (the answer shaped for the mode)."""
         pieces = self._body
         pieces.trailers = trailers  # type: ignore[union-attr]
-        return self._on_request_body(pieces.whole(), parsed)  # type: ignore[union-attr]
+        return self._on_request_body(pieces.whole(), not trailers, parsed)  # type: ignore[union-attr]
 
     def _on_response_headers(self, msg: ProcessingRequest) -> ProcessingResponse:
         """A pool's data plane names the endpoint that served the request (a fallback, maybe): the
@@ -275,17 +280,14 @@ class Stream:
                 self._gw.served_by(self._decision.key, lb.fields[SERVED_KEY].string_value)
         return responses.CONTINUE_RESPONSE_HEADERS
 
-    def _on_request_headers(self, http_headers) -> ProcessingResponse:
+    def _on_request_headers(self, http_headers) -> ProcessingResponse | None:
+        """The headers' checks: the gateway's own answer, or None (the request goes on)."""
         if len(http_headers.headers.headers) >= ENVOY_MAX_HEADERS:
             # The destination header would push the request over Envoy's limit, and Envoy would
             # answer the mutation with a misleading "gateway unavailable" 503.
             raise OpenAIError(431, f"too many request headers (at most {ENVOY_MAX_HEADERS - 1})",
                               code="request_header_fields_too_large")
-        reply = self._start(_headers(http_headers), http_headers.end_of_stream)
-        if reply is not None:
-            return reply
-        # A client must never choose the upstream: strip any destination header it sent.
-        return responses.request_headers(self._gw.client_forbidden_headers)
+        return self._start(_headers(http_headers), http_headers.end_of_stream)
 
     def _start(self, headers: dict[str, str], end_of_stream: bool) -> ProcessingResponse | None:
         """The checks of a request's headers (or of the attributes standing for them); a reply when
@@ -352,14 +354,14 @@ class Stream:
             return (self._path, self._body.peek(msg.request_body.body), self._header_model)
         return (self._path, msg.request_body.body, self._header_model)
 
-    def _on_request_body(self, http_body, parsed: Request | OpenAIError | None) -> ProcessingResponse:
+    def _on_request_body(self, body: bytes, end_of_stream: bool,
+                         parsed: Request | OpenAIError | None) -> ProcessingResponse:
         # BUFFERED mode sends the whole body in one message; end_of_stream is false only when request
         # trailers follow (HTTP/2), so this message is routed whatever that flag says.
         gw = self._gw
         if self._done:
             return responses.CONTINUE_REQUEST_BODY
         limit = gw.config.max_body_bytes
-        body = http_body.body
         if len(body) > limit:
             raise OpenAIError(413, f"request body exceeds {limit} bytes", code="request_too_large")
         request = parsed if parsed is not None else parse_body(self._path, body, self._header_model)
@@ -373,10 +375,10 @@ class Stream:
         limiter = gw.limiter
         if limiter.enabled and (budget := limiter.budget(self._authorization, request)) is not None:
             if limiter.shared:  # Process awaits pass_limits() (no reply yet)
-                self._limiting = (budget, request, body, http_body.end_of_stream)
+                self._limiting = (budget, request, body, end_of_stream)
                 return None
             self._admission = limiter.admit_here(budget, request)
-        return self._dispatch(request, body, http_body.end_of_stream)
+        return self._dispatch(request, body, end_of_stream)
 
     @property
     def limiting(self) -> bool:
@@ -488,7 +490,7 @@ class Stream:
         limits = responses.rate_limit_metadata(self._admission) if self._admission is not None else None
         route = responses.Route(gw.config.destination_header, endpoints, decision.pod, decision.key,
                                 self._request_id, self._strategy, new_body, self._has_length,
-                                gw.client_forbidden_headers, trace, limits)
+                                gw.client_forbidden_headers, trace, limits, announce=self._pool)
         if pieces is None:  # buffered: one body message, answered with the route
             self._expect_trailers = not end_of_stream
             return route.body_answer()

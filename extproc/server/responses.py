@@ -129,17 +129,22 @@ class Route:
     remove: list[str]  # the headers a client must not set
     traceparent: str | None = None
     limits: list[tuple[str, str]] | None = None
+    # The destination header too (a pool's data plane may follow either); our own bootstrap's route
+    # sets it from the metadata, as on the one-message path.
+    announce: bool = True
 
     def metadata(self) -> Struct:
         return _decision(self.destination_header, self.pod, self.key, self.request_id, self.strategy,
                          self.body is not None, self.traceparent, self.limits, self.endpoints)
 
     def _mutation(self, content_length: int | None) -> HeaderMutation:
-        headers = [(self.destination_header, self.endpoints)]
-        if self.traceparent:
+        headers = [(self.destination_header, self.endpoints)] if self.announce else []
+        if self.traceparent and self.announce:
             headers.append((TRACEPARENT, self.traceparent))
         if content_length is not None and self.has_content_length:
             headers.append(("content-length", str(content_length)))
+        if not headers:
+            return HeaderMutation(remove_headers=self.remove)
         return HeaderMutation(set_headers=_set(headers), remove_headers=self.remove)
 
     def body_answer(self) -> ProcessingResponse:
@@ -159,19 +164,22 @@ class Route:
         """STREAMED, a body ended by trailers: the destination comes with the trailers' answer."""
         return ProcessingResponse(request_trailers=TrailersResponse(), dynamic_metadata=self.metadata())
 
-    def streamed_answer(self, data: bytes, end_of_stream: bool) -> ProcessingResponse:
-        """FULL_DUPLEX_STREAMED without a headers message: the whole body as one streamed piece, with
-        the route (and a header mutation, without which Envoy keeps its route cache)."""
+    def streamed_answer(self) -> ProcessingResponse:
+        """FULL_DUPLEX_STREAMED without a headers message: the route in an empty streamed piece, before
+        the body's. Envoy passes a piece's data on before it clears the route cache, and refuses to
+        clear it once the headers reached the router: an empty piece passes nothing on. The header
+        mutation is there because Envoy clears the route cache only for an answer that has one."""
         return ProcessingResponse(request_body=BodyResponse(response=CommonResponse(
             header_mutation=HeaderMutation(remove_headers=self.remove), clear_route_cache=True,
-            body_mutation=BodyMutation(streamed_response=StreamedBodyResponse(
-                body=data, end_of_stream=end_of_stream)))), dynamic_metadata=self.metadata())
+            body_mutation=BodyMutation(streamed_response=StreamedBodyResponse(end_of_stream=False)))),
+            dynamic_metadata=self.metadata())
 
     def headers_answer(self, body_length: int) -> ProcessingResponse:
         """FULL_DUPLEX_STREAMED: the held request headers, answered once the body has ended."""
+        # the length only when the body changed (a body passed on unchanged keeps the client's)
         return ProcessingResponse(request_headers=HeadersResponse(response=CommonResponse(
-            header_mutation=self._mutation(body_length), clear_route_cache=True)),
-            dynamic_metadata=self.metadata())
+            header_mutation=self._mutation(body_length if self.body is not None else None),
+            clear_route_cache=True)), dynamic_metadata=self.metadata())
 
 
 def rate_limit_metadata(admission: Admission) -> list[tuple[str, str]]:

@@ -149,7 +149,8 @@ def test_health_services(pool: Pool, tmp_path):
         assert health(empty.extproc_port, "envoy.service.ext_proc.v3.ExternalProcessor") == NOT_SERVING
         # pods appear (a reload here; discovery alike): ready within the refresh
         empty.write_config({"models": {MODEL: {"pods": [{"name": "p", "address": pool.address(0)}]}}})
-        wait_until(lambda: health(empty.extproc_port, "readiness") == SERVING, what="ready once pods are known")
+        wait_until(lambda: health(empty.extproc_port, "readiness") == SERVING,
+                   what="ready once pods are known")
     finally:
         empty.stop()
 
