@@ -113,8 +113,9 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
     buffered = o.request_body_mode == "BUFFERED"
     # STREAMED and BUFFERED_PARTIAL: the headers message too (Envoy refuses a route-cache refresh for
     # headers that went on before the body); every mode but BUFFERED: the trailers, which may end it.
-    one_message = {"request_header_mode": "SKIP" if o.request_body_mode in ("BUFFERED", "FULL_DUPLEX_STREAMED")
-                   else "SEND",
+    # FULL_DUPLEX_STREAMED: one message path too, the route sent ahead of the body (server/body.py).
+    one_message_modes = ("BUFFERED", "FULL_DUPLEX_STREAMED")
+    one_message = {"request_header_mode": "SKIP" if o.request_body_mode in one_message_modes else "SEND",
                    "request_body_mode": o.request_body_mode,
                    "request_trailer_mode": "SKIP" if buffered else "SEND",
                    "response_header_mode": "SKIP",
@@ -273,35 +274,50 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                     "circuit_breakers": circuit_breakers(o),
                     "original_dst_lb_config": {"metadata_key": lb_key},
                 },
-                {
-                    "name": EXTPROC_CLUSTER,
-                    "type": "STATIC",
-                    "connect_timeout": "1s",
-                    "circuit_breakers": circuit_breakers(o),
-                    # A draining gateway replica reports NOT_SERVING; with several replicas behind
-                    # this cluster, Envoy stops opening streams to it before it stops accepting.
-                    # no_traffic_interval: Envoy's 60 s default applied here (ext_proc's gRPC streams do
-                    # not count as traffic), so a dead replica kept its share of streams for a minute.
-                    "health_checks": [{
-                        "timeout": "1s", "interval": "2s", "no_traffic_interval": "2s",
-                        "unhealthy_threshold": 1, "healthy_threshold": 1, "grpc_health_check": {
-                            "service_name": EXTPROC_SERVICE}}],
-                    "typed_extension_protocol_options": {
-                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                            "@type": TYPE + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                            "explicit_http_config": {"http2_protocol_options": {
-                                "connection_keepalive": {"interval": "30s", "timeout": "10s"}}},
-                        }},
-                    # One endpoint per gateway worker: round robin spreads the routing streams.
-                    "load_assignment": {"cluster_name": EXTPROC_CLUSTER, "endpoints": [{"lb_endpoints": [{
-                        "endpoint": {"address": {"socket_address": {
-                            "address": o.extproc_address, "port_value": o.extproc_port + i}}}}
-                        for i in range(o.extproc_workers)]}]},
-                },
+                extproc_cluster(o),
                 *fail_open_clusters(o),
             ],
         },
     }
+
+
+def extproc_cluster(o: BootstrapOptions) -> dict[str, Any]:
+    """The gateway's cluster: ext_proc streams (and the access log), one endpoint per worker."""
+    return {
+        "name": EXTPROC_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "circuit_breakers": circuit_breakers(o),
+        # A draining gateway replica reports NOT_SERVING; with several replicas behind this cluster,
+        # Envoy stops opening streams to it before it stops accepting. no_traffic_interval: Envoy's 60 s
+        # default applied here (ext_proc's gRPC streams do not count as traffic), so a dead replica kept
+        # its share of streams for a minute.
+        "health_checks": [{
+            "timeout": "1s", "interval": "2s", "no_traffic_interval": "2s",
+            "unhealthy_threshold": 1, "healthy_threshold": 1, "grpc_health_check": {
+                "service_name": EXTPROC_SERVICE}}],
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": TYPE + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {
+                    "connection_keepalive": {"interval": "30s", "timeout": "10s"}}},
+            }},
+        # One endpoint per gateway worker: round robin spreads the routing streams.
+        "load_assignment": {"cluster_name": EXTPROC_CLUSTER, "endpoints": [{"lb_endpoints": [{
+            "endpoint": {"address": {"socket_address": {
+                "address": o.extproc_address, "port_value": o.extproc_port + i}}}}
+            for i in range(o.extproc_workers)]}]},
+    }
+
+
+def lb_endpoints(addresses: tuple[str, ...]) -> list[dict[str, Any]]:
+    """"host:port" (or "[v6]:port") addresses as a cluster's endpoints."""
+    out = []
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        out.append({"endpoint": {"address": {"socket_address": {
+            "address": host.strip("[]"), "port_value": int(port)}}}})
+    return out
 
 
 # Fail-open: the body's "model" as metadata, for the routes below (a request the gateway answered was
@@ -327,11 +343,7 @@ def fail_open_clusters(o: BootstrapOptions) -> list[dict[str, Any]]:
     """One round-robin cluster per model; STRICT_DNS, so a Service name works as well as pod IPs."""
     clusters = []
     for i, (_, upstreams) in enumerate(o.fail_open):
-        endpoints = []
-        for upstream in upstreams:
-            host, _, port = upstream.rpartition(":")
-            endpoints.append({"endpoint": {"address": {"socket_address": {
-                "address": host.strip("[]"), "port_value": int(port)}}}})
+        endpoints = lb_endpoints(upstreams)
         clusters.append({"name": f"fail-open-{i}", "type": "STRICT_DNS", "lb_policy": "ROUND_ROBIN",
                          "connect_timeout": f"{o.upstream_connect_timeout_seconds}s",
                          "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,

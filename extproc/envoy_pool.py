@@ -18,10 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from extproc.envoy_bootstrap import BootstrapOptions, circuit_breakers
+from extproc.envoy_bootstrap import BootstrapOptions, circuit_breakers, extproc_cluster, lb_endpoints
 from extproc.envoy_contract import (
     EXTPROC_CLUSTER,
-    EXTPROC_SERVICE,
     GATEWAY_METADATA_NAMESPACE,
     LB_METADATA_NAMESPACE,
     SERVED_KEY,
@@ -92,11 +91,7 @@ def pool_bootstrap(o: BootstrapOptions, pool: PoolOptions) -> dict[str, Any]:
         ],
     }
     lb_key = {"key": LB_METADATA_NAMESPACE, "path": [{"key": o.destination_header}]}
-    endpoints = []
-    for address in pool.pods:
-        host, _, port = address.rpartition(":")
-        endpoints.append({"endpoint": {"address": {"socket_address": {
-            "address": host.strip("[]"), "port_value": int(port)}}}})
+    endpoints = lb_endpoints(pool.pods)
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": o.admin_port}}},
         "static_resources": {
@@ -130,24 +125,7 @@ def pool_bootstrap(o: BootstrapOptions, pool: PoolOptions) -> dict[str, Any]:
                                                     ".v3.RoundRobin"}}}]},
                         }}}]},
                 },
-                {
-                    "name": EXTPROC_CLUSTER,
-                    "type": "STATIC",
-                    "connect_timeout": "1s",
-                    "circuit_breakers": circuit_breakers(o),
-                    "health_checks": [{
-                        "timeout": "1s", "interval": "2s", "no_traffic_interval": "2s",
-                        "unhealthy_threshold": 1, "healthy_threshold": 1, "grpc_health_check": {
-                            "service_name": EXTPROC_SERVICE}}],
-                    "typed_extension_protocol_options": {
-                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                            "@type": TYPE + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                            "explicit_http_config": {"http2_protocol_options": {}}}},
-                    "load_assignment": {"cluster_name": EXTPROC_CLUSTER, "endpoints": [{"lb_endpoints": [{
-                        "endpoint": {"address": {"socket_address": {
-                            "address": o.extproc_address, "port_value": o.extproc_port + i}}}}
-                        for i in range(o.extproc_workers)]}]},
-                },
+                extproc_cluster(o),
             ],
         },
     }

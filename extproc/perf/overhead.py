@@ -201,7 +201,9 @@ def _per(runs: list[Run], process: str, unit: str) -> float:
 
 def _cpu_per(run: Run) -> float:
     """Gateway + Envoy CPU seconds per completed request: what a request costs the proxy tier."""
-    return (run.cpu_s.get("gateway", 0.0) + run.cpu_s.get("envoy", 0.0)) / run.completed if run.completed else 0.0
+    if not run.completed:
+        return 0.0
+    return (run.cpu_s.get("gateway", 0.0) + run.cpu_s.get("envoy", 0.0)) / run.completed
 
 
 ACCESS_LOG_PATHS = ("full", "workers", "before", "limited", "duplex")  # the paths with the access log

@@ -28,7 +28,6 @@ from pathlib import Path
 import yaml
 
 from extproc.envoy_bootstrap import BootstrapOptions, bootstrap
-from extproc.envoy_pool import PoolOptions, render_pool
 from extproc.envoy_contract import (
     DEFAULT_DESTINATION_HEADER,
     GATEWAY_METADATA_NAMESPACE,
@@ -36,6 +35,7 @@ from extproc.envoy_contract import (
     POD,
     STRIP_USAGE,
 )
+from extproc.envoy_pool import PoolOptions, render_pool
 from extproc.localstack import VENV_BIN, Proc, free_port, free_ports, http_get, port_open, start_envoy
 from extproc.perf.load import Target
 

@@ -9,6 +9,7 @@ Envoy's route-cache check (503)."""
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -91,4 +92,23 @@ def test_a_body_over_the_limit_is_the_same_413_and_leaves_no_count(stack, upstre
     assert reply.status == 413
     assert json.loads(reply.body)["error"]["code"] == "request_too_large"
     assert arrived(upstreams["a"])[0] == before
+    balanced(stack)
+
+
+def test_a_client_gone_mid_body_leaves_no_count(stack, upstreams):
+    """Half a body, then the client closes: nothing routed, nothing counted, the next request served."""
+    aborted = stack.sample("extproc_requests_total", code="aborted")
+    before, _ = arrived(upstreams["a"])
+    body = chat(3000)
+    with socket.create_connection(("127.0.0.1", stack.envoy_port), timeout=5) as sock:
+        sock.sendall((f"POST {PATH} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                      f"content-length: {len(body)}\r\n\r\n").encode() + body[:len(body) // 2])
+        if stack.mode != "BUFFERED":  # the gateway has the stream open: it sees the client go
+            wait_until(lambda: stack.envoy_stat("ext_proc.streams_started") > 0, what="stream opened")
+    if stack.mode != "BUFFERED":
+        wait_until(lambda: stack.sample("extproc_requests_total", code="aborted") > aborted,
+                   what="the stream's end counted as an abort")
+    assert arrived(upstreams["a"])[0] == before
+    balanced(stack)
+    assert post_in_pieces(stack.envoy_port, PATH, chat(10)).status == 200
     balanced(stack)
