@@ -187,6 +187,18 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         _openai_reply(not_answered, "gateway_error", "%RESPONSE_CODE_DETAILS%",
                       "the gateway could not process this request"),
     ]
+    to_pods = {
+        "route": {"cluster": MODEL_CLUSTER, "timeout": "0s", "idle_timeout": f"{o.idle_timeout_seconds}s"},
+        "request_headers_to_add": [{"header": {
+            "key": o.destination_header,
+            "value": f"%DYNAMIC_METADATA({LB_METADATA_NAMESPACE}:{o.destination_header})%"},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
+            # OpenTelemetry on: the request's span, so the engine's spans join its trace
+            # (absent: the client's own traceparent, if any, goes through untouched)
+            {"header": {"key": "traceparent",
+                        "value": f"%DYNAMIC_METADATA({GATEWAY_METADATA_NAMESPACE}:{TRACEPARENT})%"},
+             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}],
+        "request_headers_to_remove": [h for h in CLIENT_DESTINATION_HEADERS if h != o.destination_header]}
     hcm = {
         "@type": TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "gateway",
@@ -211,25 +223,16 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                 # gets the destination header from that choice, never a client's.
                 {"match": {"prefix": "/", "dynamic_metadata": [{
                     "filter": LB_METADATA_NAMESPACE, "path": lb_key["path"],
-                    "value": {"present_match": True}}]},
-                 "route": {"cluster": MODEL_CLUSTER, "timeout": "0s",
-                           "idle_timeout": f"{o.idle_timeout_seconds}s"},
-                 "request_headers_to_add": [{"header": {
-                     "key": o.destination_header,
-                     "value": f"%DYNAMIC_METADATA({LB_METADATA_NAMESPACE}:{o.destination_header})%"},
-                     "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
-                     # OpenTelemetry on: the request's span, so the engine's spans join its trace
-                     # (absent: the client's own traceparent, if any, goes through untouched)
-                     {"header": {"key": "traceparent",
-                                 "value": f"%DYNAMIC_METADATA({GATEWAY_METADATA_NAMESPACE}:{TRACEPARENT})%"},
-                      "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}],
-                 "request_headers_to_remove": [h for h in CLIENT_DESTINATION_HEADERS
-                                               if h != o.destination_header]},
+                    "value": {"present_match": True}}]}, **to_pods},
                 *fail_open_routes(o),
-                # Not yet: a body is coming (content-length > 0), so is the one message.
+                # Not yet: a body is coming (content-length > 0), so is the one message. A full-duplex
+                # body goes on behind the route already (Envoy passes its data on before it could clear
+                # a route cache): ORIGINAL_DST reads the gateway's metadata when the buffered request
+                # reaches the router, and finds no host without it.
                 {"match": {"prefix": "/", "headers": [{"name": "content-length", "string_match": {
                     "safe_regex": {"regex": "[0-9]*[1-9][0-9]*"}}}]},
-                 "direct_response": no_route},
+                 **(to_pods if o.request_body_mode == "FULL_DUPLEX_STREAMED"
+                    else {"direct_response": no_route})},
                 # Not yet, and no body known to be coming: the gateway gets the headers too.
                 {"match": {"prefix": "/"}, "direct_response": no_route,
                  "typed_per_filter_config": keep_headers},

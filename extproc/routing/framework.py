@@ -42,6 +42,10 @@ class Scorer(Protocol):
 
 
 class Picker(Protocol):
+    """Chooses one pod. A picker whose choice moves state of its own (round robin) may also offer
+    `following(pods, chosen) -> list[PodView]`: what comes after its pick, without moving (the
+    endpoint-picker protocol's fallbacks); others are simply asked again over what is left."""
+
     def pick(self, pods: Sequence[PodView], scores: Sequence[float]) -> PodView: ...
 
 

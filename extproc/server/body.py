@@ -93,8 +93,8 @@ class Reassembly:
         """The route in the shape this mode needs, once the body has ended."""
         if self.mode == FULL_DUPLEX_STREAMED:
             out = route.body if route.body is not None else raw
-            if not self.headers_sent:  # our bootstrap: the route, then the body (server/responses.py)
-                answers = [route.streamed_answer(), streamed_piece(out, not self.trailers)]
+            if not self.headers_sent:  # our bootstrap: the route with the body (envoy_bootstrap.py)
+                return route.streamed_answer(out, not self.trailers)
             else:
                 answers = [route.headers_answer(len(out)), streamed_piece(out, not self.trailers)]
             if self.trailers:

@@ -219,8 +219,15 @@ class Gateway:
         if n <= 0:
             return []
         now = self.clock()
-        left = [v for v in self.view_cache.routable(request.model, self.pool.ready_pods(request.model), now)
-                if v.pod is not first and (subset is None or in_subset(v.pod.address, subset))]
+        routable = self.view_cache.routable(request.model, self.pool.ready_pods(request.model), now)
+        eligible = [v for v in routable if subset is None or in_subset(v.pod.address, subset)]
+        # A picker with state of its own (round robin) names what follows its pick without moving;
+        # the others are asked again, over what is left.
+        following = getattr(getattr(profile, "picker", None), "following", None)
+        chosen = next((v for v in eligible if v.pod is first), None)
+        if following is not None and chosen is not None:
+            return [v.pod for v in following(eligible, chosen)[:n]]
+        left = [v for v in eligible if v is not chosen]
         out: list[Pod] = []
         while left and len(out) < n:
             nxt = profile.pick(request, left, now, True)

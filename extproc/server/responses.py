@@ -14,7 +14,6 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
     HeadersResponse,
     ImmediateResponse,
     ProcessingResponse,
-    StreamedBodyResponse,
     TrailersResponse,
 )
 from envoy.type.v3.http_status_pb2 import HttpStatus
@@ -164,15 +163,16 @@ class Route:
         """STREAMED, a body ended by trailers: the destination comes with the trailers' answer."""
         return ProcessingResponse(request_trailers=TrailersResponse(), dynamic_metadata=self.metadata())
 
-    def streamed_answer(self) -> ProcessingResponse:
-        """FULL_DUPLEX_STREAMED without a headers message: the route in an empty streamed piece, before
-        the body's. Envoy passes a piece's data on before it clears the route cache, and refuses to
-        clear it once the headers reached the router: an empty piece passes nothing on. The header
-        mutation is there because Envoy clears the route cache only for an answer that has one."""
-        return ProcessingResponse(request_body=BodyResponse(response=CommonResponse(
-            header_mutation=HeaderMutation(remove_headers=self.remove), clear_route_cache=True,
-            body_mutation=BodyMutation(streamed_response=StreamedBodyResponse(end_of_stream=False)))),
-            dynamic_metadata=self.metadata())
+    def streamed_answer(self, data: bytes, end_of_stream: bool) -> ProcessingResponse:
+        """FULL_DUPLEX_STREAMED without a headers message (our bootstrap): the whole body as one
+        streamed piece, with the route's metadata, which ORIGINAL_DST reads when the request reaches
+        the router; no route-cache refresh (Envoy passes the data on first, and refuses to clear a
+        route cache once the headers reached the router: envoy_bootstrap.py routes it already)."""
+        answer = ProcessingResponse(dynamic_metadata=self.metadata())
+        piece = answer.request_body.response.body_mutation.streamed_response
+        piece.body = data
+        piece.end_of_stream = end_of_stream
+        return answer
 
     def headers_answer(self, body_length: int) -> ProcessingResponse:
         """FULL_DUPLEX_STREAMED: the held request headers, answered once the body has ended."""

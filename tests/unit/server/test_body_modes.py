@@ -303,3 +303,35 @@ def test_full_duplex_response_pieces_are_passed_back(gw: Gateway):
     feed(s, CHAT)
     r = s.handle(ProcessingRequest(response_body=HttpBody(body=b"data: x\n\n", end_of_stream=False)))
     assert r.response_body.response.body_mutation.streamed_response.body == b"data: x\n\n"
+
+
+def test_round_robin_fallbacks_follow_the_rotation_without_moving_it():
+    gw = Gateway(parse({**CONFIG, "routing": {"default_strategy": "round-robin"}}, {}))
+    lists = []
+    for _ in range(4):
+        s, answer = route_of(gw)
+        lists.append(set_headers(answer.request_headers.response)[DEST].split(","))
+        s.close(cancelled=True)
+    addresses = [p["address"] for p in PODS]
+    assert [lst[0] for lst in lists] == addresses  # every pod first once: the rotation went on as before
+    for lst in lists:  # each list: the pick, then the pods after it in the rotation
+        i = addresses.index(lst[0])
+        assert lst == [addresses[(i + k) % 4] for k in range(3)]
+
+
+def test_our_bootstrap_full_duplex_is_one_answer_with_the_body_and_the_route(gw: Gateway):
+    """Without a headers message (the headers come as attributes with the first piece), the whole body
+    goes back in one streamed piece carrying the route's metadata: ORIGINAL_DST reads it at the router."""
+    s = Stream(gw)
+    first = piece(CHAT[:10], eos=False)
+    first.protocol_config.request_body_mode = FULL_DUPLEX
+    first.attributes[FILTER].fields["request.path"].string_value = "/v1/chat/completions"
+    first.attributes[FILTER].fields["request.method"].string_value = "POST"
+    assert s.handle(first) is None
+    assert s.handle(piece(CHAT[10:], eos=False)) is None
+    answer = s.handle(piece(b"", eos=True))
+    streamed = answer.request_body.response.body_mutation.streamed_response
+    assert streamed.body == CHAT and streamed.end_of_stream
+    assert answer.dynamic_metadata.fields["envoy.lb"].struct_value.fields[DEST].string_value == \
+        s.decision.pod.address
+    assert s.finished and sum(running(gw).values()) == 1
