@@ -5,6 +5,8 @@ case beside the sentence of the protocol it checks."""
 from __future__ import annotations
 
 import json
+import signal
+import socket
 import urllib.request
 
 import grpc
@@ -169,3 +171,31 @@ def test_picker_down(pool: Pool, tmp_path, fail_open: bool, mode: str, expected:
     assert status == expected
     wait_until(lambda: sum(pool.served(i) for i in range(3)) == before + (expected == 200),
                what="served only when failing open")
+
+
+def set_faults(pool: Pool, i: int, faults: dict) -> None:
+    urllib.request.urlopen(urllib.request.Request(
+        pool.sims[i].url + "/sim/faults", method="POST", headers={"content-type": "application/json"},
+        data=json.dumps(faults).encode()), timeout=5)
+
+
+def test_a_data_plane_reset_mid_request_releases_the_count_once(pool: Pool, tmp_path):
+    """Counts balance when the data plane goes away mid-response (Envoy killed): the picker's stream is
+    cut, the request it routed is released as an abort, once."""
+    url = pool.envoy(tmp_path, "envoy-reset", pool.picker.extproc_port)
+    envoy = pool.envoys[-1]
+    aborted = pool.picker.sample("extproc_requests_total", code="aborted")
+    set_faults(pool, 2, {"stall_after_tokens": 1, "stall_seconds": 10})  # the response holds mid-way
+    try:
+        sock = socket.create_connection(("127.0.0.1", port_of(url)), timeout=10)
+        body = json.dumps(chat(stream=True)).encode()
+        sock.sendall((f"POST {PATH} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                      f"{SUBSET}: {pool.address(2)}\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body)
+        wait_until(lambda: pool.running() == 1, what="the request routed and streaming")
+        envoy.stop(signal.SIGKILL)
+        sock.close()
+        settled(pool)
+        wait_until(lambda: pool.picker.sample("extproc_requests_total", code="aborted") == aborted + 1,
+                   what="released once, as an abort")
+    finally:
+        set_faults(pool, 2, {})
