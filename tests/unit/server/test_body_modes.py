@@ -18,6 +18,8 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
     ProtocolConfiguration,
 )
 from google.protobuf.struct_pb2 import Struct
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from extproc.config import parse
 from extproc.server.attributes import FILTER
@@ -335,3 +337,35 @@ def test_our_bootstrap_full_duplex_is_one_answer_with_the_body_and_the_route(gw:
     assert answer.dynamic_metadata.fields["envoy.lb"].struct_value.fields[DEST].string_value == \
         s.decision.pod.address
     assert s.finished and sum(running(gw).values()) == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(mode=st.sampled_from([FULL_DUPLEX, STREAMED, BUFFERED, BUFFERED_PARTIAL]), ours=st.booleans(),
+       size=st.integers(1, 60), big=st.booleans(), trailers=st.booleans(), cut=st.integers(0, 8),
+       served=st.sampled_from([None, 0, 1, 9]), status=st.sampled_from([None, "200", "503"]),
+       cancelled=st.booleans())
+def test_counts_balance_on_every_path(mode, ours, size, big, trailers, cut, served, status, cancelled):
+    """Any body mode, attachment, piece size, trailers or not, a body over the limit, a client gone
+    after any message, a served endpoint reported or not, a stream that ends or is reset: once the
+    request is over (its stream closed, and for our bootstrap its access-log record in), nothing is
+    left counted and nothing was released twice."""
+    gw = Gateway(parse(CONFIG, {}))
+    data = json.dumps({"model": "m", "prompt": "x" * (2000 if big else 10)}).encode()
+    messages = [headers(mode, ours=ours)]
+    parts = pieces(data, size)
+    messages += [piece(p, eos=not trailers and i == len(parts) - 1) for i, p in enumerate(parts)]
+    if trailers:
+        messages.append(ProcessingRequest(request_trailers=HttpTrailers()))
+    if status is not None:
+        messages.append(response_headers(status, PODS[served]["address"] if served in (0, 1) else
+                                         "10.9.9.9:1" if served == 9 else None))
+    s = Stream(gw)
+    for msg in messages[:len(messages) - cut if cut < len(messages) else 1]:
+        s.handle(msg)
+        if s.finished:
+            break
+    s.close(cancelled)
+    if s.decision is not None:  # our bootstrap: the access-log record comes, maybe after a reset
+        gw.complete(s.decision.key, status=200)
+        gw.complete(s.decision.key, status=200)  # twice: the second finds nothing
+    assert all(n == 0 for n in running(gw).values()) and len(gw.open) == 0
