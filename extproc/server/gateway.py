@@ -186,17 +186,16 @@ class Gateway:
 
     # -- the request path -------------------------------------------------------------------------
 
-    def route(self, request: Request, profile: Profile, request_id: str, queued: bool = False,
-              subset: frozenset[str] | None = None) -> Outcome:
+    def route(self, request: Request, profile: Profile, request_id: str, queued: bool = False) -> Outcome:
         """Choose a pod: Routed, and the request counts as in flight until `complete` or `abort`. Or
         what the strategy says instead (Queued, Rejected), passed on for the waiting room; None: no
-        ready pod. `queued`: the request is leaving the waiting room (extproc.slo.room). `subset`: the
-        data plane's subset hint (endpoint-picker protocol): only pods at these addresses (ip:port, or
-        a bare ip for any port of it) are eligible."""
+        ready pod. `queued`: the request is leaving the waiting room (extproc.slo.room). With the data
+        plane's subset hint (`request.endpoint_subset`), only the pods at those addresses are eligible."""
         now = self.clock()
         # Unhealthy pods are left out, unless that leaves none: a health signal must never cause a
         # total outage.
         candidates = self.view_cache.routable(request.model, self.pool.ready_pods(request.model), now)
+        subset = request.endpoint_subset
         if subset is not None:
             candidates = [v for v in candidates if in_subset(v.pod.address, subset)]
         if not candidates:
@@ -209,8 +208,7 @@ class Gateway:
         self.open.open(key, OpenRequest(request, chosen.pod, profile.name, request_id, now))
         return Routed(chosen.pod, key)
 
-    def fallbacks(self, request: Request, profile: Profile, first: Pod,
-                  subset: frozenset[str] | None = None) -> list[Pod]:
+    def fallbacks(self, request: Request, profile: Profile, first: Pod) -> list[Pod]:
         """The next-best pods after `first` by the same strategy, for the protocol's ordered endpoint
         list (gateway.fallback_endpoints - 1 of them): each picked from the eligible pods not yet
         listed. Nothing is counted on them: the request is accounted to the pod that serves it
@@ -220,6 +218,7 @@ class Gateway:
             return []
         now = self.clock()
         routable = self.view_cache.routable(request.model, self.pool.ready_pods(request.model), now)
+        subset = request.endpoint_subset
         eligible = [v for v in routable if subset is None or in_subset(v.pod.address, subset)]
         # A picker with state of its own (round robin) names what follows its pick without moving;
         # the others are asked again, over what is left.

@@ -370,8 +370,9 @@ class Stream:
         if not gw.pool.has_model(request.model):
             raise OpenAIError(404, f"the model {openai.quoted(request.model)} does not exist",
                               param="model", code="model_not_found")
-        if self._session is not None or self._traceparent is not None:
-            request = replace(request, session_key=self._session, traceparent=self._traceparent)
+        if self._session is not None or self._traceparent is not None or self._subset is not None:
+            request = replace(request, session_key=self._session, traceparent=self._traceparent,
+                              endpoint_subset=self._subset)
         limiter = gw.limiter
         if limiter.enabled and (budget := limiter.budget(self._authorization, request)) is not None:
             if limiter.shared:  # Process awaits pass_limits() (no reply yet)
@@ -402,7 +403,7 @@ class Stream:
         """Route the request, or hold it in its strategy's waiting room (None)."""
         gw = self._gw
         profile = gw.profile(self._spec, request.model)
-        outcome = gw.route(request, profile, self._request_id, subset=self._subset)
+        outcome = gw.route(request, profile, self._request_id)
         if outcome.__class__ is not Routed:
             self._room = self._rooms.get(waiting_for(profile.name))  # type: ignore[arg-type]
         try:
@@ -479,8 +480,8 @@ class Stream:
         endpoints = decision.pod.address
         if self._pool:
             profile = gw.profile(self._spec, request.model)
-            endpoints = ",".join([endpoints, *(p.address for p in gw.fallbacks(
-                request, profile, decision.pod, self._subset))])
+            fallbacks = gw.fallbacks(request, profile, decision.pod)
+            endpoints = ",".join([endpoints, *(p.address for p in fallbacks)])
         pieces = self._body
         # No rewrite where nothing would strip the usage chunk again (a pool's data plane has no tally of
         # ours), nor where STREAMED pieces went on as they came.

@@ -369,3 +369,17 @@ def test_counts_balance_on_every_path(mode, ours, size, big, trailers, cut, serv
         gw.complete(s.decision.key, status=200)
         gw.complete(s.decision.key, status=200)  # twice: the second finds nothing
     assert all(n == 0 for n in running(gw).values()) and len(gw.open) == 0
+
+
+def test_a_request_held_back_keeps_its_subset_when_it_leaves_the_waiting_room(gw: Gateway):
+    """The subset hint travels with the request (Request.endpoint_subset), so a strategy's waiting
+    room routes it by the hint too when it lets it go."""
+    from extproc.openai import Request
+
+    request = Request(model="m", path="/v1/chat/completions", endpoint_subset=frozenset({"10.0.0.4:8000"}))
+    profile = gw.profile(None, "m")
+    for _ in range(3):
+        routed = gw.route(request, profile, "rid", queued=True)
+        assert routed.pod.address == "10.0.0.4:8000"
+    assert gw.route(Request(model="m", path="/v1/chat/completions", endpoint_subset=frozenset()),
+                    profile, "rid") is None  # an empty hint: nothing is eligible
