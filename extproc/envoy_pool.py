@@ -58,7 +58,10 @@ def pool_bootstrap(o: BootstrapOptions, pool: PoolOptions) -> dict[str, Any]:
         "allow_mode_override": True,
         "processing_mode": {"request_header_mode": "SEND", "request_body_mode": pool.body_mode,
                             "request_trailer_mode": "SEND", "response_header_mode": "SEND",
-                            "response_body_mode": "NONE", "response_trailer_mode": "SKIP"},
+                            # response trailers SEND: Envoy keeps the stream to the end of the
+                            # response (else it closes it after the headers), and that end is the
+                            # request's end for the picker's counts; no message per response chunk
+                            "response_body_mode": "NONE", "response_trailer_mode": "SEND"},
         "metadata_options": {
             "forwarding_namespaces": {"untyped": [SUBSET_HINT_NAMESPACE, LB_METADATA_NAMESPACE]},
             "receiving_namespaces": {"untyped": [LB_METADATA_NAMESPACE, GATEWAY_METADATA_NAMESPACE]}},

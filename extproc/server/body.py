@@ -44,7 +44,7 @@ BUFFER_THE_BODY = {pool: ProcessingMode(
     request_header_mode=ProcessingMode.SEND, request_body_mode=BUFFERED,
     request_trailer_mode=ProcessingMode.SEND,
     response_header_mode=ProcessingMode.SEND if pool else ProcessingMode.SKIP,
-    response_trailer_mode=ProcessingMode.SKIP) for pool in (False, True)}
+    response_trailer_mode=ProcessingMode.SEND if pool else ProcessingMode.SKIP) for pool in (False, True)}
 # Modes whose body is one message: routed as it comes (BUFFERED_PARTIAL holds the headers as BUFFERED does).
 ONE_MESSAGE_MODES = frozenset({ProcessingMode.NONE, BUFFERED, BUFFERED_PARTIAL})
 

@@ -219,9 +219,10 @@ class Stream:
         while we routed) may never have used the decision, so its in-flight count is released now."""
         if self._decision is not None:
             if self._pool:  # the data plane held the stream for the whole request: it has ended
-                if self._status and not cancelled:
+                # (Envoy may close it or reset it at the end: the response's status says it was used)
+                if self._status:
                     self._gw.complete(self._decision.key, status=self._status)
-                else:  # reset, or no response at all: Envoy may never have used the decision
+                else:  # no response at all: Envoy may never have used the decision
                     self._gw.abort(self._decision.key)
             elif cancelled:
                 self._gw.abort(self._decision.key)

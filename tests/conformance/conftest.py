@@ -44,7 +44,8 @@ class Pool:
         return self.picker.sample("extproc_requests_total", pod=f"pod-{i}", code=code)
 
     def running(self) -> float:
-        return sum(self.picker.running(MODEL, f"pod-{i}") for i in range(len(self.sims)))
+        """The picker's own in-flight count over the pool (exact: not the cached views routing reads)."""
+        return self.picker.sample("extproc_pod_local_running_requests", model=MODEL)
 
     def envoy(self, log_dir: Path, name: str, extproc_port: int, **pool: object) -> str:  # noqa: D417
         """Another data plane in front of these pods (its own ports); its URL."""

@@ -55,7 +55,7 @@ def arrived(port: int) -> tuple[int, bytes]:
 
 
 def balanced(s: LocalStack) -> None:
-    wait_until(lambda: s.running(MODEL, "a") == 0,
+    wait_until(lambda: s.sample("extproc_pod_local_running_requests", model=MODEL, pod="a") == 0,
                what="every count released")
 
 

@@ -290,6 +290,14 @@ def test_an_unknown_served_endpoint_leaves_the_count_on_the_pick(gw: Gateway):
     assert running(gw)[s.decision.pod.name] == 1
 
 
+def test_a_pool_stream_reset_after_the_response_began_ends_the_request_with_its_status(gw: Gateway):
+    s, _ = route_of(gw)
+    s.handle(response_headers("200"))
+    s.close(cancelled=True)  # Envoy may reset the stream at the end instead of closing it
+    assert len(gw.open) == 0 and sum(running(gw).values()) == 0
+    assert gw.requests_total.labels("m", s.decision.pod.name, "least-request", "200")._value.get() == 1
+
+
 def test_a_reset_pool_stream_releases_the_count(gw: Gateway):
     s, _ = route_of(gw)
     s.close(cancelled=True)
