@@ -158,7 +158,9 @@ class Stream:
 
     def handle(self, msg: ProcessingRequest,
                parsed: Request | OpenAIError | None = None) -> ProcessingResponse | list | None:
-        """One ext_proc message in, one reply out. `parsed` is the body already parsed off the loop."""
+        """One ext_proc message in; its reply out, or None (a body piece held until the body ends), or
+        a list (a streamed body's answers, in the order Envoy needs). `parsed` is the body already
+        parsed off the loop."""
         kind = msg.WhichOneof("request")
         try:
             if msg is UNDECODABLE:
