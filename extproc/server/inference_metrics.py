@@ -6,19 +6,22 @@ dashboards users already chart for an InferencePool keep working when extproc is
   views routing reads (no work on the request path). `name` is the followed InferencePool's name
   (discovery.inferencepool), else each model's name: a model's pods are its pool.
 - `inference_objective_*` (labels `model_name`, `target_model_name`[, `priority`]): per request, from its
-  completion record (a post-response hook: off the ext_proc stream), one label set's children kept per
-  model so a record costs a few observes. Counted when the record arrives, errors included; the
+  completion record (a post-response hook: off the ext_proc stream), kept as plain counts per model
+  (a record costs a few bisects) and rendered when /metrics is scraped. Counted when the record arrives, errors included; the
   histograms take successful requests only. `target_model_name` is the model routed to (extproc does not
   rewrite models); `priority` is 0 (no InferenceObjective is read).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from extproc.config import Config
 from extproc.state.record import PodView, RequestRecord
@@ -90,52 +93,71 @@ class InferencePoolCollector:
         yield from (kv, queue, running, ready)
 
 
+@dataclass(slots=True)
+class Buckets:
+    """One label set's histogram as plain numbers: a record adds with one bisect (prometheus_client's
+    Histogram.observe walks its bounds under a lock: ~2 us each, six per record); rendered at scrape."""
+    bounds: tuple[float, ...]
+    counts: list[int]  # per bucket, not cumulative; the last is +Inf
+    total: float = 0.0
+
+    @staticmethod
+    def of(bounds: tuple[float, ...]) -> Buckets:
+        return Buckets(bounds, [0] * (len(bounds) + 1))
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # le: a value on a bound falls in it
+        self.total += value
+
+    def samples(self) -> tuple[list[tuple[str, float]], float]:
+        cumulative, running = [], 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += n
+            cumulative.append((floatToGoString(bound), running))
+        return cumulative, self.total
+
+
+# name, help, buckets of each per-objective histogram, in the order ObjectiveSeries holds them
+HISTOGRAMS = (
+    ("inference_objective_request_duration_seconds", "Inference objective response latency distribution in "
+     "seconds for each model and target model.", LATENCY_BUCKETS),
+    ("inference_objective_request_ttft_seconds", "Inference model TTFT distribution in seconds for each model "
+     "and target model.", LATENCY_BUCKETS),
+    ("inference_objective_request_tpot_seconds", "Inference model TPOT distribution in seconds for each model "
+     "and target model.", TPOT_BUCKETS),
+    ("inference_objective_normalized_time_per_output_token_seconds", "Inference objective latency divided by "
+     "number of output tokens in seconds for each model and target model.", NTPOT_BUCKETS),
+    ("inference_objective_input_tokens", "Inference objective input token count distribution for requests in "
+     "each model.", INPUT_TOKEN_BUCKETS),
+    ("inference_objective_output_tokens", "Inference objective output token count distribution for requests "
+     "in each model.", OUTPUT_TOKEN_BUCKETS),
+)
+
+
+@dataclass(slots=True)
+class ObjectiveSeries:
+    """One model's counts."""
+    requests: int = 0
+    histograms: tuple[Buckets, ...] = field(default_factory=lambda: tuple(Buckets.of(b) for _, _, b in HISTOGRAMS))
+
+
 class ObjectiveMetrics:
-    """A post-response hook: each finished request into the reference picker's per-objective series."""
+    """A post-response hook and its collector: each finished request into the reference picker's
+    per-objective series."""
 
     def __init__(self, registry: CollectorRegistry | None) -> None:
-        self.requests = Counter("inference_objective_request",
-                                "Counter of inference objective requests broken out for each model and "
-                                "target model.", [*MODEL_LABELS, "priority"], registry=registry)
-        self.duration = Histogram("inference_objective_request_duration_seconds",
-                                  "Inference objective response latency distribution in seconds for each "
-                                  "model and target model.", MODEL_LABELS, buckets=LATENCY_BUCKETS,
-                                  registry=registry)
-        self.ttft = Histogram("inference_objective_request_ttft_seconds",
-                              "Inference model TTFT distribution in seconds for each model and target model.",
-                              MODEL_LABELS, buckets=LATENCY_BUCKETS, registry=registry)
-        self.tpot = Histogram("inference_objective_request_tpot_seconds",
-                              "Inference model TPOT distribution in seconds for each model and target model.",
-                              MODEL_LABELS, buckets=TPOT_BUCKETS, registry=registry)
-        self.ntpot = Histogram("inference_objective_normalized_time_per_output_token_seconds",
-                               "Inference objective latency divided by number of output tokens in seconds "
-                               "for each model and target model.", MODEL_LABELS, buckets=NTPOT_BUCKETS,
-                               registry=registry)
-        self.input_tokens = Histogram("inference_objective_input_tokens",
-                                      "Inference objective input token count distribution for requests in "
-                                      "each model.", MODEL_LABELS, buckets=INPUT_TOKEN_BUCKETS,
-                                      registry=registry)
-        self.output_tokens = Histogram("inference_objective_output_tokens",
-                                       "Inference objective output token count distribution for requests in "
-                                       "each model.", MODEL_LABELS, buckets=OUTPUT_TOKEN_BUCKETS,
-                                       registry=registry)
-        self._children: dict[str, tuple[Any, ...]] = {}  # model -> its series' children
-
-    def _of(self, model: str) -> tuple[Any, ...]:
-        children = self._children.get(model)
-        if children is None:
-            labels = (model, model)
-            children = self._children[model] = (
-                self.requests.labels(*labels, PRIORITY), self.duration.labels(*labels),
-                self.ttft.labels(*labels), self.tpot.labels(*labels), self.ntpot.labels(*labels),
-                self.input_tokens.labels(*labels), self.output_tokens.labels(*labels))
-        return children
+        self._series: dict[str, ObjectiveSeries] = {}  # model -> its counts
+        if registry is not None:
+            registry.register(self)
 
     def post_response(self, record: RequestRecord, now: float) -> None:
-        requests, duration, ttft, tpot, ntpot, input_tokens, output_tokens = self._of(record.model)
-        requests.inc()
+        series = self._series.get(record.model)
+        if series is None:
+            series = self._series[record.model] = ObjectiveSeries()
+        series.requests += 1
         if not record.ok:
             return
+        duration, ttft, tpot, ntpot, input_tokens, output_tokens = series.histograms
         e2e = record.e2e_s
         duration.observe(e2e)
         if record.prompt_tokens:
@@ -148,3 +170,19 @@ class ObjectiveMetrics:
             ttft.observe(record.ttfb_s)
             if out and out > 1:
                 tpot.observe(max(0.0, e2e - record.ttfb_s) / (out - 1))
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily("inference_objective_request", "Counter of inference objective requests "
+                                       "broken out for each model and target model.",
+                                       labels=[*MODEL_LABELS, "priority"])
+        families = [HistogramMetricFamily(name, doc, labels=list(MODEL_LABELS)) for name, doc, _ in HISTOGRAMS]
+        for model, series in self._series.items():
+            requests.add_metric([model, model, PRIORITY], series.requests)
+            for family, histogram in zip(families, series.histograms, strict=True):
+                buckets, total = histogram.samples()
+                family.add_metric([model, model], buckets, total)
+        yield requests
+        yield from families
