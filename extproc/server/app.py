@@ -29,9 +29,9 @@ from extproc.server import loops, processor
 from extproc.server.access_log import AccessLogService
 from extproc.server.admin import admin_app
 from extproc.server.discovery import start_discovery
-from extproc.server.inference_metrics import InferencePoolCollector, ObjectiveMetrics
 from extproc.server.gateway import Gateway
 from extproc.server.heap import HeapTrimmer
+from extproc.server.inference_metrics import InferencePoolCollector, ObjectiveMetrics
 from extproc.server.otel import from_env as otel_from_env
 from extproc.server.processor import Processor, parse_body
 from extproc.server.supervisor import WorkerSpec

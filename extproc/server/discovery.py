@@ -10,8 +10,8 @@ from dataclasses import replace
 from typing import Any
 
 from extproc.config import Config
-from extproc.pool.pod import Pod
 from extproc.pool.inferencepool import InferencePoolDiscovery
+from extproc.pool.pod import Pod
 from extproc.pool.watch import PodWatcher
 
 log = logging.getLogger(__name__)

@@ -7,9 +7,9 @@ dashboards users already chart for an InferencePool keep working when extproc is
   (discovery.inferencepool), else each model's name: a model's pods are its pool.
 - `inference_objective_*` (labels `model_name`, `target_model_name`[, `priority`]): per request, from its
   completion record (a post-response hook: off the ext_proc stream), kept as plain counts per model
-  (a record costs a few bisects) and rendered when /metrics is scraped. Counted when the record arrives, errors included; the
-  histograms take successful requests only. `target_model_name` is the model routed to (extproc does not
-  rewrite models); `priority` is 0 (no InferenceObjective is read).
+  (a record costs a few bisects) and rendered when /metrics is scraped. Counted when the record
+  arrives, errors included; the histograms take successful requests only. `target_model_name` is the
+  model routed to (extproc does not rewrite models); `priority` is 0 (no InferenceObjective is read).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from extproc.config import Config
+from extproc.server.metrics import GatewayCollector
 from extproc.state.record import PodView, RequestRecord
 
 # 5 ms to an hour, for long-running inference (the reference's generalLatencyBuckets)
@@ -57,26 +58,24 @@ def pool_names(config: Config, models: Sequence[str]) -> dict[str, list[str]]:
     return {model: [model] for model in models}
 
 
-class InferencePoolCollector:
+class InferencePoolCollector(GatewayCollector):
     """inference_pool_average_kv_cache_utilization, _average_queue_size, _average_running_requests,
     _ready_pods: averages over the pool's ready pods, as the reference picker reports them."""
 
-    def __init__(self, gateway: PoolReadings) -> None:
-        self._gw = gateway
-
-    def describe(self) -> list[Metric]:
-        return []  # unchecked: the series depend on the pool
+    _gw: PoolReadings
 
     def collect(self) -> Iterator[Metric]:
         gw = self._gw
         now = gw.clock()
         kv = GaugeMetricFamily("inference_pool_average_kv_cache_utilization",
-                               "The average kv cache utilization for an inference server pool.", labels=["name"])
+                               "The average kv cache utilization for an inference server pool.",
+                               labels=["name"])
         queue = GaugeMetricFamily("inference_pool_average_queue_size",
                                   "The average number of requests pending in the model server queue.",
                                   labels=["name"])
         running = GaugeMetricFamily("inference_pool_average_running_requests",
-                                    "The average number of running requests across model servers in the pool.",
+                                    "The average number of running requests across model servers in the "
+                                    "pool.",
                                     labels=["name"])
         ready = GaugeMetricFamily("inference_pool_ready_pods",
                                   "The number of ready pods in the inference server pool.", labels=["name"])
@@ -121,10 +120,10 @@ class Buckets:
 HISTOGRAMS = (
     ("inference_objective_request_duration_seconds", "Inference objective response latency distribution in "
      "seconds for each model and target model.", LATENCY_BUCKETS),
-    ("inference_objective_request_ttft_seconds", "Inference model TTFT distribution in seconds for each model "
-     "and target model.", LATENCY_BUCKETS),
-    ("inference_objective_request_tpot_seconds", "Inference model TPOT distribution in seconds for each model "
-     "and target model.", TPOT_BUCKETS),
+    ("inference_objective_request_ttft_seconds", "Inference model TTFT distribution in seconds for each "
+     "model and target model.", LATENCY_BUCKETS),
+    ("inference_objective_request_tpot_seconds", "Inference model TPOT distribution in seconds for each "
+     "model and target model.", TPOT_BUCKETS),
     ("inference_objective_normalized_time_per_output_token_seconds", "Inference objective latency divided by "
      "number of output tokens in seconds for each model and target model.", NTPOT_BUCKETS),
     ("inference_objective_input_tokens", "Inference objective input token count distribution for requests in "
@@ -138,7 +137,8 @@ HISTOGRAMS = (
 class ObjectiveSeries:
     """One model's counts."""
     requests: int = 0
-    histograms: tuple[Buckets, ...] = field(default_factory=lambda: tuple(Buckets.of(b) for _, _, b in HISTOGRAMS))
+    histograms: tuple[Buckets, ...] = field(
+        default_factory=lambda: tuple(Buckets.of(bounds) for _, _, bounds in HISTOGRAMS))
 
 
 class ObjectiveMetrics:
@@ -175,10 +175,11 @@ class ObjectiveMetrics:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        requests = CounterMetricFamily("inference_objective_request", "Counter of inference objective requests "
-                                       "broken out for each model and target model.",
+        requests = CounterMetricFamily("inference_objective_request", "Counter of inference objective "
+                                       "requests broken out for each model and target model.",
                                        labels=[*MODEL_LABELS, "priority"])
-        families = [HistogramMetricFamily(name, doc, labels=list(MODEL_LABELS)) for name, doc, _ in HISTOGRAMS]
+        families = [HistogramMetricFamily(name, doc, labels=list(MODEL_LABELS))
+                    for name, doc, _ in HISTOGRAMS]
         for model, series in self._series.items():
             requests.add_metric([model, model, PRIORITY], series.requests)
             for family, histogram in zip(families, series.histograms, strict=True):

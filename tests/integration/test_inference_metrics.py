@@ -59,7 +59,8 @@ async def test_the_pool_and_objective_series_move_with_requests(stack: LocalStac
     chunks = [c async for c in stream]
     assert chunks
     await asyncio.to_thread(wait_until, lambda: stack.sample(
-        "inference_objective_request_total", priority="0", **LABELS) == before + 2, 10, "two requests counted")
+        "inference_objective_request_total", priority="0", **LABELS) == before + 2, 10,
+        "two requests counted")
 
     assert stack.sample("inference_objective_request_duration_seconds_count", **LABELS) == 2
     assert stack.sample("inference_objective_output_tokens_sum", **LABELS) == 12 + 16

@@ -182,3 +182,51 @@ async def test_the_api_server_restarting(api: FakeApiServer) -> None:
         await eventually(lambda: gateway.pool.all_pods() == [], "the new selector, over new watches")
     finally:
         await stop(task)
+
+
+async def test_extproc_serve_follows_the_pool(api: FakeApiServer, tmp_path: Path) -> None:
+    """The wiring in `extproc serve`: the pool's pod shows in the per-pod series and in the pool's
+    `inference_pool_ready_pods{name=<pool>}`, and leaves both when the pool's selector moves away."""
+    import json
+    import sys
+    import time
+
+    import aiohttp
+
+    from extproc.localstack import Proc, free_port
+
+    await api.change("ADDED", pool_object(APP, [8000]))
+    await api.change("ADDED", pod_object("a", "127.0.0.1", APP))
+    config = tmp_path / "gateway.yaml"
+    config.write_text(json.dumps({"discovery": {"inferencepool": {"name": "llama", "model": MODEL},
+                                                "kubeconfig": api.kubeconfig, "backoff_seconds": 0.05}}))
+    port, admin = free_port(), free_port()
+    proc = Proc("gateway", [sys.executable, "-m", "extproc", "serve", "--config", str(config),
+                            "--port", str(port), "--admin-port", str(admin)], tmp_path,
+                {"POD_NAMESPACE": NS})
+
+    async def scrape() -> str:
+        assert proc.popen.poll() is None, proc.log()
+        try:
+            async with aiohttp.ClientSession() as session, \
+                    session.get(f"http://127.0.0.1:{admin}/metrics") as response:
+                return await response.text()
+        except aiohttp.ClientError:
+            return ""
+
+    async def until(check, what: str, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not check(await scrape()):
+            assert time.monotonic() < deadline, f"{what}:\n{proc.log()}"
+            await asyncio.sleep(0.05)
+
+    series = f'extproc_pod_healthy{{model="{MODEL}",pod="a"}}'
+    try:
+        await until(lambda text: series in text and 'inference_pool_ready_pods{name="llama"} 1.0' in text,
+                    "the pool's pod served", 20)
+        await api.change("MODIFIED", pool_object({"app": "elsewhere"}, [8000]))
+        await until(lambda text: series not in text and 'inference_pool_ready_pods{name="llama"} 0.0' in text,
+                    "the pod gone with the selector", 10)
+    finally:
+        await api.drop_watches()
+        proc.stop()

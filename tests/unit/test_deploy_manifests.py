@@ -593,7 +593,8 @@ def test_inferencepool_picker_rbac_is_read_only_in_its_namespace() -> None:
          "verbs": ["get", "list", "watch"]},
     ]
     binding = one(docs, "RoleBinding", "extproc-picker")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "extproc-picker"}
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "extproc-picker"}
     picker = one(docs, "Deployment", "extproc-picker")
     account = picker["spec"]["template"]["spec"]["serviceAccountName"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account,

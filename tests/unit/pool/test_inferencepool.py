@@ -34,10 +34,12 @@ def test_the_section_turns_discovery_on_and_types_the_pool() -> None:
 
 
 @pytest.mark.parametrize(("discovery", "named"), [
-    ({"inferencepool": {"name": "llama", "namspace": "x"}}, "discovery.inferencepool.namspace.*did you mean namespace"),
+    ({"inferencepool": {"name": "llama", "namspace": "x"}},
+     "discovery.inferencepool.namspace.*did you mean namespace"),
     ({"inferencepool": {"namespace": "x"}}, "discovery.inferencepool.name"),
     ({"inferencepool": {"name": "Llama_Pool"}}, "discovery.inferencepool.name"),
-    ({"inferencepool": {"name": "llama", "namespace": "Not A Namespace"}}, "discovery.inferencepool.namespace"),
+    ({"inferencepool": {"name": "llama", "namespace": "Not A Namespace"}},
+     "discovery.inferencepool.namespace"),
     ({"inferencepool": {"name": "llama", "model": ""}}, "discovery.inferencepool.model"),
     ({"inferencepool": "llama"}, "discovery.inferencepool must be a mapping"),
     ({"kind": "kubernetes", "inferencepool": POOL}, "discovery.inferencepool is set"),

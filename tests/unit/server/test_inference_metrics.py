@@ -43,7 +43,8 @@ def readings(gateway: FakeGateway) -> dict[tuple[str, str], float]:
 
 def test_pool_gauges_average_over_ready_pods_per_model() -> None:
     gw = FakeGateway(parse({"models": {"a": {"pods": []}, "b": {"pods": []}}}, {}), {
-        "a": [view("a", "p", running=4, queued=2, kv_free=0.8), view("a", "q", running=2, queued=0, kv_free=0.4)],
+        "a": [view("a", "p", running=4, queued=2, kv_free=0.8),
+              view("a", "q", running=2, queued=0, kv_free=0.4)],
         "b": []})
     got = readings(gw)
     assert got[("inference_pool_ready_pods", "a")] == 2

@@ -134,7 +134,8 @@ nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max",model="tensorrt_llm"
 nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="used",model="tensorrt_llm",version="1"} 1000
 nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction",model="tensorrt_llm",version="1"} 0.25
 """
-EARLIER_TRTLLM = "trtllm_num_active_requests 4\ntrtllm_num_queued_requests 1\ntrtllm_kv_cache_utilization 0.5\n"
+EARLIER_TRTLLM = ("trtllm_num_active_requests 4\ntrtllm_num_queued_requests 1\n"
+                  "trtllm_kv_cache_utilization 0.5\n")
 SGLANG = """# TYPE sglang:num_running_reqs gauge
 sglang:num_running_reqs{model_name="llama"} 11.0
 # TYPE sglang:num_queue_reqs gauge
