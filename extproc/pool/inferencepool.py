@@ -71,6 +71,12 @@ def pool_spec(obj: Mapping[str, Any]) -> PoolSpec:
     return PoolSpec(match, tuple(ports))
 
 
+def followed(settings: DiscoverySettings) -> InferencePoolRef:
+    if settings.inferencepool is None:
+        raise ValueError("InferencePool discovery needs discovery.inferencepool")
+    return settings.inferencepool
+
+
 class PoolWatcher(ListWatcher[PoolSpec]):
     """The one InferencePool named in the settings (a list filtered to its name, and its watch)."""
 
@@ -80,8 +86,7 @@ class PoolWatcher(ListWatcher[PoolSpec]):
         return client.CustomObjectsApi
 
     def _call(self, api: Any, **kwargs: Any) -> Any:
-        pool = self.settings.inferencepool
-        assert pool is not None
+        pool = followed(self.settings)
         return api.list_namespaced_custom_object(
             POOL_GROUP, POOL_VERSION, pool.namespace, POOL_PLURAL,
             field_selector=f"metadata.name={pool.name}", _preload_content=False, **kwargs)
@@ -99,20 +104,17 @@ class PoolPodWatcher(ListWatcher[tuple[Pod, ...]]):
                  on_change: Callable[[list[tuple[Pod, ...]]], None], configuration: Any = None) -> None:
         super().__init__(settings, on_change, configuration)
         self.spec = spec
+        self.ref = followed(settings)
 
     def _api_class(self, client: Any) -> Any:
         return client.CoreV1Api
 
     def _call(self, api: Any, **kwargs: Any) -> Any:
-        pool = self.settings.inferencepool
-        assert pool is not None
-        return api.list_namespaced_pod(pool.namespace, label_selector=self.spec.label_selector,
+        return api.list_namespaced_pod(self.ref.namespace, label_selector=self.spec.label_selector,
                                        _preload_content=False, **kwargs)
 
     def _convert(self, obj: Mapping[str, Any]) -> tuple[Pod, ...] | None:
-        pool = self.settings.inferencepool
-        assert pool is not None
-        return pool_pods_from_object(obj, self.settings, self.spec.ports, pool.name) or None
+        return pool_pods_from_object(obj, self.settings, self.spec.ports, self.ref.name) or None
 
     def _same(self, before: tuple[Pod, ...], after: tuple[Pod, ...]) -> bool:
         return before == after and all(b.labels == a.labels for b, a in zip(before, after, strict=True))
@@ -124,16 +126,15 @@ class InferencePoolDiscovery:
 
     def __init__(self, settings: DiscoverySettings, on_change: Callable[[list[Pod]], None],
                  configuration: Any = None) -> None:
-        if settings.inferencepool is None:
-            raise ValueError("InferencePool discovery needs discovery.inferencepool")
         self.settings = settings
-        self.ref: InferencePoolRef = settings.inferencepool
+        self.ref = followed(settings)
         self._on_change = on_change
         self._configuration = configuration
         self.pool = PoolWatcher(settings, self._pool_changed, configuration)
         self.spec: PoolSpec | None = None  # the spec the pod watch follows; None: no pool
         self.pods: PoolPodWatcher | None = None
         self._pods_task: asyncio.Task | None = None
+        self._retiring: set[asyncio.Task] = set()  # replaced pod watches, closing their connections
         self.reselections = 0  # pod watches started for a new spec
 
     async def run(self) -> None:
@@ -153,6 +154,8 @@ class InferencePoolDiscovery:
         old, self._pods_task, self.pods = self._pods_task, None, None
         if old is not None:
             old.cancel()
+            self._retiring.add(old)
+            old.add_done_callback(self._retiring.discard)
         if spec is None or not spec.selects:
             self._publish([])
             return
@@ -173,10 +176,8 @@ class InferencePoolDiscovery:
             log.exception("InferencePool discovery: applying %d pods failed", len(pods))
 
     async def _stop_pods(self) -> None:
-        task, self._pods_task = self._pods_task, None
-        if task is not None:
+        tasks = [t for t in (self._pods_task, *self._retiring) if t is not None]
+        self._pods_task = None
+        for task in tasks:
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-    def current(self) -> list[Pod]:
-        return [] if self.pods is None else [p for ps in self.pods.items() for p in ps]
+        await asyncio.gather(*tasks, return_exceptions=True)
