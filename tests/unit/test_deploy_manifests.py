@@ -478,6 +478,7 @@ def test_hpa_sample_reads_the_figure_as_an_external_metric() -> None:
 # -- deploy/samples/inferencepool: extproc as an InferencePool's endpoint picker ---------------------
 
 POOL_CRD = json.loads((ROOT / "tests/data/crds/inferencepool-v1.json").read_text())
+ROUTE_CRD = json.loads((ROOT / "tests/data/crds/httproute-v1.json").read_text())
 
 
 def strict(schema: Any) -> Any:
@@ -557,11 +558,38 @@ def test_inferencepool_sample_names_the_picker_and_its_pods(directory: str, mode
 
     # the HTTPRoute's backend is the pool, on the inference paths
     route = one(docs, "HTTPRoute")
+    check_http_route(route)
     (rule,) = route["spec"]["rules"]
     assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
                                     "name": pool["metadata"]["name"]}]
     assert {m["path"]["value"] for m in rule["matches"]} == set(DEFAULT_MODEL_PATHS)
     assert route["metadata"]["namespace"] == ns
+
+
+def check_http_route(route: dict[str, Any]) -> None:
+    """Gateway API's HTTPRoute schema (tests/data/crds, v1.6.1's standard channel), strictly."""
+    import jsonschema
+
+    jsonschema.validate(route, strict(ROUTE_CRD["openAPIV3Schema"]))
+
+
+@pytest.mark.parametrize("directory", [d for d in DIRECTORIES if d != "."])
+def test_every_http_route_matches_the_gateway_api_schema(directory: str) -> None:
+    for route in find(render(directory), "HTTPRoute"):
+        check_http_route(route)
+
+
+def test_http_route_schema_check_would_catch_a_mistake() -> None:
+    import jsonschema
+
+    route = one(render("samples/inferencepool"), "HTTPRoute")
+    for change in ({"name": "a-service", "port": 70000},
+                   {"group": "Not A Group", "kind": "InferencePool", "name": "x"},
+                   {"kind": "InferencePool", "name": "x", "extensionRef": "epp"}):
+        bad = json.loads(json.dumps(route))
+        bad["spec"]["rules"][0]["backendRefs"] = [change]
+        with pytest.raises(jsonschema.ValidationError):
+            check_http_route(bad)
 
 
 def test_inferencepool_schema_check_would_catch_a_mistake() -> None:
