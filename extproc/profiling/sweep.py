@@ -72,11 +72,18 @@ class Report:
     interrupted: bool = False
 
 
+def prompt_rng(plan: LoadPlan, cell: Cell, run: str) -> random.Random:
+    """The cell's own prompts: drawn from one seed, every cell would send the prompts of the one before,
+    and an engine with prefix caching (vLLM's default) would skip their prefill, flattering every cell of
+    a length but the first. A string seed is hashed the same in every process."""
+    return random.Random(f"{plan.seed}/{run}/{cell.input_tokens}/{cell.output_tokens}/{cell.rate:g}")
+
+
 async def run_cell(endpoint: Endpoint, plan: LoadPlan, cell: Cell,
                    on_sent: Callable[[], None] = lambda: None) -> CellOutcome:
     # A fresh generator per cell, like AIBrix's one process per cell: every cell sees the same seed.
-    rng = random.Random(plan.seed)
-    arrivals = arrival_times(plan.num_prompts, cell.rate, rng)
+    arrivals = arrival_times(plan.num_prompts, cell.rate, random.Random(plan.seed))
+    rng = prompt_rng(plan, cell, "rate")
     loop = asyncio.get_running_loop()
     start = loop.time()
     tasks: list[asyncio.Task[RequestResult]] = []
@@ -123,7 +130,7 @@ async def run_admitted_cell(endpoint: Endpoint, plan: LoadPlan, cell: Cell,
                             on_sent: Callable[[], None] = lambda: None) -> CellOutcome:
     """`cell.rate` clients, the k-th starting k x stagger seconds in, each sending its next request when
     its last one ends, `num_prompts` in all: the replica held at the router's per-pod budget."""
-    rng = random.Random(plan.seed)
+    rng = prompt_rng(plan, cell, "admitted")
     loop = asyncio.get_running_loop()
     start = loop.time()
     results: list[RequestResult] = []
