@@ -36,14 +36,16 @@ def scenario_slos(scenario: Scenario) -> SLOs:
     return SLOs(percentile=99, targets=targets)
 
 
-def virtual_profile(scenario: Scenario, gpu: str, deployment: str, plan: LoadPlan | None = None) -> GpuProfile:
+def virtual_profile(scenario: Scenario, gpu: str, deployment: str,
+                    plan: LoadPlan | None = None) -> GpuProfile:
     """The GPU type's profile (AIBrix's format) for the scenario's model and SLO, named `deployment`."""
     plan = plan or FLEET_PLAN
     slos = scenario_slos(scenario)
     key = (gpu, scenario.model, tuple(sorted(scenario.engine.items())), tuple(sorted(slos.targets.items())),
            plan)
     if key not in _CACHE:
-        _CACHE[key] = measure_profile(lambda: build_engine(scenario, gpu), plan, scenario.model, gpu, 1.0, slos)
+        _CACHE[key] = measure_profile(lambda: build_engine(scenario, gpu), plan, scenario.model, gpu, 1.0,
+                                      slos)
     return replace(_CACHE[key], gpu=deployment)
 
 

@@ -217,4 +217,5 @@ def test_given_profiles_reach_the_slo_router_and_the_plan_alike():
     assert state is not None
     routed = {d: m.profile for d, m in state.table(sc.model).items()}
     assert routed == PROFILES
-    assert fleet.scaler is not None and fleet.scaler.optimizer.profiles == [PROFILES[d] for d in sorted(PROFILES)]
+    assert fleet.scaler is not None
+    assert fleet.scaler.optimizer.profiles == [PROFILES[d] for d in sorted(PROFILES)]
