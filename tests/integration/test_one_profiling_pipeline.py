@@ -42,8 +42,9 @@ def live_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimProcess]:
 
 def test_virtual_benchmark_makes_the_profile_the_live_benchmark_makes(live_sim: SimProcess,
                                                                       tmp_path: Path) -> None:
-    live = load_profile(profile_gpu(live_sim.url, MODEL, PLAN, "a100", 1.0,
-                                    ["--tpot", str(TPOT), "--percentile", "99"], tmp_path))
+    profile_gpu(live_sim.url, MODEL, PLAN, "a100", 1.0, ["--tpot", str(TPOT), "--percentile", "99"], tmp_path,
+                str(tmp_path / "a100.json"))
+    live = load_profile(tmp_path / "a100.json")
     virtual = measure_profile(lambda: ReplicaSpec(gpu=GPU, model=MODEL).build_engine(), PLAN, MODEL, "a100",
                               1.0, SLOs(99, {"tpot": TPOT}), time_scale=SCALE)
     assert (live.inputs, live.outputs) == (virtual.inputs, virtual.outputs) == ((128, 1024), (32,))

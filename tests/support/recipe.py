@@ -18,17 +18,14 @@ def extproc(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
 
 
 def profile_gpu(endpoint: str, model: str, plan: LoadPlan, deployment: str, cost: float,
-                slo_flags: list[str], out_dir: Path, output: str | None = None) -> Path:
-    """The four steps for one GPU type; the profile JSON's path (also written to `output`, e.g. a
-    redis:// URL, when given)."""
+                slo_flags: list[str], out_dir: Path, output: str) -> None:
+    """The four steps for one GPU type, the profile written to `output` (a file, or a redis:// URL)."""
     rates, first = out_dir / f"{deployment}.jsonl", out_dir / f"{deployment}.rate.json"
-    admitted, profile = out_dir / f"{deployment}.admitted.jsonl", out_dir / f"{deployment}.json"
+    admitted = out_dir / f"{deployment}.admitted.jsonl"
     extproc("benchmark", "-m", model, "--endpoint", endpoint, "-o", str(rates), *plan.flags())
     extproc("gen-profile", deployment, "--benchmark", str(rates), "--cost", str(cost), *slo_flags,
             "-o", str(first))
     extproc("benchmark", "-m", model, "--endpoint", endpoint, "-o", str(admitted), "--admitted", str(first),
             *plan.flags())
-    for target in (str(profile), *([output] if output else [])):
-        extproc("gen-profile", deployment, "--benchmark", str(rates), "--admitted", str(admitted),
-                "--cost", str(cost), *slo_flags, "-o", target)
-    return profile
+    extproc("gen-profile", deployment, "--benchmark", str(rates), "--admitted", str(admitted),
+            "--cost", str(cost), *slo_flags, "-o", output)
