@@ -68,7 +68,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                         "most within the SLO)")
     b.add_argument("--drain-timeout", type=float, default=600.0,
                    help="cut a cell off as overloaded when requests still run this long after its last "
-                        "arrival (seconds, default 600)")
+                        "arrival (with --admitted: when one request runs this long; seconds, default 600)")
     b.set_defaults(func=_benchmark)
 
     g = sub.add_parser("gen-profile", help="turn a benchmark JSONL into a GPU profile (AIBrix's JSON)",

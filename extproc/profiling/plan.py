@@ -32,6 +32,7 @@ class LoadPlan:
     seed: int = 0
     max_backlog: int = 1000  # cut a cell off with this many requests in flight (0: never)
     drain_timeout: float = 600.0  # ... or with requests still running this long after its last arrival
+    # (an admitted cell: with one request running this long)
     admitted: GpuProfile | None = None  # run each of its cells at the router's budget instead
     budget_factors: tuple[float, ...] = BUDGET_FACTORS  # admitted: the budgets tried, x Little's budget
 

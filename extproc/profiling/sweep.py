@@ -129,28 +129,31 @@ async def run_cell(endpoint: Endpoint, plan: LoadPlan, cell: Cell,
 async def run_admitted_cell(endpoint: Endpoint, plan: LoadPlan, cell: Cell,
                             on_sent: Callable[[], None] = lambda: None) -> CellOutcome:
     """`cell.rate` clients, the k-th starting k x stagger seconds in, each sending its next request when
-    its last one ends, `num_prompts` in all: the replica held at the router's per-pod budget."""
+    its last one ends, `num_prompts` in all: the replica held at the router's per-pod budget.
+
+    A closed loop cannot build a backlog, so the cell is cut off only when one request runs
+    `drain_timeout` seconds: a budget of one request at a time for long answers may rightly take far
+    longer than that in all (100 answers of 1,024 tokens at 30 ms a token: 50 minutes)."""
     rng = prompt_rng(plan, cell, "admitted")
     loop = asyncio.get_running_loop()
     start = loop.time()
     results: list[RequestResult] = []
     left = plan.num_prompts
+    overloaded = ""
 
     async def client(delay: float) -> None:
-        nonlocal left
+        nonlocal left, overloaded
         await asyncio.sleep(delay)
-        while left > 0:
+        while left > 0 and not overloaded:
             left -= 1
             on_sent()
-            results.append(await endpoint.send(cell, rng))
+            try:
+                results.append(await asyncio.wait_for(endpoint.send(cell, rng), plan.drain_timeout))
+            except asyncio.TimeoutError:
+                overloaded = f"a request still running {plan.drain_timeout:g}s after it was sent"
 
     limit = max(1, int(cell.rate))
-    overloaded = ""
-    try:
-        await asyncio.wait_for(asyncio.gather(*(client(k * plan.stagger(cell)) for k in range(limit))),
-                               plan.drain_timeout)
-    except asyncio.TimeoutError:
-        overloaded = f"not done {plan.drain_timeout:g}s in"
+    await asyncio.gather(*(client(k * plan.stagger(cell)) for k in range(limit)))
     end = max((r.end for r in results), default=loop.time())
     return _outcome(endpoint, plan, cell, results, end - start, overloaded)
 

@@ -4,6 +4,7 @@ overload rule, errors as the simulator's server answers them, and prompts of the
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -53,13 +54,13 @@ def test_virtual_lines_are_the_benchmarks_statistics() -> None:
 
 
 def test_an_overloaded_cell_is_cut_off_and_higher_rates_skipped() -> None:
-    plan = LoadPlan(input_lens=(2048,), output_lens=(256,), rates=(1.0, 64.0, 128.0), num_prompts=60,
+    plan = LoadPlan(input_lens=(2048,), output_lens=(256,), rates=(0.25, 64.0, 128.0), num_prompts=60,
                     max_backlog=20)
     lines = benchmark(engine("V100"), plan, "m")
-    assert sorted({line.request_rate for line in lines}) == [1.0, 64.0]  # 128 skipped after 64 overloaded
+    assert sorted({line.request_rate for line in lines}) == [0.25, 64.0]  # 128 skipped after 64 overloaded
     cut = by_metric(lines, 64.0)["TPUT"].extra
     assert "max backlog 20" in cut["overloaded"] and cut["unfinished"] > 0
-    assert "overloaded" not in by_metric(lines, 1.0)["TPUT"].extra
+    assert "overloaded" not in by_metric(lines, 0.25)["TPUT"].extra
 
 
 def test_a_shape_past_the_context_fails_as_the_simulators_server_answers() -> None:
@@ -80,3 +81,18 @@ def test_every_cell_and_run_draws_prompts_of_its_own() -> None:
 
 def test_the_default_grid_reaches_8k_prompts() -> None:
     assert max(DEFAULT_INPUT_LENS) == 8192 and 6144 in DEFAULT_INPUT_LENS
+
+
+def test_an_admitted_cell_is_cut_off_by_a_request_that_hangs_not_by_its_length() -> None:
+    from extproc.gpu_profiles import parse_profile
+
+    # one request at a time (Little's budget 1), 256 tokens: each ~3 s, 10 of them ~30 s in all
+    profile = parse_profile({"gpu": "a100", "cost": 1.0, "tputs": [[0.3]], "indexes": [[256], [128]],
+                             "e2e": [[3.0]], "slos": {"percentile": 99, "tpot": 0.05}, "created": 1.0})
+    plan = LoadPlan(num_prompts=10, drain_timeout=10.0, admitted=profile, budget_factors=(1,))
+    [tput] = [line for line in benchmark(engine(), plan, "m") if line.metric == "TPUT"]
+    assert "overloaded" not in tput.extra and tput.extra["failed"] == 0 and tput.extra["unfinished"] == 0
+    assert 10 / tput.stats["mean"] > 10.0  # longer than the timeout in all
+    [cut] = [line for line in benchmark(engine(), replace(plan, drain_timeout=1.0), "m")
+             if line.metric == "TPUT"]
+    assert "still running 1s" in cut.extra["overloaded"] and cut.extra["unfinished"] > 0
