@@ -27,7 +27,7 @@ from extproc.slo.state import SloState, learned
 
 # What `extproc benchmark --input-lens 128,512,2048,4096,6144,8192 --output-lens 16,64,256,1024` runs (the
 # default rates, requests per cell, seed and budget factors): the shapes the scenarios send, long prompts
-# included; 6144 is the longest that leaves an 8K-context model room for 1,024 output tokens.
+# included, fitted to the model's context as the command fits its default grid (8192 -> 7168 on 8K).
 FLEET_PLAN = LoadPlan(input_lens=(128, 512, 2048, 4096, 6144, 8192), output_lens=(16, 64, 256, 1024))
 
 
@@ -44,7 +44,8 @@ def virtual_profile(scenario: Scenario, gpu: str, deployment: str,
     key = (gpu, scenario.model, tuple(sorted(scenario.engine.items())), tuple(sorted(slos.targets.items())),
            plan)
     if key not in _CACHE:
-        _CACHE[key] = measure_profile(lambda: build_engine(scenario, gpu), plan, scenario.model, gpu, 1.0,
+        fitted = plan.fit(build_engine(scenario, gpu).max_model_len)  # as `extproc benchmark` fits its own
+        _CACHE[key] = measure_profile(lambda: build_engine(scenario, gpu), fitted, scenario.model, gpu, 1.0,
                                       slos)
     return replace(_CACHE[key], gpu=deployment)
 

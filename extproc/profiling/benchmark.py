@@ -44,6 +44,7 @@ class BenchmarkOptions:
     api_key: str | None = field(default=None, repr=False)  # never printed, never logged
     exact_length: bool = True
     temperature: float = 0.0
+    fit_context: bool = False  # the default input grid: fitted to the model's context (`LoadPlan.fit`)
 
     def url(self) -> str:
         base = self.endpoint.rstrip("/")
@@ -90,6 +91,22 @@ def new_session() -> aiohttp.ClientSession:
                                  timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
 
 
+async def max_model_len(session: aiohttp.ClientSession, opts: BenchmarkOptions) -> int | None:
+    """The model's context from `GET /v1/models` (vLLM's and engine-sim's model card carry
+    `max_model_len`); None when the server does not say."""
+    base = opts.url().rsplit("/v1/", 1)[0]
+    try:
+        async with session.get(base + "/v1/models", headers=opts.headers()) as resp:
+            cards = (await resp.json(content_type=None)).get("data") if resp.status == 200 else None
+    except (aiohttp.ClientError, OSError, ValueError, AttributeError):
+        return None
+    for card in cards if isinstance(cards, list) else ():
+        if isinstance(card, dict) and card.get("id") == opts.model:
+            value = card.get("max_model_len")
+            return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return None
+
+
 async def preflight(endpoint: HttpEndpoint, opts: BenchmarkOptions) -> None:
     """One short request before hours of cells: a wrong URL, model or key fails here, clearly."""
     result = await endpoint.send(Cell(8, 1, 1.0), random.Random(opts.plan.seed))
@@ -128,13 +145,18 @@ async def run_benchmark(opts: BenchmarkOptions, stop: asyncio.Event, stream: Tex
     async with new_session() as session:
         endpoint = HttpEndpoint(session, opts)
         await preflight(endpoint, opts)
-        progress = Progress(opts.plan, stream)
+        plan = opts.plan
+        if opts.fit_context and (context := await max_model_len(session, opts)) is not None:
+            plan = plan.fit(context)
+            if plan is not opts.plan:
+                stream.write(f"input lengths fitted to the model's {context}-token context: "
+                             f"{','.join(str(i) for i in plan.input_lens)}\n")
+        progress = Progress(plan, stream)
         try:
             with open(opts.output, "a" if opts.append else "w", encoding="utf-8") as out:
                 def write(lines: list[MetricLine]) -> None:
                     write_lines(out, lines)
 
-                return await run_sweep(endpoint, opts.plan, write, opts.model, opts.temperature, progress,
-                                       stop)
+                return await run_sweep(endpoint, plan, write, opts.model, opts.temperature, progress, stop)
         finally:
             progress.close()

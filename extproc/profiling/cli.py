@@ -41,8 +41,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     b.add_argument("-o", "--output", required=True, type=Path, help="benchmark JSONL to write")
     b.add_argument("--append", action="store_true", help="append to the output instead of replacing it")
     b.add_argument("--input-lens", type=_list(int), nargs="+", default=[list(DEFAULT_INPUT_LENS)],
-                   help="prompt lengths in tokens, e.g. 128,256,512 (default 4 … 8192, doubling, and 6144: "
-                        "long prompts that leave an 8K context room for the answer)")
+                   help="prompt lengths in tokens, e.g. 128,256,512 (default 4 … 8192, doubling, and 6144, "
+                        "those beyond the model's context less the longest output replaced by the longest "
+                        "that fits, when /v1/models reports max_model_len)")
     b.add_argument("--output-lens", type=_list(int), nargs="+", default=[list(DEFAULT_OUTPUT_LENS)],
                    help="output lengths in tokens (default 4 … 4096, doubling)")
     b.add_argument("--rates", type=_list(float), nargs="+", default=[list(DEFAULT_RATES)],
@@ -116,7 +117,8 @@ def _benchmark(args: argparse.Namespace) -> int:
         **({"budget_factors": _flatten(args.budget_factors)} if args.budget_factors else {}))
     opts = BenchmarkOptions(
         model=args.model, endpoint=args.endpoint, output=args.output, plan=plan, append=args.append,
-        api=args.api, api_key=args.api_key, exact_length=args.exact_length, temperature=args.temperature)
+        api=args.api, api_key=args.api_key, exact_length=args.exact_length, temperature=args.temperature,
+        fit_context=args.input_lens == [list(DEFAULT_INPUT_LENS)] and admitted is None)
     cells = plan.cells()
     sys.stderr.write(f"benchmark {opts.model} at {public_url(opts.url())}: {len(cells)} cells × "
                      f"{plan.num_prompts} requests, at least "

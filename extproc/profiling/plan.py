@@ -8,7 +8,7 @@ so a profile made in the simulation is the one a user with that GPU would make.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from extproc.gpu_profiles import GpuProfile
 from extproc.profiling.selection import BUDGET_FACTORS, budget_ladder
@@ -46,6 +46,15 @@ class LoadPlan:
                                            self.budget_factors)]
         return [Cell(i, o, r) for i in sorted(set(self.input_lens)) for o in sorted(set(self.output_lens))
                 for r in sorted(set(self.rates))]
+
+    def fit(self, max_model_len: int) -> LoadPlan:
+        """The grid with every input length too long to leave room for the longest output replaced by the
+        longest that does: on an 8K-context model an 8,192-token cell fails every request, records 0
+        ("cannot serve"), and every prompt nearest to it (7.1K and up) is left out of the plan."""
+        cap = max_model_len - max(self.output_lens, default=0)
+        if cap < 1 or all(i <= cap for i in self.input_lens):
+            return self
+        return replace(self, input_lens=tuple(sorted({min(i, cap) for i in self.input_lens})))
 
     def stagger(self, cell: Cell) -> float:
         """Admitted: seconds between the first requests, the profile's e2e over the budget."""

@@ -57,3 +57,13 @@ def test_virtual_benchmark_makes_the_profile_the_live_benchmark_makes(live_sim: 
     assert live.concurrency_admitted == virtual.concurrency_admitted
     # not trivial: every cell passes at a rate, and behind admission at a budget above one request
     assert all(t > 0 for t in live.tputs[0]) and all(k > 1 for k in live.concurrency_admitted[0])
+
+
+async def test_the_benchmark_reads_the_models_context_to_fit_its_default_grid(live_sim: SimProcess,
+                                                                            tmp_path: Path) -> None:
+    from extproc.profiling.benchmark import BenchmarkOptions, max_model_len, new_session
+
+    async with new_session() as session:
+        opts = BenchmarkOptions(MODEL, live_sim.url, tmp_path / "x.jsonl")
+        assert await max_model_len(session, opts) == 4096  # llama2-7b's, from /v1/models
+        assert await max_model_len(session, BenchmarkOptions("other", live_sim.url, tmp_path / "x")) is None

@@ -96,3 +96,9 @@ def test_an_admitted_cell_is_cut_off_by_a_request_that_hangs_not_by_its_length()
     [cut] = [line for line in benchmark(engine(), replace(plan, drain_timeout=1.0), "m")
              if line.metric == "TPUT"]
     assert "still running 1s" in cut.extra["overloaded"] and cut.extra["unfinished"] > 0
+
+
+def test_the_grid_fits_the_models_context() -> None:
+    plan = LoadPlan(input_lens=(128, 4096, 6144, 8192), output_lens=(16, 1024))
+    assert plan.fit(8192).input_lens == (128, 4096, 6144, 7168)  # 8192 + any answer does not fit 8K
+    assert plan.fit(32768) is plan and LoadPlan().fit(8192).input_lens[-1] == 8192 - 4096
