@@ -57,6 +57,14 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._clock.now
 
+    def quiet_until(self, when: float) -> bool:
+        """Nothing ready to run and no timer due by `when`: the clock may jump there with nothing missed."""
+        ready, timers = self._ready, self._scheduled  # type: ignore[attr-defined]  (BaseEventLoop's own)
+        return not ready and (not timers or timers[0].when() > when)
+
+    def jump(self, when: float) -> None:
+        self._clock.now = max(self._clock.now, when)
+
 
 def run_virtual(main: Coroutine[Any, Any, T]) -> T:
     loop = VirtualTimeLoop()
@@ -138,9 +146,11 @@ class EngineEndpoint:
                 wake.clear()
                 await wake.wait()
                 continue
-            wait = res.end / self.scale - loop.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
+            end = res.end / self.scale
+            if isinstance(loop, VirtualTimeLoop) and loop.quiet_until(end):
+                loop.jump(end)  # no task to wake on the way: the next step at once, no trip round the loop
+            elif end > loop.time():
+                await asyncio.sleep(end - loop.time())
             now = loop.time()
             streams = self._streams
             for rid in res.emitted:
