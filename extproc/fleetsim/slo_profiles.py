@@ -3,10 +3,10 @@ engine model in virtual time (profiling/virtual.py), as an operator would run th
 GPU type.
 
 The same code as the user's path, not a copy of it: the sweep's grid, Poisson schedule, measurement (TPOT
-pooled over every gap between tokens, throughput as completions over the cell's whole run) and overload
-rule, then gen-profile's selection, then `benchmark --admitted` with its default budget factors and
-gen-profile's `--admitted` rule. Only the grid is narrower than the command's default (FLEET_PLAN, the
-flags `flags()` prints), to keep a simulation's start in seconds. The optimizer never reads the engine
+per request, throughput as completions over the cell's whole run) and overload rule, then gen-profile's
+selection, then `benchmark --admitted` with its default budget factors and gen-profile's `--admitted`
+rule. Only the grid is narrower than the command's default (FLEET_PLAN, the flags `flags()` prints),
+to keep a simulation's start in seconds. The optimizer never reads the engine
 model itself. Cached per (GPU, model, SLO, engine settings).
 
 `fleet-sim --profiles DIR` replaces these per deployment, for the SLO router and the plan alike.

@@ -4,7 +4,7 @@ thing due instead of sleeping. Then gen-profile's own rule (profiling/gen_profil
 
 The fleet simulation's SLO profiles come from here, so what it measures is what `extproc benchmark` and
 `extproc gen-profile` make on a GPU that behaves as the engine model: the same grid, schedule, statistics
-(TPOT pooled over every gap between tokens, throughput as completions over the cell's whole run) and
+(profiling/measure.py: TPOT per request, throughput as completions over the cell's whole run) and
 budget ladder. `time_scale` mirrors `extproc engine-sim --time-scale` (simulated seconds per reported
 second), so a run can be compared with one against a live simulator.
 """
