@@ -29,8 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the GPU optimizer scales each deployment from the gateways' traces (the "
                         "scenario's autoscale section; fleet min_replicas, initial, cost)")
     p.add_argument("--profiles", metavar="DIR",
-                   help="with --optimizer: its GPU profiles (AIBrix JSON, gpu = the deployment name) instead "
-                        "of profiles measured on the engine model")
+                   help="GPU profiles (AIBrix JSON, gpu = the deployment name) for the optimizer's plan and "
+                        "the slo* strategies' router alike, instead of profiles measured on the engine model")
     p.add_argument("--plot", metavar="OUT.png", help="utilization and QPS over time per GPU type")
     p.add_argument("--markdown", metavar="OUT.md", help="also write the markdown table to a file")
     p.add_argument("--find-max-rate", action="store_true",

@@ -69,11 +69,13 @@ def test_the_plan_scales_the_cheaper_type_after_a_step_and_settles():
 
 def test_the_routers_refusals_reach_the_optimizers_traces():
     # at most one replica of each, 15 req/s tripled at 200 s: the SLO router refuses what cannot wait,
-    # and the optimizer reads those refusals in the traces (meta_rejected)
+    # and the optimizer reads those refusals in the traces (meta_rejected). The profiles reach the router
+    # too (--profiles): these admit ~15 req/s of this chat on the two replicas, not three times that
     sc = scenario(fleet=[{"gpu": "A100", "replicas": 1, "initial": 1, "cost": 2.0, "name": "fast"},
                          {"gpu": "L20", "replicas": 1, "initial": 1, "cost": 1.0, "name": "slow"}],
                   duration_s=300, streams=[{**CHAT, "rate": 15}])
-    res = run(sc, "slo", generate(sc, 6), seed=6, optimizer=True, gpu_profiles=PROFILES)
+    profiles = {"fast": flat("fast", 10.0, 2.0), "slow": flat("slow", 5.0, 1.0)}
+    res = run(sc, "slo", generate(sc, 6), seed=6, optimizer=True, gpu_profiles=profiles)
     refused = sum(1 for s in res.status if s == REJECTED)
     assert refused > 0
     tl = res.autoscale
@@ -201,3 +203,19 @@ def test_the_autoscaler_holds_within_its_tolerance():
     assert asked(30, 18.5) == 20   # and 19
     assert asked(40, 25) == 25     # beyond it: it scales
     assert asked(50, 12) == 12
+
+
+def test_given_profiles_reach_the_slo_router_and_the_plan_alike():
+    # fleet-sim --profiles DIR: the router's SLO state and the optimizer plan from the same profiles,
+    # none measured on the engine model (a deployment without one would be)
+    from extproc.fleetsim.loop import FleetRun
+    from extproc.slo.state import learned
+
+    sc = scenario(duration_s=30, warmup_s=10)
+    fleet = FleetRun(sc, "slo", generate(sc, 1), seed=1, optimizer=True, gpu_profiles=PROFILES)
+    state = learned(fleet.gws[0].gateway.router.state.store)
+    assert state is not None
+    routed = {d: m.profile for d, m in state.table(sc.model).items()}
+    assert routed == PROFILES
+    assert fleet.scaler is not None
+    assert fleet.scaler.optimizer.profiles == [PROFILES[d] for d in sorted(PROFILES)]

@@ -125,10 +125,10 @@ def test_shared_prefixes_hit_more_where_routing_follows_them():
 
 def test_slo_routing_in_the_simulation_queues_and_rejects_instead_of_overloading(monkeypatch):
     from extproc.fleetsim import slo_profiles
+    from extproc.profiling.plan import LoadPlan
 
-    monkeypatch.setattr(slo_profiles, "INPUTS", (128, 512))  # a small grid: seconds, not a minute
-    monkeypatch.setattr(slo_profiles, "OUTPUTS", (64, 256))
-    monkeypatch.setattr(slo_profiles, "SAMPLES", 150)
+    # a small grid: seconds, not a minute
+    monkeypatch.setattr(slo_profiles, "FLEET_PLAN", LoadPlan(input_lens=(128, 512), output_lens=(64, 256)))
     monkeypatch.setattr(slo_profiles, "_CACHE", {})
     busy = {**CHAT, "rate": 400}  # far beyond what 4 replicas serve within the SLO
     sc = small(streams=[busy], duration_s=6, warmup_s=1)
@@ -140,14 +140,16 @@ def test_slo_routing_in_the_simulation_queues_and_rejects_instead_of_overloading
     assert lb["rejected"] == 0 and c["tpot_p99_s"] < lb["tpot_p99_s"]
 
 
-def test_virtual_profile_measures_below_one_request_a_second_where_one_misses_the_slo(monkeypatch):
+def test_virtual_profile_serves_a_long_prompt_behind_admission_where_every_open_loop_rate_misses(monkeypatch):
     from extproc.fleetsim import slo_profiles
     from extproc.fleetsim.scenario import load
+    from extproc.profiling.plan import LoadPlan
 
-    monkeypatch.setattr(slo_profiles, "INPUTS", (4096,))  # a 4K prompt's ~1 s prefill stalls decodes
-    monkeypatch.setattr(slo_profiles, "OUTPUTS", (64,))
-    monkeypatch.setattr(slo_profiles, "SAMPLES", 100)
+    # a 4K prompt's ~1 s prefill stalls decodes: Poisson arrivals at 1 req/s already miss P99 TPOT
+    monkeypatch.setattr(slo_profiles, "FLEET_PLAN", LoadPlan(input_lens=(4096,), output_lens=(64,)))
     monkeypatch.setattr(slo_profiles, "_CACHE", {})
     sc = load("slo-a10-l20")
     profile = slo_profiles.virtual_profile(sc, "L20", "l20")
-    assert 0 < profile.tputs[0][0] < 1  # served, slowly: not "this GPU type cannot serve it"
+    assert profile.tputs[0][0] == 0  # gen-profile: no rate of the grid passes
+    # held at one request at a time, as the SLO router would hold it: served, slowly, not "cannot serve it"
+    assert 0 < profile.served[0][0] < 1 and profile.concurrency_admitted == ((1.0,),)
