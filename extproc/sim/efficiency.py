@@ -44,7 +44,7 @@ CLASS_EFFICIENCY: dict[str, Efficiency] = {
 }
 FITTED: dict[str, Efficiency] = {
     "A100-40GB": Efficiency(weights=0.838, kv=0.503, compute=0.716),
-    "A100-80GB": Efficiency(weights=0.839, kv=0.503, compute=0.662),
+    "A100-80GB": Efficiency(weights=0.839, kv=0.503, compute=0.663),
     "A40": Efficiency(weights=0.812, kv=0.607, compute=0.405),
     "H100": Efficiency(weights=0.839, kv=0.503, compute=0.374),
     "L4": Efficiency(weights=0.711, kv=0.607, compute=0.557),
