@@ -128,7 +128,9 @@ def test_shared_prefixes_hit_more_where_routing_follows_them():
 def test_slo_routing_in_the_simulation_queues_and_rejects_instead_of_overloading(monkeypatch):
     from extproc.fleetsim import slo_profiles
 
-    monkeypatch.setattr(slo_profiles, "INPUTS", (128, 512))  # a small grid: seconds, not a minute
+    # A small grid (seconds, not a minute) that still spans CHAT's prompts (up to 2000 tokens): with
+    # prefill sharing steps with decodes, a 512-token cap made long prompts look cheap to admit.
+    monkeypatch.setattr(slo_profiles, "INPUTS", (128, 2048))
     monkeypatch.setattr(slo_profiles, "OUTPUTS", (64, 256))
     monkeypatch.setattr(slo_profiles, "SAMPLES", 150)
     monkeypatch.setattr(slo_profiles, "_CACHE", {})
