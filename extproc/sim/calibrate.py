@@ -111,5 +111,6 @@ def render(shown: list[cal.Result], results: list[cal.Result], checks: Sequence[
                              f"{s.median_abs_error * 100:5.1f} %   max {s.max_abs_error * 100:5.1f} %")
     lines += ["", "acceptance (issue 43):"]
     for c in checks:
-        lines.append(f"  {'ok ' if c.ok else 'NO '} {c.name}: {c.value * 100:.1f} % (limit {c.limit * 100:.0f} %)")
+        verdict = "ok " if c.ok else "NO "
+        lines.append(f"  {verdict} {c.name}: {c.value * 100:.1f} % (limit {c.limit * 100:.0f} %)")
     return "\n".join(lines)

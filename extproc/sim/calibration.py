@@ -399,7 +399,8 @@ def acceptance(results: list[Result]) -> list[Check]:
     held = counted(results, "holdout")
     checks: list[Check] = []
     for label, figures in (("time per output token", PER_TOKEN), ("output throughput", THROUGHPUT)):
-        for c in sorted({r.measurement.workload.concurrency for r in held if r.measurement.figure in figures}):
+        levels = {r.measurement.workload.concurrency for r in held if r.measurement.figure in figures}
+        for c in sorted(levels):
             errors = [abs(r.error) for r in held
                       if r.measurement.figure in figures and r.measurement.workload.concurrency == c]
             checks.append(Check(f"held-out {label}, concurrency {c}: median", len(errors),
