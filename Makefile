@@ -99,6 +99,7 @@ bench-sim: setup
 
 validate-sim: setup
 	$(PY) -m extproc.sim.validate --presets
+	$(VENV)/bin/extproc engine-sim calibrate
 
 sim-fleet: setup
 	$(VENV)/bin/extproc engine-sim --fleet extproc/sim/fleets/mixed.yaml
