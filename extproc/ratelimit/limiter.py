@@ -162,11 +162,10 @@ class RateLimiter:
         """The output tokens the access log counted for an admitted request, owed by its budget."""
         if not tokens or tokens <= 0 or tokens_limit <= 0:
             return
-        limits = Limits(None, tokens_limit)
         if self._redis is None:
-            self._local.charge(bucket_id, limits, tokens, self._clock())
+            self._local.charge(bucket_id, tokens_limit, tokens, self._clock())
         else:
-            self._redis.charge(bucket_id, limits, tokens)
+            self._redis.charge(bucket_id, tokens_limit, tokens)
 
     @staticmethod
     def _refusal(model: str, limits: Limits, v: Verdict, headers: list[tuple[str, str]]) -> RateLimited:

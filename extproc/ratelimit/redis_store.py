@@ -30,8 +30,11 @@ CALL_TIMEOUT_S = 1.0  # a pipeline's bound (requests stop waiting long before; c
 KEY_PREFIX = "extproc:ratelimit:"
 AIBRIX_USER_PREFIX = "aibrix-users/"  # AIBrix's user records: {"name": ..., "rpm": N, "tpm": N}
 
-# KEYS[1]: the bucket (a hash r, t, ts); KEYS[2]: AIBrix's user record, absent (the config's limits).
-# ARGV: mode (take | charge), requests/min, tokens/min (0: unlimited), tokens to take or charge, window ms.
+# KEYS[1]: the bucket (a hash r, t, ts and the rates it holds, rl, tl); KEYS[2]: AIBrix's user record,
+# absent (the config's limits). ARGV: mode (take | charge), requests/min, tokens/min (0: unlimited),
+# tokens to take or charge, window ms. A charge refills every dimension the bucket holds at the rates of
+# its last admission (its requests rate is not sent), and the key lives until its slowest dimension is
+# full again: expiring sooner would hand back a full budget.
 # Returns {admitted 0/1, exceeded ("" | requests | tokens), requests left, tokens left, rpm, tpm}.
 SCRIPT = """
 local rl, tl = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -49,8 +52,15 @@ if KEYS[2] then
 end
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local h = redis.call('HMGET', KEYS[1], 'r', 't', 'ts')
-local r, t, ts = tonumber(h[1]) or rl, tonumber(h[2]) or tl, tonumber(h[3]) or now
+local h = redis.call('HMGET', KEYS[1], 'r', 't', 'ts', 'rl', 'tl')
+local hrl, htl = tonumber(h[4]), tonumber(h[5])
+if ARGV[1] == 'charge' then
+  rl = hrl or 0
+  if tl == 0 then tl = htl or 0 end
+end
+local r, t, ts = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]) or now
+if r == nil or hrl == 0 then r = rl end
+if t == nil or htl == 0 then t = tl end
 local dt = math.max(0, now - ts)
 if rl > 0 then r = math.min(rl, r + dt * rl / win) end
 if tl > 0 then t = math.min(tl, t + dt * tl / win) end
@@ -68,7 +78,7 @@ end
 local full = 0
 if rl > 0 then full = math.max(full, (rl - r) * win / rl) end
 if tl > 0 then full = math.max(full, (tl - t) * win / tl) end
-redis.call('HSET', KEYS[1], 'r', tostring(r), 't', tostring(t), 'ts', now)
+redis.call('HSET', KEYS[1], 'r', tostring(r), 't', tostring(t), 'ts', now, 'rl', rl, 'tl', tl)
 redis.call('PEXPIRE', KEYS[1], math.ceil(full) + 1000)
 return {admitted, exceeded, tostring(r), tostring(t), rl, tl}
 """
@@ -111,10 +121,11 @@ class RedisStore:
         judged = Limits(int(rpm) or None, int(tpm) or None)
         return judged, Verdict(bool(admitted), exceeded or None, float(requests), float(tokens), cost)
 
-    def charge(self, bucket_id: str, limits: Limits, tokens: int) -> None:
-        """Owe `tokens` (counted output), in the background."""
-        if limits.tokens and tokens > 0 and self._clock() >= self._resume_at:
-            self._call(self.key(bucket_id), "", "charge", limits.requests or 0, limits.tokens, tokens)
+    def charge(self, bucket_id: str, tokens_limit: int, tokens: int) -> None:
+        """Owe `tokens` (counted output), in the background (the script refills the bucket's other
+        dimensions at the rates it holds)."""
+        if tokens_limit > 0 and tokens > 0 and self._clock() >= self._resume_at:
+            self._call(self.key(bucket_id), "", "charge", 0, tokens_limit, tokens)
 
     def _call(self, *args: object) -> asyncio.Future:
         loop = asyncio.get_running_loop()

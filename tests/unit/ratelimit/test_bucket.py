@@ -36,7 +36,7 @@ def test_tokens_refuse_a_prompt_the_budget_cannot_cover_and_output_is_owed():
     limits = Limits(tokens=1000)
     b, v = take(None, limits, 600, now=0.0)
     assert v.admitted and v.tokens == 400
-    b = charge(b, limits, 500, now=0.0)  # the output counted when it ended
+    b = charge(b, 1000, 500, now=0.0)  # the output counted when it ended
     assert b.tokens == -100
     b, v = take(b, limits, 1, now=0.0)
     assert not v.admitted and v.exceeded == "tokens"
@@ -60,7 +60,7 @@ def test_headers_follow_openai_and_cover_only_the_limits_set():
         "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"]
 
 
-@pytest.mark.parametrize("seconds,text", [(0.02, "20ms"), (0.0, "0ms"), (1.5, "1.5s"), (360, "6m0s"),
+@pytest.mark.parametrize("seconds,text", [(0.02, "20ms"), (0.0, "0s"), (1.5, "1.5s"), (360, "6m0s"),
                                           (61.25, "1m1.25s")])
 def test_durations_are_spelled_as_openai_does(seconds, text):
     assert duration(seconds) == text
