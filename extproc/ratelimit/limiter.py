@@ -23,6 +23,7 @@ from extproc.ratelimit.local_store import LocalStore
 from extproc.ratelimit.redis_store import RedisStore
 from extproc.ratelimit.settings import Limits, RateLimitSettings
 from extproc.ratelimit.top import TopBudgets
+from extproc.ratelimit.worker_store import WorkerBudgets
 
 ANONYMOUS = "anonymous"
 MAX_USER_BYTES = 256  # a `user` is a Redis key and a map key: longer ones are refused
@@ -62,10 +63,12 @@ class RateLimited(OpenAIError):
 
 class RateLimiter:
     def __init__(self, settings: RateLimitSettings, registry: CollectorRegistry | None = None,
-                 store: RedisStore | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 store: RedisStore | None = None, clock: Callable[[], float] = time.monotonic,
+                 local: LocalStore | WorkerBudgets | None = None) -> None:
         self.settings = settings
         self._redis = store
-        self._local = LocalStore()
+        # without Redis: this process's budgets, or those `serve --workers N` shares in memory
+        self._local = local if local is not None else LocalStore()
         self._clock = clock
         self.top = TopBudgets(clock)
         self.limited = Counter("extproc_rate_limited_requests", "Requests refused by a rate limit (429), "
