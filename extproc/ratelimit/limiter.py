@@ -20,7 +20,7 @@ from extproc.openai import OpenAIError, Request
 from extproc.ratelimit import bucket
 from extproc.ratelimit.bucket import Verdict
 from extproc.ratelimit.local_store import LocalStore
-from extproc.ratelimit.redis_store import RedisStore
+from extproc.ratelimit.redis_store import LATE, UNAVAILABLE, RedisStore
 from extproc.ratelimit.settings import Limits, RateLimitSettings
 from extproc.ratelimit.top import TopBudgets
 from extproc.ratelimit.worker_store import WorkerBudgets
@@ -75,8 +75,11 @@ class RateLimiter:
                                "by model, limit (requests | tokens) and key class (default | override | "
                                "aibrix_user)", ["model", "limit", "key_class"], registry=registry)
         self.unchecked = Counter("extproc_rate_limit_unchecked_requests", "Requests admitted without a "
-                                 "limit check because Redis did not answer in time (limits fail open)",
-                                 registry=registry)
+                                 "limit check (limits fail open), by reason: late (Redis did not answer "
+                                 "within rate_limits.redis_timeout_ms) or unavailable (Redis failed)",
+                                 ["reason"], registry=registry)
+        for reason in (LATE, UNAVAILABLE):  # both series from the start: a dashboard's rate sees 0
+            self.unchecked.labels(reason)
         self.check_seconds = Histogram(
             "extproc_rate_limit_check_seconds", "Time a request waited for its budget from Redis "
             "(rate_limits.redis_timeout_ms bounds it)", registry=registry,
@@ -143,8 +146,8 @@ class RateLimiter:
         answer = await self._redis.take(budget.bucket_id, budget.limits,  # type: ignore[union-attr]
                                         request.prompt_tokens, budget.aibrix_user)
         self.check_seconds.observe(self._clock() - started)
-        if answer is None:
-            self.unchecked.inc()
+        if isinstance(answer, str):
+            self.unchecked.labels(answer).inc()
             return None
         judged, verdict = answer
         if not judged.any:

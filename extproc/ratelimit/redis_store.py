@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 BACKOFF_S = 1.0
 CALL_TIMEOUT_S = 1.0  # a pipeline's bound (requests stop waiting long before; charges wait on nothing)
 KEY_PREFIX = "extproc:ratelimit:"
+# Why a request went unchecked (the metric's `reason`)
+LATE, UNAVAILABLE = "late", "unavailable"
 AIBRIX_USER_PREFIX = "aibrix-users/"  # AIBrix's user records: {"name": ..., "rpm": N, "tpm": N}
 
 # KEYS[1]: the bucket (a hash r, t, ts and the rates it holds, rl, tl); KEYS[2]: AIBrix's user record,
@@ -105,17 +107,20 @@ class RedisStore:
         return KEY_PREFIX + bucket_id
 
     async def take(self, bucket_id: str, limits: Limits, cost: int,
-                   aibrix_user: str | None) -> tuple[Limits, Verdict] | None:
-        """The verdict and the limits it was judged by (AIBrix's record may set them); None: Redis
-        did not answer in time, the request goes unlimited."""
+                   aibrix_user: str | None) -> tuple[Limits, Verdict] | str:
+        """The verdict and the limits it was judged by (AIBrix's record may set them); or why there
+        is none and the request goes unlimited: LATE (no answer within `timeout`) or UNAVAILABLE
+        (Redis failed, now or less than BACKOFF_S ago)."""
         if self._clock() < self._resume_at:
-            return None
+            return UNAVAILABLE
         user_key = AIBRIX_USER_PREFIX + aibrix_user if aibrix_user and self._users else ""
         answer = self._call(self.key(bucket_id), user_key, "take", limits.requests or 0,
                             limits.tokens or 0, cost)
         done, _ = await asyncio.wait((answer,), timeout=self.timeout)
-        if not done or answer.exception() is not None:
-            return None
+        if not done:
+            return LATE
+        if answer.exception() is not None:
+            return UNAVAILABLE
         admitted, exceeded, requests, tokens, rpm, tpm = answer.result()
         exceeded = exceeded.decode() if isinstance(exceeded, bytes) else exceeded
         judged = Limits(int(rpm) or None, int(tpm) or None)
