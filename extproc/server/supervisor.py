@@ -28,8 +28,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from extproc import children
-from extproc.server.metrics_merge import merge
 from extproc.ratelimit.worker_store import create_budgets
+from extproc.server.metrics_merge import merge
 from extproc.state.workers import create_segment
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,8 @@ async def supervise(count: int, serve_args: Sequence[str], *, port: int, admin_h
         raise ValueError(f"--port {port} with --workers {count} runs past port 65535")
     segment, budgets = create_segment(count), create_budgets()
     tag = f"extproc-{os.getpid():x}-{time.time_ns():x}"
-    workers = [Worker(spec := WorkerSpec(i, segment, budgets, f"{tag}-{i}"), worker_argv(spec, serve_args, port + i))
+    workers = [Worker(spec := WorkerSpec(i, segment, budgets, f"{tag}-{i}"),
+                      worker_argv(spec, serve_args, port + i))
                for i in range(count)]
     for worker in workers:
         worker.start()

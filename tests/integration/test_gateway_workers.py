@@ -48,8 +48,9 @@ def stack(log_dir: Path, fleet: dict[str, int]) -> Iterator[LocalStack]:
     s.write_config({"models": {MODEL: {"pods": [{"name": n, "address": f"127.0.0.1:{p}"}
                                                 for n, p in fleet.items()]}},
                     "routing": {"default_strategy": "least-request"},
-                    "rate_limits": {"overrides": [{"api_key_sha256": hashlib.sha256(LIMITED.encode()).hexdigest(),
-                                                   "requests_per_minute": LIMITED_RPM}]}})
+                    "rate_limits": {"overrides": [{
+                        "api_key_sha256": hashlib.sha256(LIMITED.encode()).hexdigest(),
+                        "requests_per_minute": LIMITED_RPM}]}})
     s.start_gateway()
     s.start_envoy()
     yield s

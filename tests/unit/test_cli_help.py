@@ -36,7 +36,8 @@ def test_options_named_in_help_texts_exist():
                 if other is None:
                     dangling.append(f"{where}: no command {command}")
                     continue
-                dangling += [f"{where}: {command} {o}" for o in OPTION.findall(args) if o not in _options(other)]
+                dangling += [f"{where}: {command} {o}" for o in OPTION.findall(args)
+                             if o not in _options(other)]
             dangling += [f"{where}: {o}" for o in OPTION.findall(COMMAND.sub("", text))
                          if o not in _options(parser)]
     assert not dangling, dangling
