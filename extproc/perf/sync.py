@@ -43,6 +43,7 @@ import redis
 from extproc.localstack import Proc, free_port, wait_until
 from extproc.pool.pod import Pod
 from extproc.state.redis_sync import RedisState
+from extproc.state.shared import LocalState
 from extproc.state.speed import SpeedEstimator
 
 TOKENS_PER_REQUEST = 200
@@ -162,6 +163,60 @@ class Fleet:
         state, mine = self.states[g], self.written[g]
         return sum(state.running(pod.key) - state.local_running(pod.key) != self.total[p] - mine[p]
                    for p, pod in enumerate(self.pods))
+
+
+class _PeerSums(LocalState):
+    """A gateway's shared state as the speed sharing sees it after a read: the others' sums, one vector
+    per pod (what RedisState's read gives), and this gateway's own evidence kept for the next write."""
+
+    __slots__ = ("peers", "written")
+
+    def __init__(self, peers: dict) -> None:
+        super().__init__()
+        self.peers, self.written = peers, 0
+
+    def peer_speed(self) -> dict:
+        return self.peers
+
+    def share_speed(self, key, evidence) -> None:  # noqa: ANN001
+        self.written += 1
+
+
+def speed_sharing(pods: int, models: int, seed: int = 1, repeats: int = 5) -> dict[str, float]:
+    """What one gateway spends once a second because speed evidence is shared, beside `sync_once`:
+    `Accounting._share_speed` (export, shift and hand over its evidence, fold in the others') and the
+    merge of the others' sums in `SpeedEstimator.refresh` (the refresh with them less without them).
+    CPU ms per second (the refresh loop's period), medians of `repeats`; every pod measured here and by
+    the others, as in the sync runs."""
+    from extproc.state.accounting import Accounting
+
+    rng, now = random.Random(seed), time.time()
+    fleet = make_pods(pods, models)
+    own, others = SpeedEstimator(), SpeedEstimator()
+    for estimator in (own, others):
+        for pod in fleet:
+            estimator.observe(pod.key, 0.02 * (1 + 0.05 * rng.random()), rng.uniform(1, 32), 199, now)
+            estimator.observe_prefill(pod.key, 0.05 * rng.random(), rng.uniform(100, 2000), 200, now)
+    shared = _PeerSums({pod.key: [others.export(pod.key)] for pod in fleet})
+    accounting = Accounting(shared, speed=own, wall=lambda: now)
+    accounting._tracked = fleet
+
+    def cpu_ms(step: Callable[[], object]) -> float:
+        times = []
+        for _ in range(repeats):
+            c0 = time.process_time()
+            step()
+            times.append((time.process_time() - c0) * 1000)
+        return statistics.median(times)
+
+    share = cpu_ms(lambda: accounting._share_speed(now))  # noqa: SLF001 (the loop's own step, timed)
+    merged = cpu_ms(lambda: own.refresh(fleet, now + 1.0))
+    for pod in fleet:
+        own.merge_peers(pod.key, [])
+    alone = cpu_ms(lambda: own.refresh(fleet, now + 1.0))
+    return {"share_ms": round(share, 1), "peer_merge_ms": round(max(0.0, merged - alone), 1),
+            "refresh_alone_ms": round(alone, 1),
+            "speed_core_share": round((share + max(0.0, merged - alone)) / 1000, 3)}
 
 
 def start_redis(log_dir: Path) -> tuple[Proc, int]:
@@ -293,7 +348,13 @@ def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int
                         raise RuntimeError(f"the baseline's run failed:\n{child.stderr[-3000:]}")
                     out.append(json.loads(child.stdout.strip().splitlines()[-1]))
                     progress(format_row(out[-1]))
-                out.append(asyncio.run(run_one(url, progress=progress, **options)).summary())
+                summary = asyncio.run(run_one(url, progress=progress, **options)).summary()
+                if speed:  # the other half of sharing's cost, once a second per gateway
+                    sharing = speed_sharing(pods, models)
+                    summary |= sharing
+                    summary["whole_core_share"] = round(summary["sync_core_share"]
+                                                        + sharing["speed_core_share"], 3)
+                out.append(summary)
                 progress(format_row(out[-1]))
             return out
         finally:
@@ -302,7 +363,8 @@ def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int
 
 
 HEADER = ("code", "G", "P", "sync CPU ms/turn (med, p99)", "core (mean)", "latency ms (med, max)", "timeouts",
-          "wrong", "age ms (med, max)", "Redis ms/fleet turn", "Redis cores", "cmds/s", "reply MB/s")
+          "wrong", "age ms (med, max)", "Redis ms/fleet turn", "Redis cores", "cmds/s", "reply MB/s",
+          "speed sharing ms/s (share + peer merge)", "whole core")
 
 
 def format_row(s: dict[str, float | int]) -> str:
@@ -311,7 +373,8 @@ def format_row(s: dict[str, float | int]) -> str:
         s["sync_core_share"],
         f"{s['turn_latency_ms_median']}, {s['turn_latency_ms_max']}", s["timeouts"], s["wrong_views"],
         f"{s['age_ms_median']}, {s['age_ms_max']}", s["redis_cpu_ms_per_fleet_turn"], s["redis_cores"],
-        s["redis_commands_per_s"], round(int(s["reply_bytes_per_s"]) / 1e6, 2)))
+        s["redis_commands_per_s"], round(int(s["reply_bytes_per_s"]) / 1e6, 2),
+        f"{s['share_ms']} + {s['peer_merge_ms']}" if "share_ms" in s else "-", s.get("whole_core_share", "-")))
 
 
 def _failed(state: RedisState, exc: BaseException) -> None:
