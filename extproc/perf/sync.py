@@ -182,41 +182,55 @@ class _PeerSums(LocalState):
         self.written += 1
 
 
-def speed_sharing(pods: int, models: int, seed: int = 1, repeats: int = 5) -> dict[str, float]:
+def speed_sharing(pods: int, models: int, gateways: int = 50, rate: float = 10.0, seconds: int = 6,
+                  seed: int = 1) -> dict[str, float]:
     """What one gateway spends once a second because speed evidence is shared, beside `sync_once`:
     `Accounting._share_speed` (export, shift and hand over its evidence, fold in the others') and the
-    merge of the others' sums in `SpeedEstimator.refresh` (the refresh with them less without them).
-    CPU ms per second (the refresh loop's period), medians of `repeats`; every pod measured here and by
-    the others, as in the sync runs."""
+    merge of the others' sums in `SpeedEstimator.refresh` (its refresh less a twin's that has no
+    peers). CPU ms per second, the mean over `seconds` of the fleet's life: each second the gateway's
+    records reach rate/gateways of each pod (its evidence on those moves), and every other second a
+    new read of the others' sums arrives (RedisState reads them every other heartbeat)."""
     from extproc.state.accounting import Accounting
 
     rng, now = random.Random(seed), time.time()
     fleet = make_pods(pods, models)
-    own, others = SpeedEstimator(), SpeedEstimator()
-    for estimator in (own, others):
+    own, others, twin = SpeedEstimator(), SpeedEstimator(), SpeedEstimator()
+
+    def measure(estimators: tuple[SpeedEstimator, ...], share: float) -> None:
         for pod in fleet:
-            estimator.observe(pod.key, 0.02 * (1 + 0.05 * rng.random()), rng.uniform(1, 32), 199, now)
-            estimator.observe_prefill(pod.key, 0.05 * rng.random(), rng.uniform(100, 2000), 200, now)
-    shared = _PeerSums({pod.key: [others.export(pod.key)] for pod in fleet})
+            if rng.random() < share:
+                tpot, batch = 0.02 * (1 + 0.05 * rng.random()), rng.uniform(1, 32)
+                ttft, prompt = 0.05 * rng.random(), rng.uniform(100, 2000)
+                for estimator in estimators:
+                    estimator.observe(pod.key, tpot, batch, 199, now)
+                    estimator.observe_prefill(pod.key, ttft, prompt, 200, now)
+
+    measure((own, twin), 1.0)
+    measure((others,), 1.0)
+    shared = _PeerSums({})
     accounting = Accounting(shared, speed=own, wall=lambda: now)
-    accounting._tracked = fleet
-
-    def cpu_ms(step: Callable[[], object]) -> float:
-        times = []
-        for _ in range(repeats):
-            c0 = time.process_time()
-            step()
-            times.append((time.process_time() - c0) * 1000)
-        return statistics.median(times)
-
-    share = cpu_ms(lambda: accounting._share_speed(now))  # noqa: SLF001 (the loop's own step, timed)
-    merged = cpu_ms(lambda: own.refresh(fleet, now + 1.0))
-    for pod in fleet:
-        own.merge_peers(pod.key, [])
-    alone = cpu_ms(lambda: own.refresh(fleet, now + 1.0))
-    return {"share_ms": round(share, 1), "peer_merge_ms": round(max(0.0, merged - alone), 1),
-            "refresh_alone_ms": round(alone, 1),
-            "speed_core_share": round((share + max(0.0, merged - alone)) / 1000, 3)}
+    accounting._tracked = fleet  # noqa: SLF001 (what its refresh loop tracks)
+    share_ms = merged_ms = alone_ms = 0.0
+    for second in range(seconds):
+        now += 1.0
+        measure((own, twin), min(1.0, rate / gateways))
+        if second % 2 == 0:  # a new read of the others' sums
+            measure((others,), min(1.0, rate * (gateways - 1) / gateways))
+            shared.peers = {pod.key: [others.export(pod.key)] for pod in fleet}
+        c0 = time.process_time()
+        accounting._share_speed(now)  # noqa: SLF001 (the refresh loop's own step, timed)
+        c1 = time.process_time()
+        own.refresh(fleet, now)
+        c2 = time.process_time()
+        twin.refresh(fleet, now)
+        c3 = time.process_time()
+        share_ms += (c1 - c0) * 1000
+        merged_ms += (c2 - c1) * 1000
+        alone_ms += (c3 - c2) * 1000
+    share, merge = share_ms / seconds, max(0.0, merged_ms - alone_ms) / seconds
+    return {"share_ms": round(share, 1), "peer_merge_ms": round(merge, 1),
+            "refresh_alone_ms": round(alone_ms / seconds, 1),
+            "speed_core_share": round((share + merge) / 1000, 3)}
 
 
 def start_redis(log_dir: Path) -> tuple[Proc, int]:
@@ -350,7 +364,7 @@ def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int
                     progress(format_row(out[-1]))
                 summary = asyncio.run(run_one(url, progress=progress, **options)).summary()
                 if speed:  # the other half of sharing's cost, once a second per gateway
-                    sharing = speed_sharing(pods, models)
+                    sharing = speed_sharing(pods, models, gateways, rate)
                     summary |= sharing
                     summary["whole_core_share"] = round(summary["sync_core_share"]
                                                         + sharing["speed_core_share"], 3)
@@ -374,7 +388,8 @@ def format_row(s: dict[str, float | int]) -> str:
         f"{s['turn_latency_ms_median']}, {s['turn_latency_ms_max']}", s["timeouts"], s["wrong_views"],
         f"{s['age_ms_median']}, {s['age_ms_max']}", s["redis_cpu_ms_per_fleet_turn"], s["redis_cores"],
         s["redis_commands_per_s"], round(int(s["reply_bytes_per_s"]) / 1e6, 2),
-        f"{s['share_ms']} + {s['peer_merge_ms']}" if "share_ms" in s else "-", s.get("whole_core_share", "-")))
+        f"{s['share_ms']} + {s['peer_merge_ms']}" if "share_ms" in s else "-",
+        s.get("whole_core_share", "-")))
 
 
 def _failed(state: RedisState, exc: BaseException) -> None:

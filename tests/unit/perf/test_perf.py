@@ -201,7 +201,7 @@ def test_the_sync_bench_counts_the_speed_sharing_of_every_pod() -> None:
     the refresh's merge of the others' sums (more work with them than without)."""
     from extproc.perf import sync
 
-    figures = sync.speed_sharing(pods=200, models=4, repeats=3)
+    figures = sync.speed_sharing(pods=200, models=4, seconds=2)
     assert figures["share_ms"] > 0 and figures["refresh_alone_ms"] > 0
     assert figures["speed_core_share"] == pytest.approx(
         (figures["share_ms"] + figures["peer_merge_ms"]) / 1000, abs=0.0015)  # each rounded alone
