@@ -52,6 +52,7 @@ class Accounting:
         self.busy = BusyClock()
         self._tracked: list[Pod] = []
         self._peers_folded: object = None  # the others' speed evidence as last folded in
+        self._speed_shared: dict[PodKey, int] = {}  # pod -> the evidence's version last handed over
 
     @property
     def samples(self) -> SampleSource:
@@ -118,11 +119,15 @@ class Accounting:
         fold = peers is not self._peers_folded or not peers
         self._peers_folded = peers
         offset = self.wall() - now
+        shared = self._speed_shared
         for pod in self._tracked:
             key = pod.key
-            evidence = self.speed.export(key)
-            if evidence is not None:
-                self.shared.share_speed(key, shifted(evidence, offset))
+            version = self.speed.version(key)
+            if version and shared.get(key) != version:  # else the state holds this very evidence
+                evidence = self.speed.export(key)
+                if evidence is not None:
+                    self.shared.share_speed(key, shifted(evidence, offset))
+                    shared[key] = version
             if fold:
                 self.speed.merge_peers(key, [shifted(v, -offset) for v in peers.get(key, ())])
 
@@ -169,6 +174,8 @@ class Accounting:
         self.load.forget(live)
         self.health.forget(live)
         self.shared.forget(live)
+        for key in [k for k in self._speed_shared if k not in live]:
+            del self._speed_shared[key]
         for key in [k for k in self.output_tokens if k not in live]:
             del self.output_tokens[key]
 

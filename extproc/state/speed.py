@@ -194,7 +194,8 @@ class _Pod:
     prefill: _Sums  # per streamed request: x = prompt tokens, y = time to first token (w = 1)
     mix: _Sums      # per request: x = output tokens, y = prompt tokens (their ratio: the mix)
     measured: float = 0.0  # when its last time per token was observed
-    version: int = 0       # bumped by every record: a merge with the others' sums made before is stale
+    version: int = 0       # the estimator's count of records at its last one: what was merged or
+                           # shared of it before a different number is stale
 
     def shared(self) -> tuple[_Sums, _Sums, _Sums, _Sums]:
         """The sums gateways share: each counts the records that gateway received. Not `kv`: every
@@ -222,6 +223,7 @@ class SpeedEstimator:
         # pod -> (its own version, the peers' list, the two merged): reused while neither moved, since
         # forgetting is multiplicative (a merge decayed later is the merge of the decayed sums)
         self._merged: dict[PodKey, tuple[int, list[list[float]], _Pod]] = {}
+        self._records = 0  # records observed, ever: versions are unique across pods and their restarts
 
     def _pod(self, key: PodKey, now: float) -> _Pod:
         pod = self._pods.get(key)
@@ -236,7 +238,8 @@ class SpeedEstimator:
             return
         pod = self._pod(key, now)
         pod.measured = max(pod.measured, now)
-        pod.version += 1
+        self._records += 1
+        pod.version = self._records
         for sums, tau in ((pod.recent, self.base_tau), (pod.long, self.shape_tau)):
             sums.decay(now, tau)
             sums.add(batch, tpot, tokens)
@@ -248,7 +251,8 @@ class SpeedEstimator:
         if not (prompt > 0 and output > 0):
             return
         pod = self._pod(key, now)
-        pod.version += 1
+        self._records += 1
+        pod.version = self._records
         pod.mix.decay(now, self.shape_tau)
         pod.mix.add(output, prompt, 1.0)
         if ttft is not None and ttft >= 0 and math.isfinite(ttft):
@@ -368,6 +372,11 @@ class SpeedEstimator:
         return self._speeds
 
     # -- what other gateways measured ----------------------------------------------------------------
+
+    def version(self, key: PodKey) -> int:
+        """Changes whenever the pod's shared evidence does (0: none): `export` again only then."""
+        pod = self._pods.get(key)
+        return pod.version if pod is not None else 0
 
     def export(self, key: PodKey) -> list[float] | None:
         """This gateway's own evidence on a pod, for the others (`merge_peers`): every record reaches
