@@ -14,6 +14,14 @@ fleet turn; the real fleet runs 1/interval fleet turns a second, so Redis's core
 turn / interval. Gateways that run one after another do not queue behind each other in Redis, so
 latency here is the floor. The gateways' clock is virtual (turn x interval).
 
+Sharing also costs each gateway outside `sync_once`: once a second its refresh loop hands its speed
+evidence to the shared state and folds in the others' (`Accounting._share_speed`), and the speed fit
+merges the others' sums into each pod's (`SpeedEstimator.refresh`). `speed_sharing` times those with
+the project's own objects for one gateway over a few seconds of the fleet's life (its records reaching
+rate/G of each pod a second, a new read of the others' sums every other second); the summary's
+`whole_core_share` is the sync's share of a core plus theirs. Runs are whole cycles of the speed read,
+so its costlier turns count at their share.
+
 Freshness: after each gateway's sync, its view of every pod's other gateways (`running` less its own)
 is held against what those gateways last wrote (`wrong_views`: pods that differ; 0 means each view is
 exact as of its read, so in a real fleet, where gateways sync side by side, a count is at most two
@@ -44,6 +52,11 @@ from extproc.localstack import Proc, free_port, wait_until
 from extproc.pool.pod import Pod
 from extproc.state.redis_sync import RedisState
 from extproc.state.shared import LocalState
+
+try:  # a --baseline checkout older than the every-other-heartbeat read
+    from extproc.state.sync_core import SPEED_READ_HEARTBEATS
+except ImportError:
+    SPEED_READ_HEARTBEATS = 1
 from extproc.state.speed import SpeedEstimator
 
 TOKENS_PER_REQUEST = 200
@@ -273,6 +286,9 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
     # The gateways' clock is the fleet's virtual one (turn x interval), so heartbeats (and the reads that
     # come with them) fall once every 1/interval turns as they would, however long a fleet turn takes
     # here; liveness is long enough that a slow fleet turn never makes a gateway look dead.
+    # Whole cycles of the speed read (the costliest turns), so a run samples them at their share
+    cycle = max(1, round(1.0 / interval)) * SPEED_READ_HEARTBEATS  # the gateways' heartbeat: 1 s
+    turns = -(-turns // cycle) * cycle
     now = [time.time()]
     states = [RedisState(url, f"bench-gw-{g}", sync_interval=interval, gateway_ttl=3600.0,
                          clock=lambda: now[0]) for g in range(gateways)]
