@@ -25,7 +25,9 @@ so its costlier turns count at their share.
 Freshness: after each gateway's sync, its view of every pod's other gateways (`running` less its own)
 is held against what those gateways last wrote (`wrong_views`: pods that differ; 0 means each view is
 exact as of its read, so in a real fleet, where gateways sync side by side, a count is at most two
-intervals plus a turn's latency old when routing reads it). `age_ms` is the read's wall time less the
+intervals plus a turn's latency old when routing reads it). Tokens: each gateway's counted deltas, summed over
+the run (a first read before any token sets every baseline at 0; two closing heartbeats let every
+gateway write and read), must equal the tokens the fleet completed on each pod (`wrong_token_counts`). `age_ms` is the read's wall time less the
 oldest contributor's write: here that is the serial fleet turn's length, not a real fleet's staleness.
 """
 
@@ -76,6 +78,7 @@ class SyncRun:
     timeouts: int = 0
     failures: int = 0
     wrong: int = 0                    # views that disagreed with the truth of their own moment
+    wrong_tokens: int = -1            # (gateway, pod) token counts that missed the fleet's at the end
     age_ms: list[float] = field(default_factory=list)       # oldest value in a view, per gateway turn
     redis_cpu_ms: list[float] = field(default_factory=list)  # per fleet turn
     commands: list[int] = field(default_factory=list)        # per fleet turn
@@ -100,6 +103,7 @@ class SyncRun:
             "turn_latency_ms_median": round(statistics.median(self.latency_ms), 2),
             "turn_latency_ms_max": round(max(self.latency_ms), 2),
             "timeouts": self.timeouts, "failures": self.failures, "wrong_views": self.wrong,
+            "wrong_token_counts": self.wrong_tokens,
             "age_ms_median": round(statistics.median(self.age_ms), 1) if self.age_ms else -1,
             "age_ms_max": round(max(self.age_ms), 1) if self.age_ms else -1,
             "redis_cpu_ms_per_fleet_turn": round(redis_cpu, 2),
@@ -125,6 +129,7 @@ class Fleet:
         self.held: list[list[int]] = [[0] * len(pods) for _ in states]   # gateway -> pod -> requests
         self.written: list[list[int]] = [[0] * len(pods) for _ in states]
         self.total = [0] * len(pods)                                      # sum of `written`
+        self.credited = [0] * len(pods)  # output tokens completed on each pod, fleet-wide
         for state in states:
             state.track(pods)
         for p in range(len(pods)):
@@ -162,6 +167,7 @@ class Fleet:
                 self.held[g][p] -= 1
                 self.states[g].add_running(self.pods[p], -1)
                 self.states[g].add_tokens(self.pods[p], TOKENS_PER_REQUEST)
+                self.credited[p] += TOKENS_PER_REQUEST
                 self._measured(g, p)
             self._start(p)
 
@@ -309,7 +315,18 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
     fleet = Fleet(states, make_pods(pods, models), inflight, seed, speed, clock=lambda: now[0])
     run = SyncRun(gateways, pods, models, rate, inflight, interval, turns)
     written: list[float] = [0.0] * gateways  # when each gateway last wrote
+    # Each gateway's token deltas as capacity would take them, summed: at the end, once every gateway
+    # wrote and read again, each must have counted every token the fleet completed, once.
+    counted: list[dict] = [{} for _ in states]
+
+    def take_tokens(g: int) -> None:
+        for key, delta in states[g].take_token_deltas().items():
+            counted[g][key] = counted[g].get(key, 0) + delta
+
     try:
+        for g, state in enumerate(states):  # a first read before any token: every baseline is 0
+            await state.sync_once()
+            fleet.wrote(g)
         for turn in range(warmup + turns):
             now[0] += interval
             fleet.step(rate * pods * interval)
@@ -329,6 +346,7 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
                     continue
                 c1, t1 = time.process_time(), time.perf_counter()
                 written[g] = t1
+                take_tokens(g)
                 if not measured:
                     fleet.wrote(g)
                     continue
@@ -349,6 +367,13 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
                 run.bytes_in.append(after[3] - before[3])
             if progress and turn % 10 == 0:
                 progress(f"  G={gateways} P={pods}: turn {turn + 1}/{warmup + turns}")
+        for _ in range(2):  # all write, then all read what the others wrote (totals: on heartbeats)
+            now[0] += 1.0
+            for g, state in enumerate(states):
+                await state.sync_once()
+                take_tokens(g)
+        run.wrong_tokens = sum(counted[g].get(pod.key, 0) != fleet.credited[p]
+                               for g in range(gateways) for p, pod in enumerate(fleet.pods))
         run.keys = int(admin.dbsize())
         run.redis_memory = int(admin.info("memory")["used_memory"])
     finally:
@@ -407,7 +432,7 @@ def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int
 
 
 HEADER = ("code", "G", "P", "sync CPU ms/turn (med, p99)", "core (mean)", "latency ms (med, max)", "timeouts",
-          "wrong", "age ms (med, max)", "Redis ms/fleet turn", "Redis cores", "cmds/s", "reply MB/s",
+          "wrong (views, token counts)", "age ms (med, max)", "Redis ms/fleet turn", "Redis cores", "cmds/s", "reply MB/s",
           "speed sharing ms/s (share + peer merge)", "whole core")
 
 
@@ -415,7 +440,8 @@ def format_row(s: dict[str, float | int]) -> str:
     return " | ".join(str(x) for x in (
         s["code"], s["gateways"], s["pods"], f"{s['sync_cpu_ms_median']}, {s['sync_cpu_ms_p99']}",
         s["sync_core_share"],
-        f"{s['turn_latency_ms_median']}, {s['turn_latency_ms_max']}", s["timeouts"], s["wrong_views"],
+        f"{s['turn_latency_ms_median']}, {s['turn_latency_ms_max']}", s["timeouts"],
+        f"{s['wrong_views']}, {s.get('wrong_token_counts', '-')}",
         f"{s['age_ms_median']}, {s['age_ms_max']}", s["redis_cpu_ms_per_fleet_turn"], s["redis_cores"],
         s["redis_commands_per_s"], round(int(s["reply_bytes_per_s"]) / 1e6, 2),
         f"{s['share_ms']} + {s['peer_merge_ms']}" if "share_ms" in s else "-",
