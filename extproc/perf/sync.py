@@ -25,10 +25,11 @@ so its costlier turns count at their share.
 Freshness: after each gateway's sync, its view of every pod's other gateways (`running` less its own)
 is held against what those gateways last wrote (`wrong_views`: pods that differ; 0 means each view is
 exact as of its read, so in a real fleet, where gateways sync side by side, a count is at most two
-intervals plus a turn's latency old when routing reads it). Tokens: each gateway's counted deltas, summed over
-the run (a first read before any token sets every baseline at 0; two closing heartbeats let every
-gateway write and read), must equal the tokens the fleet completed on each pod (`wrong_token_counts`). `age_ms` is the read's wall time less the
-oldest contributor's write: here that is the serial fleet turn's length, not a real fleet's staleness.
+intervals plus a turn's latency old when routing reads it). Tokens: each gateway's counted deltas,
+summed over the run (a first read before any token sets every baseline at 0; two closing heartbeats
+let every gateway write and read), must equal the tokens the fleet completed on each pod
+(`wrong_token_counts`). `age_ms` is the read's wall time less the oldest contributor's write: here
+that is the serial fleet turn's length, not a real fleet's staleness.
 """
 
 from __future__ import annotations
