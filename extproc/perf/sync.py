@@ -433,7 +433,8 @@ def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int
 
 
 HEADER = ("code", "G", "P", "sync CPU ms/turn (med, p99)", "core (mean)", "latency ms (med, max)", "timeouts",
-          "wrong (views, token counts)", "age ms (med, max)", "Redis ms/fleet turn", "Redis cores", "cmds/s", "reply MB/s",
+          "wrong (views, token counts)", "age ms (med, max)", "Redis ms/fleet turn", "Redis cores", "cmds/s",
+          "reply MB/s",
           "speed sharing ms/s (share + peer merge)", "whole core")
 
 
