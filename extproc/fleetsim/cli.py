@@ -16,7 +16,8 @@ def register(sub: Any) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scenario", required=True, help="built-in name or a YAML file (see --list)")
+    p.add_argument("--scenario", required=True,
+                   help="a built-in scenario (a name it does not know prints them all) or a YAML file")
     p.add_argument("--strategies", help="comma-separated strategies (default: the scenario's)")
     p.add_argument("--duration", type=float, help="simulated seconds of arrivals (default: the scenario's)")
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every stream's rate")

@@ -24,6 +24,7 @@ from extproc.envoy_contract import ENVOY_BUFFER_BYTES, EXTPROC_SERVICE
 from extproc.pool.info import PodInfoCollector
 from extproc.ratelimit import RateLimiter
 from extproc.ratelimit.redis_store import RedisStore
+from extproc.ratelimit.worker_store import WorkerBudgets
 from extproc.routing.framework import waitings
 from extproc.server import loops, processor
 from extproc.server.access_log import AccessLogService
@@ -132,7 +133,9 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     # Rate-limit budgets shared through Redis when there is one (turned on and off by reloads)
     limit_store = (RedisStore(redis, config.rate_limits.redis_timeout_s)
                    if redis_url else None)
-    limiter = RateLimiter(config.rate_limits, registry, store=limit_store)
+    # without Redis, the workers of `serve --workers N` share theirs in memory (N x the limit otherwise)
+    limiter = RateLimiter(config.rate_limits, registry, store=limit_store,
+                          local=WorkerBudgets(worker.budgets_fd) if worker is not None else None)
     gateway = Gateway(config, registry=registry, accounting=accounting, limiter=limiter)
     registry.register(PodInfoCollector(lambda: gateway.pool.all_pods()))  # GPU type etc. per pod
     # the Inference Extension's reference picker's series, for the dashboards that chart a pool's

@@ -16,7 +16,7 @@ def make_app(name: str) -> web.Application:
     seen: list[dict[str, str]] = []
 
     async def generate(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+        body = json.loads(await request.read())  # bytes, as vLLM (Starlette) reads them: a BOM is skipped
         seen.append(dict(request.headers))
         tokens = int(body.get("max_tokens") or 3)
         headers = {"x-upstream": name}
