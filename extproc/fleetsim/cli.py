@@ -39,9 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--find-min-fleet", action="store_true",
                    help="instead of one run: per strategy, the cheapest fixed count per deployment that "
                         "meets the scenario's SLO (attainment >= 99 %%, nothing rejected), and each type alone "
-                        "(\"what fleet do I need before I buy\"): every cheaper fleet within the caps is run; "
-                        "--jobs runs fleets in parallel; --gateways, --no-token-sharing, --capacity apply "
-                        "to every fleet")
+                        "(\"what fleet do I need before I buy\"): every cheaper fleet within the caps "
+                        "is run; --jobs runs fleets in parallel; --gateways, --no-token-sharing and "
+                        "--capacity apply to every fleet")
     p.add_argument("--capacity", choices=("learned", "oracle"), default="learned",
                    help="diagnostic: 'oracle' gives routing each replica's true saturated throughput "
                         "instead of the gateway's learned estimate")

@@ -217,10 +217,10 @@ def find_min_fleet(scenario: Scenario, strategy: str, seed: int = 0, jobs: int =
     else:
         best, alone, tested, cheaper = cheapest(judge, names, costs, caps)
     trial = next((t for t in tested if best is not None and t.counts == dict(zip(names, best))), None)
+    costs_alone = {g.name: (n, None if n is None else round(n * g.cost, 9))
+                   for g in groups for n in [alone[g.name]]}
     return MinFleet(scenario.name, strategy, trial.counts if trial else None, trial.cost if trial else None,
-                    trial.attainment if trial else None,
-                    {g.name: (alone[g.name], None if alone[g.name] is None else round(alone[g.name] * g.cost, 9))
-                     for g in groups}, tested, cheaper)
+                    trial.attainment if trial else None, costs_alone, tested, cheaper)
 
 
 def markdown(m: MinFleet) -> str:
