@@ -42,6 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(\"what fleet do I need before I buy\"): every cheaper fleet within the caps "
                         "is run; --jobs runs fleets in parallel; --gateways, --no-token-sharing and "
                         "--capacity apply to every fleet")
+    p.add_argument("--acceptance", action="store_true",
+                   help="the optimizer's acceptance check for this scenario and --seed: the loop's mean cost "
+                        "(--optimizer, strategy slo unless --strategies names one) against the verified "
+                        "cheapest fixed fleet, SLO attainment, rejected, direction changes "
+                        "(extproc/fleetsim/acceptance.py)")
     p.add_argument("--capacity", choices=("learned", "oracle"), default="learned",
                    help="diagnostic: 'oracle' gives routing each replica's true saturated throughput "
                         "instead of the gateway's learned estimate")
@@ -67,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
     options = Options(gateways=args.gateways, share_tokens=not args.no_token_sharing, seed=args.seed,
                       jobs=args.jobs, oracle_capacity=args.capacity == "oracle", optimizer=args.optimizer,
                       profiles_dir=args.profiles)
+    if args.acceptance:
+        return _acceptance(scenario, strategies if args.strategies else ["slo"], args)
     if args.find_min_fleet:
         refused = [flag for flag, on in (("--optimizer", args.optimizer), ("--profiles", args.profiles),
                                          ("--find-max-rate", args.find_max_rate), ("--plot", args.plot))
@@ -125,6 +132,25 @@ def _min_fleet(scenario: Any, strategies: list[str], args: argparse.Namespace) -
         with open(args.json, "w") as f:
             json.dump([m.as_json() for m in found], f, indent=1)
     return 0 if all(m.counts is not None for m in found) else 1
+
+
+def _acceptance(scenario: Any, strategies: list[str], args: argparse.Namespace) -> int:
+    from extproc.fleetsim.acceptance import HEADER, accept
+    from extproc.fleetsim.minfleet import RunSettings
+
+    if len(strategies) != 1:
+        print("fleet-sim: --acceptance checks one strategy", file=sys.stderr)
+        return 2
+    try:
+        verdict = accept(scenario, args.seed, strategies[0], args.jobs, args.profiles, RunSettings(
+            gateways=args.gateways, share_tokens=not args.no_token_sharing,
+            oracle_capacity=args.capacity == "oracle"))
+    except ValueError as exc:
+        print(f"fleet-sim: {exc}", file=sys.stderr)
+        return 2
+    print(HEADER)
+    print(verdict.row())
+    return 0 if verdict.passed else 1
 
 
 class _Bars:
