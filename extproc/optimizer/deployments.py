@@ -39,6 +39,8 @@ from extproc.pool.settings import DiscoverySettings
 log = logging.getLogger(__name__)
 
 MIN_REPLICAS_LABEL = "model.aibrix.ai/min_replicas"
+# the kinds whose maxReplicas caps a Deployment's plan (HorizontalPodAutoscaler, AIBrix's PodAutoscaler)
+AUTOSCALER_KINDS = ("hpa", "podautoscaler")
 TOP_KEYS = frozenset({"deployments", "profiles", "kubernetes", "planning"})
 MAX_REPLICAS_LABEL = "model.aibrix.ai/max_replicas"  # ours: the most the plan may count on
 
@@ -80,6 +82,7 @@ class KubernetesSettings:
     namespaces: tuple[str, ...] = ()  # empty: every namespace
     kubeconfig: str | None = None  # None: the service account in a pod, else ~/.kube/config
     label_selector: str = MODEL_LABEL
+    autoscalers: tuple[str, ...] = ()  # read maxReplicas from these kinds (optimizer/autoscalers.py)
     in_cluster: bool = field(default=False, compare=False)  # from KUBERNETES_SERVICE_HOST, not the file
 
     def discovery(self, namespace: str | None) -> DiscoverySettings:
@@ -92,7 +95,7 @@ def parse_kubernetes(data: Any) -> KubernetesSettings | None:
         return None
     if not isinstance(data, Mapping):
         raise ConfigError("kubernetes: expected a mapping (namespaces, kubeconfig, label_selector)")
-    check_keys("kubernetes", data, frozenset({"namespaces", "kubeconfig", "label_selector"}))
+    check_keys("kubernetes", data, frozenset({"namespaces", "kubeconfig", "label_selector", "autoscalers"}))
     namespaces = data.get("namespaces") or []
     if not isinstance(namespaces, list) or not all(isinstance(n, str) and n and "/" not in n
                                                    for n in namespaces):
@@ -103,7 +106,12 @@ def parse_kubernetes(data: Any) -> KubernetesSettings | None:
     selector = data.get("label_selector") or MODEL_LABEL
     if MODEL_LABEL not in selector.replace(" ", "").split(","):
         raise ConfigError(f"kubernetes.label_selector: must select {MODEL_LABEL} (it names the model)")
-    return KubernetesSettings(tuple(dict.fromkeys(namespaces)), data.get("kubeconfig"), selector)
+    kinds = data.get("autoscalers") or []
+    if not isinstance(kinds, list) or not all(k in AUTOSCALER_KINDS for k in kinds):
+        raise ConfigError(f"kubernetes.autoscalers{line_of(data, 'autoscalers')}: expected a list of "
+                          f"{', '.join(AUTOSCALER_KINDS)}, got {kinds!r}")
+    return KubernetesSettings(tuple(dict.fromkeys(namespaces)), data.get("kubeconfig"), selector,
+                              tuple(dict.fromkeys(kinds)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,10 @@ async def eventually(check: Callable[[], bool], what: str, timeout: float = 10.0
     raise AssertionError(f"timed out waiting for {what}")
 
 
+KINDS = {"pods": "Pod", "deployments": "Deployment", "horizontalpodautoscalers": "HorizontalPodAutoscaler",
+         "podautoscalers": "PodAutoscaler"}  # the last path segment of a list or watch -> its kind
+
+
 class FakeApiServer:
     """Pods and Deployments with resourceVersions, an event log, watches that can be dropped or expired
     (410). One resourceVersion sequence for all kinds, as etcd has."""
@@ -76,8 +80,9 @@ class FakeApiServer:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         namespace = request.match_info.get("namespace")
-        of_kind = "Deployment" if request.path.endswith("/deployments") else "Pod"
-        assert request.query.get("labelSelector") == "model.aibrix.ai/name"
+        of_kind = KINDS[request.path.rsplit("/", 1)[1]]
+        if of_kind in ("Pod", "Deployment"):  # autoscalers are listed whole: they carry no model label
+            assert request.query.get("labelSelector") == "model.aibrix.ai/name"
         if request.query.get("watch") not in ("true", "True", "1"):
             self.lists.append(time.monotonic())
             if self.fail_lists:
@@ -125,6 +130,10 @@ async def fake_api_server(tmp_path: Path) -> AsyncIterator[FakeApiServer]:
     app.router.add_get("/apis/apps/v1/deployments", server.handle)
     app.router.add_get("/apis/apps/v1/namespaces/{namespace}/deployments", server.handle)
     app.router.add_get("/apis/apps/v1/namespaces/{namespace}/deployments/{name}", server.read)
+    for base in ("/apis/autoscaling/v2", "/apis/autoscaling.aibrix.ai/v1alpha1"):
+        plural = "horizontalpodautoscalers" if base.endswith("v2") else "podautoscalers"
+        app.router.add_get(f"{base}/{plural}", server.handle)
+        app.router.add_get(f"{base}/namespaces/{{namespace}}/{plural}", server.handle)
     runner = web.AppRunner(app, shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -180,6 +180,9 @@ def test_planning_section_and_max_replicas(tmp_path: Path) -> None:
         ("deployments:\n  - {name: a, model: m, min_replicas: 3, max_replicas: 2}\n",
          r"deployments\[0\]\.max_replicas \(line 2\): 2 is below min_replicas 3"),
         ("planning:\n  headroom: 1\n  headroom: 2\n", "headroom"),  # a repeated key is refused too
+        ("kubernetes:\n  autoscalers: [hpa, keda]\n",
+         r"kubernetes\.autoscalers \(line 2\): expected a list of hpa, podautoscaler"),
+        ("kubernetes:\n  autoscaler: [hpa]\n", "did you mean autoscalers"),
     ],
 )
 def test_bad_planning_is_refused_whole_naming_the_key(text: str, message: str, tmp_path: Path) -> None:
