@@ -57,7 +57,8 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
     if not isinstance(raw, dict):
         raise ConfigError("config must be a mapping")
     check_known("", raw, TOP_KEYS)
-    discovery = parse_discovery(_section(raw, "discovery"), in_cluster=environment.in_cluster(env))
+    discovery = parse_discovery(_section(raw, "discovery"), in_cluster=environment.in_cluster(env),
+                                own_namespace=environment.pod_namespace(env))
     if "models" not in raw and not discovery.enabled:
         raise ConfigError("models: the config names no models")
     for name, allowed in SECTION_KEYS.items():

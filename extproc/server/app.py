@@ -31,6 +31,7 @@ from extproc.server.admin import admin_app
 from extproc.server.discovery import start_discovery
 from extproc.server.gateway import Gateway
 from extproc.server.heap import HeapTrimmer
+from extproc.server.inference_metrics import InferencePoolCollector, ObjectiveMetrics
 from extproc.server.otel import from_env as otel_from_env
 from extproc.server.processor import Processor, parse_body
 from extproc.server.supervisor import WorkerSpec
@@ -134,6 +135,9 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     limiter = RateLimiter(config.rate_limits, registry, store=limit_store)
     gateway = Gateway(config, registry=registry, accounting=accounting, limiter=limiter)
     registry.register(PodInfoCollector(lambda: gateway.pool.all_pods()))  # GPU type etc. per pod
+    # the Inference Extension's reference picker's series, for the dashboards that chart a pool's
+    registry.register(InferencePoolCollector(gateway))
+    gateway.add_hook(ObjectiveMetrics(registry))
     prober = HealthProber(accounting.health)
     # Long prompts are parsed in a worker process: the parser holds the GIL, a thread would not help.
     # The worker dies with the gateway, however the gateway dies (it holds its own queue's write end,
