@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from extproc.config.source import line_of
 from extproc.optimizer.config_errors import ConfigError, check_keys
+from extproc.optimizer.feedback import CEILING as FEEDBACK_CEILING  # its rule is beside it
+from extproc.optimizer.feedback import GAIN as FEEDBACK_GAIN
 from extproc.optimizer.feedback import Feedback
 from extproc.optimizer.solver import REMOVE_COST  # the rule is beside it
 
@@ -24,14 +26,6 @@ from extproc.optimizer.solver import REMOVE_COST  # the rule is beside it
 # replica admits busy and wait for one (P(wait) = 1 / (1 + β·Φ(β)/φ(β)) = 0.50 at β = 0.5); the SLO
 # router's queue holds those waits within the request's deadline, and a smaller β makes most arrivals wait.
 HEADROOM = 0.5
-# The feedback's gain: a shortfall s below the 99 % target cuts the type's throughput by gain·s, and the
-# step is capped at a fifth (feedback.py); gain = that cap over a shortfall of 4 points (96 %), the most a
-# fleet that nearly keeps the SLO misses by, so smaller misses take proportionally smaller steps.
-FEEDBACK_GAIN = 5.0
-# The most the feedback may raise a profile without admitted budgets (gen-profile's one-replica rule): the
-# factor that kept budget carries, the largest passing budget over the one kept (gen-profile's
-# BUDGET_MARGIN, 2). A profile with `concurrency_admitted` is never raised (feedback.py).
-FEEDBACK_CEILING = 2.0
 PROVISION_S = 60.0  # a replica's start: from the plan's ask to serving (image cached, weights loaded)
 # The PodAutoscaler's scale-down stabilization (Kubernetes HPA's default, 300 s): the fleet simulation's
 # stand-in for the autoscaler; the live optimizer does not scale, the HPA/KEDA object carries it.
@@ -76,9 +70,6 @@ class PlanPolicy:
         if self.feedback_settle_s is not None:
             fb.settle_s = self.feedback_settle_s
         return fb
-
-    def as_dict(self) -> dict[str, float | None]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def parse_policy(data: Mapping[str, Any], where: str, allowed: frozenset[str] = KEYS) -> PlanPolicy:
