@@ -90,7 +90,8 @@ class FakeApiServer:
         namespace = request.match_info.get("namespace")
         of_kind = KINDS[request.path.rsplit("/", 1)[1]]
         selects = selector(request.query.get("labelSelector", ""), request.query.get("fieldSelector", ""))
-        if of_kind != "InferencePool":  # the gateway and the optimizer select what they may read
+        if of_kind in ("Pod", "Deployment"):  # the gateway and the optimizer select what they may read
+            # (pools are followed by name; autoscalers are read whole: they carry no model label)
             assert request.query.get("labelSelector"), "an unfiltered list of every pod"
 
         def wanted(obj: dict[str, Any]) -> bool:
@@ -139,7 +140,8 @@ class FakeApiServer:
                 await self.changed.wait()
 
 
-KINDS = {"pods": "Pod", "deployments": "Deployment", "inferencepools": "InferencePool"}
+KINDS = {"pods": "Pod", "deployments": "Deployment", "inferencepools": "InferencePool",
+         "horizontalpodautoscalers": "HorizontalPodAutoscaler", "podautoscalers": "PodAutoscaler"}
 POOLS = "/apis/inference.networking.k8s.io/v1"
 
 
@@ -187,6 +189,10 @@ class ApiSite:
         app.router.add_get("/apis/apps/v1/namespaces/{namespace}/deployments", server.handle)
         app.router.add_get("/apis/apps/v1/namespaces/{namespace}/deployments/{name}", server.read)
         app.router.add_get(POOLS + "/namespaces/{namespace}/inferencepools", server.handle)
+        for base in ("/apis/autoscaling/v2", "/apis/autoscaling.aibrix.ai/v1alpha1"):
+            plural = "horizontalpodautoscalers" if base.endswith("v2") else "podautoscalers"
+            app.router.add_get(f"{base}/{plural}", server.handle)
+            app.router.add_get(f"{base}/namespaces/{{namespace}}/{plural}", server.handle)
         self._runner = web.AppRunner(app, shutdown_timeout=0.1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)

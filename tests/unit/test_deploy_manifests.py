@@ -255,18 +255,23 @@ def test_optimizer_deployment_and_config(tmp_path: Path) -> None:
     dep = one(docs, "Deployment", "extproc-optimizer")
     (container,) = dep["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["extproc", "optimizer"]
-    # discovery on, in every namespace, with read-only access to Deployments and nothing more
+    # discovery on, in every namespace, with read-only access to Deployments and their autoscalers
     path = tmp_path / "optimizer.yaml"
     path.write_text(one(docs, "ConfigMap", "extproc-optimizer-config")["data"]["optimizer.yaml"])
     config = load_optimizer_config(path)
     assert config.kubernetes is not None and config.kubernetes.namespaces == () and config.deployments == ()
+    assert config.kubernetes.autoscalers == ("hpa",)  # the HPAs' maxReplicas cap the plan
     args = container["args"]
     assert args[args.index("--config") + 1] == "/etc/extproc-optimizer/optimizer.yaml"
     pod = dep["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "extproc-optimizer" and pod["automountServiceAccountToken"] is True
     role = one(docs, "ClusterRole", "extproc-optimizer-deployment-reader")
     assert role["rules"] == [
-        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch"]}
+        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["autoscaling.aibrix.ai"], "resources": ["podautoscalers"],
+         "verbs": ["get", "list", "watch"]},
     ]
     binding = one(docs, "ClusterRoleBinding", "extproc-optimizer-deployment-reader")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]

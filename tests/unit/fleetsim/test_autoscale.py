@@ -14,6 +14,7 @@ from extproc.fleetsim.fleet import build_replicas
 from extproc.fleetsim.loop import REJECTED, run
 from extproc.fleetsim.metrics import summarize
 from extproc.gpu_profiles import parse_profile
+from extproc.optimizer.policy import PlanPolicy
 from tests.unit.fleetsim.conftest import small
 
 CHAT = {"name": "chat", "rate": 2, "prompt": {"mean": 200, "sigma": 0.5, "max": 1000},
@@ -115,7 +116,8 @@ def test_min_replicas_holds_without_load_only():
     groups = {"fast": Group("A100", 10, "fast", initial=2, min_replicas=2, cost=2.0),
               "slow": Group("L20", 10, "slow", initial=1, min_replicas=1, cost=3.0)}
     opt = Optimizer("m", groups, PROFILES, Autoscale(provision_s=0, interval_s=10, window_s=10,
-                                                     stabilization_s=0, headroom=0), lambda: 0.0)
+                                                     stabilization_s=0,
+                                                     policy=PlanPolicy(headroom=0)), lambda: 0.0)
 
     def asked(t: float, rps: float) -> dict[str, int]:
         n = round(rps * 10)
@@ -188,7 +190,8 @@ def test_the_autoscaler_holds_within_its_tolerance():
 
     group = Group("A100", 100, "fast", initial=1, min_replicas=1, cost=1.0)
     opt = Optimizer("m", {"fast": group}, {"fast": flat("fast", 1.0, 1.0)},
-                    Autoscale(provision_s=0, interval_s=10, window_s=10, stabilization_s=0, headroom=0),
+                    Autoscale(provision_s=0, interval_s=10, window_s=10, stabilization_s=0,
+                              policy=PlanPolicy(headroom=0)),
                     lambda: 0.0)
 
     def asked(t: float, rps: float) -> int:
