@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup lint redis chromium kubectl interop test unit integration reliability soak fuzz demo bench bench-memory bench-memory-large bench-sim validate-sim sim-fleet envoy-config clean
+.PHONY: setup lint redis chromium kubectl interop test unit integration reliability soak fuzz demo bench bench-memory bench-memory-large bench-sim validate-sim sim-fleet optimizer-acceptance envoy-config clean
 
 setup: $(STAMP)
 
@@ -99,6 +99,16 @@ bench-sim: setup
 
 validate-sim: setup
 	$(PY) -m extproc.sim.validate --presets
+	$(VENV)/bin/extproc engine-sim calibrate
+
+# The GPU optimizer's acceptance (docs/optimizer.md, "Acceptance"): every built-in scenario with an
+# autoscale section x seeds 0, 1, 2, the loop against each seed's verified cheapest fixed fleet. Hours;
+# not part of `make test`. SEEDS=0 SCENARIOS=a,b JOBS=2 narrow it.
+SEEDS ?= 0,1,2
+optimizer-acceptance: setup
+	mkdir -p build
+	nice $(PY) -m extproc.fleetsim.acceptance --seeds $(SEEDS) $(if $(SCENARIOS),--scenarios $(SCENARIOS)) \
+		$(if $(JOBS),--jobs $(JOBS)) --out build/optimizer-acceptance.md
 
 sim-fleet: setup
 	$(VENV)/bin/extproc engine-sim --fleet extproc/sim/fleets/mixed.yaml

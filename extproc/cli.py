@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds a request may see no bytes from the pod before it gets a 504")
     envoy.add_argument("--extproc-port", type=int, default=50052)
     envoy.add_argument("--extproc-workers", type=int, default=1,
-                       help="the gateway's `serve --workers N`: one endpoint per worker port")
+                       help="the gateway's `extproc serve --workers N`: one endpoint per worker port")
     envoy.add_argument("--admin-port", type=int, default=9901)
     envoy.add_argument("--destination-header", default=DEFAULT_DESTINATION_HEADER)
     envoy.add_argument("--gateway-config", metavar="GATEWAY.yaml",

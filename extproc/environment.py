@@ -70,6 +70,7 @@ REDIS_URL, REDIS_HOST, REDIS_PORT, REDIS_PASSWORD = ("EXTPROC_REDIS_URL", "REDIS
 API_KEYS = "EXTPROC_API_KEYS"
 TRACING_FLAG = "AIBRIX_GPU_OPTIMIZER_TRACING_FLAG"
 POD_NAME = "POD_NAME"
+POD_NAMESPACE = "POD_NAMESPACE"
 IN_CLUSTER = "KUBERNETES_SERVICE_HOST"
 
 # Read by the rules below, into settings of their own.
@@ -81,6 +82,8 @@ OWN_RULES: tuple[Variable, ...] = (
     Variable(TRACING_FLAG, "request traces for the GPU optimizer (needs Redis)", aibrix=True),
     Variable(POD_NAME, "this gateway's name in Redis (else the hostname)", aibrix=True),
     Variable(IN_CLUSTER, "Kubernetes discovery: in-cluster credentials when no kubeconfig is named"),
+    Variable(POD_NAMESPACE, "InferencePool discovery: the pool's namespace when "
+                            "discovery.inferencepool.namespace names none (set from the downward API)"),
 )
 
 VARIABLES: tuple[Variable, ...] = (*CONFIG_OVERRIDES, *ROUTING_KNOBS, *OWN_RULES)  # the one table
@@ -128,6 +131,10 @@ def api_keys(env: Mapping[str, str]) -> tuple[str, ...]:
 def pod_name(env: Mapping[str, str]) -> str | None:
     """AIBrix names a gateway instance by POD_NAME (the caller falls back to the hostname)."""
     return env.get(POD_NAME) or None
+
+
+def pod_namespace(env: Mapping[str, str]) -> str | None:
+    return env.get(POD_NAMESPACE) or None
 
 
 def in_cluster(env: Mapping[str, str]) -> bool:

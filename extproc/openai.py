@@ -122,11 +122,14 @@ class _Body(msgspec.Struct):
 
 
 _DECODER = msgspec.json.Decoder(_Body)
+UTF8_BOM = b"\xef\xbb\xbf"
 _PATH_PARAM = re.compile(r"`\$\.([A-Za-z_]+)")
 
 
 def parse_request(path: str, body: bytes, header_model: str | None = None) -> Request:
     """Parse a buffered request body. The body's `model` wins over the `model` header."""
+    if body.startswith(UTF8_BOM):  # RFC 8259 lets a parser ignore it, and vLLM's (Python's json) does
+        body = body[len(UTF8_BOM):]
     try:
         data = _DECODER.decode(body)
     except msgspec.ValidationError as exc:

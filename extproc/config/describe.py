@@ -22,8 +22,13 @@ def describe(config: Config) -> list[str]:
              f"API keys: {_keys(config)}; request traces: "
              f"{('on' if config.redis_url else 'on, but off without Redis') if config.tracing else 'off'}"]
     lines.append(f"rate limits: {_rate_limits(config)}")
-    if config.discovery.enabled:
-        d = config.discovery
+    d = config.discovery
+    if d.inferencepool is not None:
+        pool = d.inferencepool
+        lines.append(f"discovery: InferencePool {pool.namespace}/{pool.name}, its selector's ready pods on "
+                     f"its target ports, model {pool.model or 'from each pod (else the pool name)'} "
+                     "(listed below: the file's pods only)")
+    elif d.enabled:
         lines.append(f"discovery: kubernetes, pods labelled {d.label_selector} in "
                      f"{d.namespace or 'all namespaces'} (listed below: the file's pods only)")
     for model in config.models:

@@ -33,6 +33,8 @@ from extproc.config.schema import (
 )
 from extproc.config.source import DuplicateKey, read_yaml
 from extproc.envoy_contract import DEFAULT_DESTINATION_HEADER, ENVOY_BUFFER_BYTES
+from extproc.ratelimit.settings import OVERRIDE_KEYS as RATE_LIMIT_OVERRIDE_KEYS
+from extproc.ratelimit.settings import SECTION_KEYS as RATE_LIMIT_KEYS
 from extproc.ratelimit.settings import RateLimitError, parse_rate_limits
 from extproc.routing.settings import RoutingSettings
 from extproc.state import redis_connect
@@ -59,11 +61,13 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
     if not isinstance(raw, dict):
         raise ConfigError("config must be a mapping")
     check_known("", raw, TOP_KEYS)
-    discovery = parse_discovery(_section(raw, "discovery"), in_cluster=environment.in_cluster(env))
+    discovery = parse_discovery(_section(raw, "discovery"), in_cluster=environment.in_cluster(env),
+                                own_namespace=environment.pod_namespace(env))
     if "models" not in raw and not discovery.enabled:
         raise ConfigError("models: the config names no models")
     for name, allowed in SECTION_KEYS.items():
         check_known(name, _section(raw, name), allowed)
+    _check_owned_keys(raw)
     routing = dict(_section(raw, "routing"))
     gateway = dict(_section(raw, "gateway"))
     telemetry = dict(_section(raw, "telemetry"))
@@ -121,6 +125,27 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
                   tracing=environment.tracing_enabled(env),
                   api_keys_file=_keys_file(gateway), api_keys=environment.api_keys(env),
                   discovery=discovery, rate_limits=rate_limits)
+
+
+def _check_owned_keys(raw: Mapping[str, Any]) -> None:
+    """Unknown keys of the sections other packages parse (routing, rate_limits), named here as every
+    section's are: with the line and the closest known key. Their parsers check values (and keys
+    again, for callers without a file)."""
+    import extproc.strategies  # noqa: F401  (the strategies' own routing sections)
+    from extproc.routing.settings import known_keys
+
+    routing = _section(raw, "routing")
+    for where, allowed in known_keys().items():
+        section = routing if where == "routing" else routing.get(where.partition(".")[2])
+        if isinstance(section, Mapping):
+            check_known(where, section, allowed)
+    limits = raw.get("rate_limits")
+    if isinstance(limits, Mapping):
+        check_known("rate_limits", limits, RATE_LIMIT_KEYS)
+        overrides = limits.get("overrides")
+        for i, entry in enumerate(overrides if isinstance(overrides, list) else ()):
+            if isinstance(entry, Mapping):
+                check_known(f"rate_limits.overrides[{i}]", entry, RATE_LIMIT_OVERRIDE_KEYS)
 
 
 def _routing(routing: dict[str, Any], model_routing: dict[str, Any], models: tuple[str, ...],

@@ -3,8 +3,9 @@
 The simulated gateways write request traces as live ones do (`TraceHooks` -> `TraceRecorder`, windows
 keyed by wall-clock time, here virtual time from EPOCH); a dict stands in for Redis. Every `interval_s`
 the optimizer's own code re-plans from them: `window_ends` + `parse_trace` (what `read_windows` reads),
-then `planning.replan` (rates, the feedback's correction, the MILP) exactly as the live service runs it,
-`ModelState.apply`/`reported` (overrides none, no load: min_replicas). A PodAutoscaler then scales
+then `planning.plan_model` (rates, the feedback's correction, the MILP, each deployment's most replicas,
+the policy's constants) exactly as the live service runs it, `ModelState.apply`/`reported` (overrides
+none, no load: min_replicas). A PodAutoscaler then scales
 each deployment to ceil(metric / targetValue) with the
 metric in hundredths of a replica and targetValue 100, within [0, the replicas it may run] (the spec
 requires each PodAutoscaler's minReplicas to be 0: `min_replicas` is the optimizer's floor with no load,
@@ -24,7 +25,7 @@ from extproc.fleetsim.scenario import Autoscale, Group
 from extproc.gpu_profiles import GpuProfile
 from extproc.optimizer.deployments import Deployment
 from extproc.optimizer.monitor import ModelState
-from extproc.optimizer.planning import HEADROOM, PlanSettings, replan
+from extproc.optimizer.planning import plan_model
 from extproc.optimizer.service import REPLICA_UNITS
 from extproc.optimizer.traces import window_ends
 from extproc.optimizer.workload import parse_trace
@@ -60,12 +61,12 @@ class Optimizer:
         self.clock = clock
         self.recorder = TraceRecorder()
         self.redis: dict[str, str] = {}
+        self.policy = settings.resolved()
+        # the autoscaler's maximum per deployment is the deployment's max_replicas, as the service reads it
         self.state = ModelState(model, deployments={
-            d: Deployment("default", d, model, g.min_replicas, g.initial) for d, g in self.groups.items()})
+            d: Deployment("default", d, model, g.min_replicas, g.initial, max_replicas=g.replicas)
+            for d, g in self.groups.items()}, feedback=self.policy.feedback())
         self.timeline = Timeline()
-        self.plan_settings = PlanSettings(  # the autoscaler's maximum per deployment bounds the plan
-            HEADROOM if settings.headroom is None else settings.headroom,
-            limits={d: g.replicas for d, g in self.groups.items()})
         # (time, counts) within the stabilization; the autoscaler has been running the initial fleet
         self.asked: list[tuple[float, dict[str, int]]] = [
             (0.0, {d: g.initial if g.initial is not None else g.replicas for d, g in self.groups.items()})]
@@ -85,9 +86,7 @@ class Optimizer:
             raw = self.redis.get(trace_key(self.model, end))
             if raw is not None:
                 windows.append(parse_trace(end, json.loads(raw)))
-        current = {d: self.state.reported(d) for d in self.groups}
-        result = replan(windows, wall, self.settings.window_s, self.profiles, current, self.state.feedback,
-                        self.plan_settings, self.state.changed_at)
+        result = plan_model(self.state, windows, wall, self.settings.window_s, self.profiles, self.policy)
         if result.error:
             self.timeline.errors.append(f"{now:.0f}s: {result.error}")
         self.timeline.factors.append({d: self.state.feedback.factor(d) for d in self.groups})

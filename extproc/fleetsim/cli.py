@@ -16,7 +16,8 @@ def register(sub: Any) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scenario", required=True, help="built-in name or a YAML file (see --list)")
+    p.add_argument("--scenario", required=True,
+                   help="a built-in scenario (a name it does not know prints them all) or a YAML file")
     p.add_argument("--strategies", help="comma-separated strategies (default: the scenario's)")
     p.add_argument("--duration", type=float, help="simulated seconds of arrivals (default: the scenario's)")
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply every stream's rate")
@@ -29,8 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the GPU optimizer scales each deployment from the gateways' traces (the "
                         "scenario's autoscale section; fleet min_replicas, initial, cost)")
     p.add_argument("--profiles", metavar="DIR",
-                   help="with --optimizer: its GPU profiles (AIBrix JSON, gpu = the deployment name) instead "
-                        "of profiles measured on the engine model")
+                   help="GPU profiles (AIBrix JSON, gpu = the deployment name) for the optimizer's plan and "
+                        "the slo* strategies' router alike, instead of profiles measured on the engine model")
     p.add_argument("--plot", metavar="OUT.png", help="utilization and QPS over time per GPU type")
     p.add_argument("--markdown", metavar="OUT.md", help="also write the markdown table to a file")
     p.add_argument("--find-max-rate", action="store_true",
@@ -39,7 +40,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--find-min-fleet", action="store_true",
                    help="instead of one run: per strategy, the cheapest fixed count per deployment that "
                         "meets the scenario's SLO (attainment >= 99 %%, nothing rejected), and each type alone "
-                        "(\"what fleet do I need before I buy\"); --jobs runs searches in parallel")
+                        "(\"what fleet do I need before I buy\"): every cheaper fleet within the caps "
+                        "is run; --jobs runs fleets in parallel; --gateways, --no-token-sharing and "
+                        "--capacity apply to every fleet")
+    p.add_argument("--acceptance", action="store_true",
+                   help="the optimizer's acceptance check for this scenario and --seed: the loop's mean cost "
+                        "(--optimizer, strategy slo unless --strategies names one) against the verified "
+                        "cheapest fixed fleet, SLO attainment, rejected, direction changes "
+                        "(extproc/fleetsim/acceptance.py)")
     p.add_argument("--capacity", choices=("learned", "oracle"), default="learned",
                    help="diagnostic: 'oracle' gives routing each replica's true saturated throughput "
                         "instead of the gateway's learned estimate")
@@ -65,7 +73,16 @@ def run(args: argparse.Namespace) -> int:
     options = Options(gateways=args.gateways, share_tokens=not args.no_token_sharing, seed=args.seed,
                       jobs=args.jobs, oracle_capacity=args.capacity == "oracle", optimizer=args.optimizer,
                       profiles_dir=args.profiles)
+    if args.acceptance:
+        return _acceptance(scenario, strategies if args.strategies else ["slo"], args)
     if args.find_min_fleet:
+        refused = [flag for flag, on in (("--optimizer", args.optimizer), ("--profiles", args.profiles),
+                                         ("--find-max-rate", args.find_max_rate), ("--plot", args.plot))
+                   if on]
+        if refused:  # fixed fleets: nothing here would use them
+            print(f"fleet-sim: --find-min-fleet runs fixed fleets; {', '.join(refused)} does not apply",
+                  file=sys.stderr)
+            return 2
         return _min_fleet(scenario, strategies, args)
     bars = _Bars(strategies, scenario.duration_s, enabled=not args.no_progress)
     try:
@@ -96,12 +113,14 @@ def run(args: argparse.Namespace) -> int:
 def _min_fleet(scenario: Any, strategies: list[str], args: argparse.Namespace) -> int:
     import json
 
-    from extproc.fleetsim.minfleet import find_min_fleet, markdown
+    from extproc.fleetsim.minfleet import RunSettings, find_min_fleet, markdown
 
+    settings = RunSettings(seed=args.seed, gateways=args.gateways, share_tokens=not args.no_token_sharing,
+                           oracle_capacity=args.capacity == "oracle")
     found = []
     for strategy in strategies:
         try:
-            found.append(find_min_fleet(scenario, strategy, seed=args.seed, jobs=args.jobs))
+            found.append(find_min_fleet(scenario, strategy, jobs=args.jobs, settings=settings))
         except ValueError as exc:
             print(f"fleet-sim: {exc}", file=sys.stderr)
             return 2
@@ -114,6 +133,25 @@ def _min_fleet(scenario: Any, strategies: list[str], args: argparse.Namespace) -
         with open(args.json, "w") as f:
             json.dump([m.as_json() for m in found], f, indent=1)
     return 0 if all(m.counts is not None for m in found) else 1
+
+
+def _acceptance(scenario: Any, strategies: list[str], args: argparse.Namespace) -> int:
+    from extproc.fleetsim.acceptance import HEADER, accept
+    from extproc.fleetsim.minfleet import RunSettings
+
+    if len(strategies) != 1:
+        print("fleet-sim: --acceptance checks one strategy", file=sys.stderr)
+        return 2
+    try:
+        verdict = accept(scenario, args.seed, strategies[0], args.jobs, args.profiles, RunSettings(
+            gateways=args.gateways, share_tokens=not args.no_token_sharing,
+            oracle_capacity=args.capacity == "oracle"))
+    except ValueError as exc:
+        print(f"fleet-sim: {exc}", file=sys.stderr)
+        return 2
+    print(HEADER)
+    print(verdict.row())
+    return 0 if verdict.passed else 1
 
 
 class _Bars:

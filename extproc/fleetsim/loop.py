@@ -83,6 +83,7 @@ class FleetRun:
         self.model = model = scenario.model
         # the model's own routingConfig
         self.profiles = [g.gateway.profile(strategy, model) for g in gws]
+        self.given = dict(gpu_profiles or {})  # --profiles: the router's and the plan's alike
         self.rooms = self._rooms()
         self.queued: dict[int, tuple[Request, str]] = {}  # arrival index -> (request, prompt text): waiting
         self.keys_of = [[p.key for p in g.gateway.pool.all_pods()] for g in gws]
@@ -106,7 +107,7 @@ class FleetRun:
         self.next_estimate = 0.0
         self._schedule()
         res.spans = {r.index: [[0.0, math.inf]] if r.alive else [] for r in replicas}
-        self.scaler = self._autoscaler(groups, gpu_profiles) if optimizer else None
+        self.scaler = self._autoscaler(groups) if optimizer else None
         self.pod_speed = gws[0].gateway.pod_speed
         self.addr_index = {r.address: r.index for r in replicas}
         # by event kind; a tick returns True to end the run (give_up)
@@ -135,7 +136,7 @@ class FleetRun:
         for g, p in zip(self.gws, self.profiles):
             waiting = waiting_for(p.name)
             if waiting is not None:  # its profiles measured on the engine model
-                load_slo_profiles(self.scenario, g.gateway, self.replicas)
+                load_slo_profiles(self.scenario, g.gateway, self.replicas, self.given)
             rooms.append(waiting.virtual(g.gateway.router.state) if waiting is not None else None)
         return rooms
 
@@ -162,11 +163,11 @@ class FleetRun:
         for loss_i, loss in enumerate(self.scenario.losses):
             self.push(loss.at, LOSS, loss_i)
 
-    def _autoscaler(self, groups: dict, gpu_profiles: Mapping[str, GpuProfile] | None) -> FleetScaler:
+    def _autoscaler(self, groups: dict) -> FleetScaler:
         """The GPU optimizer in the loop (--optimizer): its hooks on every gateway, its first re-plan."""
         scenario = self.scenario
         auto = scenario.autoscale or Autoscale()
-        given = gpu_profiles or {}
+        given = self.given
         measured = {d: given.get(d) or replace(virtual_profile(scenario, g.gpu, d), cost=g.cost)
                     for d, g in groups.items()}
         opt = Optimizer(self.model, groups, measured, auto, self.clock)

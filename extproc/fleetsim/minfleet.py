@@ -1,19 +1,23 @@
-"""The cheapest fixed fleet that keeps a scenario's SLO: "what fleet do I need before I buy".
+"""The cheapest fixed fleet that keeps a scenario's SLO: "what fleet do I need before I buy", and the
+yardstick the optimizer's plans are held against.
 
 For a scenario and a strategy: the count per GPU type (deployment) with the lowest cost per hour whose
 run meets the SLO — SLO attainment >= 99 % of the measured window's arrivals, nothing rejected or
 failed — and beside it each type alone at its own cheapest count. Every run replays the same arrivals
-(the seed fixes them), so the answer is deterministic; runs that miss stop as soon as the miss is
-certain (`loop.run(give_up=True)`).
+(the seed fixes them), so a fleet's answer is a fact of the scenario; runs that miss stop as soon as the
+miss is certain (`loop.run(give_up=True)`).
 
-The search assumes more replicas never hurt (a fleet that meets the SLO still does with one more):
-  * one type: bisection over [1, replicas];
-  * two or more: for every count of the types but the last two (cheapest first, while it can still
-    beat the best found), a staircase over the last two: with one more of the first, the fewest of the
-    second never grows, so it is found by stepping down from the previous one. Chains over the first
-    of the two run in parallel (`jobs`), each its own staircase.
-The answer meets the SLO and, with one replica fewer of any type in it, the search saw it miss (or the
-monotonicity it assumes says it would): `MinFleet.tested` keeps every run.
+It assumes nothing about how attainment grows with replicas (it need not: a replica more changes what
+the router sends where, and a fleet near the line can pass where a larger one misses). Every fleet within
+the caps (0 to each deployment's `replicas`) is run in order of cost, cheapest first, ties by counts,
+`jobs` at a time, until one passes: that one is the answer, and every cheaper fleet was run and missed.
+The answer is therefore the same for any `jobs`; only how many fleets past it were started in the last
+batch (at most jobs - 1) differs. Each type alone, shown beside it, is a bisection over that type's counts
+(cheap, and it does assume one more replica never hurts: the output says so); `--strategies s@deployment`
+runs the verified search on that type alone.
+
+Floors: none. The loop's PodAutoscalers floor at 0 and `min_replicas` holds only without load (the
+spec), so under load a deployment may run none; the search holds fixed fleets to the same.
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ import itertools
 import math
 import multiprocessing as mp
 import os
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from extproc.fleetsim.arrivals import generate
@@ -33,6 +37,8 @@ from extproc.fleetsim.scenario import Scenario
 
 ATTAINMENT = 0.99
 Counts = tuple[int, ...]  # replicas per deployment, in the scenario's fleet order
+FLOORS = ("none under load: min_replicas applies only without load (the loop's PodAutoscalers floor at 0), "
+          "so every deployment may run 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,14 +58,25 @@ class MinFleet:
     attainment: float | None
     alone: dict[str, tuple[int | None, float | None]]  # deployment -> (count, cost) serving everything
     tested: list[Trial] = field(default_factory=list)
+    cheaper: int = 0  # fleets within the caps cheaper than the answer (every one run, every one missed)
 
     def as_json(self) -> dict[str, object]:
         return {"scenario": self.scenario, "strategy": self.strategy, "counts": self.counts,
                 "cost_per_hour": self.cost, "slo_attainment": self.attainment,
                 "alone": {d: {"replicas": n, "cost_per_hour": c} for d, (n, c) in self.alone.items()},
-                "runs": len(self.tested),
+                "runs": len(self.tested), "cheaper_fleets_run": self.cheaper, "floors": FLOORS,
                 "tested": [{"counts": t.counts, "ok": t.ok, "slo_attainment": t.attainment}
                            for t in self.tested]}
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    """How each fleet runs: the fleet-sim flags a single run honours, held the same for every fleet."""
+
+    seed: int = 0
+    gateways: int = 1
+    share_tokens: bool = True
+    oracle_capacity: bool = False
 
 
 def fixed(scenario: Scenario, counts: Mapping[str, int]) -> Scenario:
@@ -82,43 +99,99 @@ def only_deployment(scenario: Scenario, strategy: str) -> tuple[Scenario, str]:
     return fixed(scenario, {g.name: g.replicas if g.name == only else 0 for g in scenario.groups}), base
 
 
-class _Prober:
-    """Runs one fleet at a time and remembers every answer (a chain never runs a fleet twice)."""
+@dataclass(frozen=True, slots=True)
+class SimulatedFleets:
+    """Runs one fixed fleet of the scenario (picklable: the search's workers call it)."""
 
-    def __init__(self, scenario: Scenario, strategy: str, seed: int) -> None:
-        self.scenario = scenario
-        self.strategy = strategy
-        self.seed = seed
-        self.names = [g.name for g in scenario.groups]
-        self.costs = [g.cost for g in scenario.groups]
+    scenario: Scenario
+    strategy: str
+    settings: RunSettings = RunSettings()
+
+    def __call__(self, counts: Mapping[str, int]) -> tuple[bool, float | None]:
+        """(kept the SLO, attainment; None when the run stopped at a certain miss)."""
+        if not any(counts.values()):
+            return False, 0.0
+        sc, s = fixed(self.scenario, counts), self.settings
+        result = run(sc, self.strategy, generate(sc, s.seed, s.gateways), seed=s.seed, give_up=True,
+                     gateways=s.gateways, share_tokens=s.share_tokens, oracle_capacity=s.oracle_capacity)
+        if result.gave_up:
+            return False, None
+        cluster = summarize(result)["cluster"]
+        attained = cluster["slo_attainment"]
+        ok = (attained is not None and attained >= ATTAINMENT and not cluster["rejected"]
+              and not cluster["failed"])
+        return ok, attained
+
+
+Judge = Callable[[Mapping[str, int]], tuple[bool, "float | None"]]  # a fleet -> (ok, attainment)
+
+
+def _trial(scenario: Scenario, strategy: str, seed: int, counts: dict[str, int], cost: float) -> Trial:
+    ok, attained = SimulatedFleets(scenario, strategy, RunSettings(seed))(counts)
+    return Trial(counts, cost, ok, attained)
+
+
+class _Runner:
+    """Runs fleets `jobs` at a time in a given order, remembering every answer (none runs twice)."""
+
+    def __init__(self, judge: Judge, names: Sequence[str], costs: Sequence[float], jobs: int,
+                 pool: Executor | None) -> None:
+        self.judge, self.names, self.costs, self.jobs, self.pool = judge, list(names), list(costs), jobs, pool
         self.seen: dict[Counts, Trial] = {}
 
     def cost(self, counts: Counts) -> float:
         return round(math.fsum(n * c for n, c in zip(counts, self.costs)), 9)
 
+    def first_passing(self, order: Iterable[Counts]) -> Counts | None:
+        """The first fleet of `order` that keeps the SLO, running every one before it."""
+        batch: list[Counts] = []
+        for counts in itertools.chain(order, [None]):  # None: flush the last batch
+            if counts is not None:
+                batch.append(counts)
+                if len(batch) < self.jobs:
+                    continue
+            self._run([c for c in batch if c not in self.seen])
+            for c in batch:
+                if self.seen[c].ok:
+                    return c
+            batch = []
+        return None
+
     def ok(self, counts: Counts) -> bool:
         if counts not in self.seen:
-            by_name = dict(zip(self.names, counts))
-            self.seen[counts] = _trial(self.scenario, self.strategy, self.seed, by_name, self.cost(counts))
+            self._run([counts])
         return self.seen[counts].ok
 
-
-def _trial(scenario: Scenario, strategy: str, seed: int, counts: dict[str, int], cost: float) -> Trial:
-    if not any(counts.values()):
-        return Trial(counts, cost, False, 0.0)
-    sc = fixed(scenario, counts)
-    result = run(sc, strategy, generate(sc, seed), seed=seed, give_up=True)
-    if result.gave_up:
-        return Trial(counts, cost, False, None)
-    cluster = summarize(result)["cluster"]
-    attained = cluster["slo_attainment"]
-    ok = (attained is not None and attained >= ATTAINMENT and not cluster["rejected"]
-          and not cluster["failed"])
-    return Trial(counts, cost, ok, attained)
+    def _run(self, fleets: list[Counts]) -> None:
+        named = [dict(zip(self.names, c)) for c in fleets]
+        if self.pool is None or len(fleets) < 2:
+            results = [self.judge(n) for n in named]
+        else:
+            results = list(self.pool.map(self.judge, named))
+        for c, n, (ok, attained) in zip(fleets, named, results):
+            self.seen[c] = Trial(n, self.cost(c), ok, attained)
 
 
-def fewest(ok, hi: int, lo: int = 1) -> int | None:
-    """The least n in [lo, hi] with ok(n), by bisection (ok is monotone); None when ok(hi) fails."""
+def cheapest(judge: Judge, names: Sequence[str], costs: Sequence[float], caps: Sequence[int],
+             jobs: int = 1, pool: Executor | None = None
+             ) -> tuple[Counts | None, dict[str, int | None], list[Trial], int]:
+    """The search itself, for any judge: (the cheapest passing fleet, each type alone, every run, how many
+    fleets are cheaper than the answer). Cost order, ties by counts; see the module's docstring."""
+    runner = _Runner(judge, names, costs, max(1, jobs), pool)
+    fleets = sorted((c for c in itertools.product(*(range(n + 1) for n in caps)) if any(c)),
+                    key=lambda c: (runner.cost(c), c))
+    best = runner.first_passing(fleets)
+    alone: dict[str, int | None] = {}
+    for k, name in enumerate(names):
+        def ok(n: int, k: int = k) -> bool:
+            return runner.ok(tuple(n if j == k else 0 for j in range(len(names))))
+        alone[name] = fewest(ok, caps[k])
+    cheaper = len(fleets) if best is None else fleets.index(best)
+    return best, alone, list(runner.seen.values()), cheaper
+
+
+def fewest(ok: Callable[[int], bool], hi: int, lo: int = 1) -> int | None:
+    """The least n in [lo, hi] with ok(n) by bisection, were ok monotone; None when ok(hi) fails."""
     if hi < lo or not ok(hi):
         return None
     while lo < hi:
@@ -127,82 +200,27 @@ def fewest(ok, hi: int, lo: int = 1) -> int | None:
     return lo
 
 
-def _alone(scenario: Scenario, strategy: str, seed: int, k: int) -> tuple[int | None, list[Trial]]:
-    p = _Prober(scenario, strategy, seed)
-    size = len(scenario.groups)
-    n = fewest(lambda m: p.ok(tuple(m if j == k else 0 for j in range(size))), scenario.groups[k].replicas)
-    return n, list(p.seen.values())
-
-
-def _chain(scenario: Scenario, strategy: str, seed: int, prefix: Counts, firsts: Sequence[int],
-           start: int, budget: float) -> list[Trial]:
-    """A staircase over the last two types for counts `prefix` of the others: for each count of the
-    first in `firsts` (ascending), the fewest of the second, stepping down from the previous one."""
-    p = _Prober(scenario, strategy, seed)
-    second = start
-    for a in firsts:
-        if p.cost((*prefix, a, 0)) >= budget:
-            break
-        cap = second  # the most of the second type that still beats the budget with `a` of the first
-        while cap > 0 and p.cost((*prefix, a, cap)) >= budget:
-            cap -= 1
-        if not p.ok((*prefix, a, cap)):
-            continue  # nothing under the budget with `a`: try one more of the first
-        second = cap
-        while second > 0 and p.ok((*prefix, a, second - 1)):
-            second -= 1
-        budget = p.cost((*prefix, a, second))
-    return list(p.seen.values())
-
-
-def find_min_fleet(scenario: Scenario, strategy: str, seed: int = 0, jobs: int = 0) -> MinFleet:
+def find_min_fleet(scenario: Scenario, strategy: str, seed: int = 0, jobs: int = 0,
+                   settings: RunSettings | None = None) -> MinFleet:
     """The cheapest fixed fleet for `strategy` on `scenario` (see the module's docstring)."""
     if scenario.slo.tpot_s is None and scenario.slo.ttft_s is None:
         raise ValueError(f"scenario {scenario.name} has no SLO: there is no fleet to find")
     scenario, strategy = only_deployment(scenario, strategy)
+    settings = settings or RunSettings(seed)
     groups = scenario.groups
-    size = len(groups)
+    names, costs, caps = [g.name for g in groups], [g.cost for g in groups], [g.replicas for g in groups]
     jobs = jobs or os.cpu_count() or 1
-    tested: list[Trial] = []
-    with ProcessPoolExecutor(max(1, jobs), mp_context=mp.get_context("fork")) as pool:
-        singles = [pool.submit(_alone, scenario, strategy, seed, k) for k in range(size)]
-        alone_counts = []
-        for f in singles:
-            n, trials = f.result()
-            alone_counts.append(n)
-            tested += trials
-        alone = {g.name: (n, None if n is None else round(n * g.cost, 9))
-                 for g, n in zip(groups, alone_counts)}
-        budget = min((c for _, c in alone.values() if c is not None), default=math.inf) + 1e-9
-        if size >= 2:
-            tested += _pairs(pool, scenario, strategy, seed, alone_counts, budget, jobs)
-    ok = [t for t in tested if t.ok]
-    best = min(ok, key=lambda t: (t.cost, sorted(t.counts.items()))) if ok else None
-    return MinFleet(scenario.name, strategy, best.counts if best else None, best.cost if best else None,
-                    best.attainment if best else None, alone, tested)
-
-
-def _pairs(pool: ProcessPoolExecutor, scenario: Scenario, strategy: str, seed: int,
-           alone: Sequence[int | None], budget: float, jobs: int) -> list[Trial]:
-    """Staircases over the last two types for every count of the others that can still win."""
-    groups = scenario.groups
-    heads = [range(0, g.replicas + 1) for g in groups[:-2]]
-    first, second = groups[-2], groups[-1]
-    top = second.replicas if alone[-1] is None else alone[-1]
-    tested: list[Trial] = []
-    for prefix in sorted(itertools.product(*heads), key=lambda c: sum(n * g.cost for n, g in zip(c, groups))):
-        if sum(n * g.cost for n, g in zip(prefix, groups)) >= budget:
-            continue
-        # None of `first` and none of the others: the last type alone, already known
-        firsts = list(range(0 if any(prefix) else 1, first.replicas + 1))
-        lanes = max(1, min(jobs, len(firsts)))
-        futures = [pool.submit(_chain, scenario, strategy, seed, prefix, firsts[j::lanes], top, budget)
-                   for j in range(lanes)]
-        for f in futures:
-            trials = f.result()
-            tested += trials
-            budget = min([budget, *(t.cost for t in trials if t.ok)])
-    return tested
+    judge = SimulatedFleets(scenario, strategy, settings)
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork")) as pool:
+            best, alone, tested, cheaper = cheapest(judge, names, costs, caps, jobs, pool)
+    else:
+        best, alone, tested, cheaper = cheapest(judge, names, costs, caps)
+    trial = next((t for t in tested if best is not None and t.counts == dict(zip(names, best))), None)
+    costs_alone = {g.name: (n, None if n is None else round(n * g.cost, 9))
+                   for g in groups for n in [alone[g.name]]}
+    return MinFleet(scenario.name, strategy, trial.counts if trial else None, trial.cost if trial else None,
+                    trial.attainment if trial else None, costs_alone, tested, cheaper)
 
 
 def markdown(m: MinFleet) -> str:
@@ -211,6 +229,9 @@ def markdown(m: MinFleet) -> str:
             " + ".join(f"{n} {d}" for d, n in counts.items() if n)
 
     rows = [f"### Cheapest fixed fleet: {m.scenario}, `{m.strategy}` ({len(m.tested)} runs)", "",
+            f"Verified: all {m.cheaper} fleets within the caps before the answer in cost order were run and "
+            f"missed. Floors: {FLOORS}. Each type alone: by bisection (assumes one more replica never "
+            "hurts; `--strategies <s>@<deployment>` verifies it).", "",
             "| fleet | cost / h | SLO attainment |", "|---|---|---|"]
     att = f"{m.attainment:.2%}" if m.attainment is not None else "-"
     rows.append(f"| **{fleet(m.counts)}** | **{m.cost:.2f}** | {att} |" if m.cost is not None

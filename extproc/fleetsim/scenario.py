@@ -10,9 +10,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from extproc.config.source import line_of, read_yaml
 from extproc.fleetsim.lengths import Lengths, parse_lengths
+from extproc.optimizer.config_errors import ConfigError
+from extproc.optimizer.policy import KEYS as POLICY_KEYS
+from extproc.optimizer.policy import PROVISION_S, STABILIZATION_S, PlanPolicy, parse_policy
 from extproc.sim.gpus import get_gpu
 from extproc.sim.models import get_model
 
@@ -76,11 +78,16 @@ class Autoscale:
     scales down only to the highest count asked for in the last `stabilization_s` (Kubernetes HPA's
     behavior.scaleDown.stabilizationWindowSeconds, default 300)."""
 
-    provision_s: float = 60.0
+    provision_s: float = PROVISION_S
     interval_s: float = 10.0
     window_s: float = 240.0
-    stabilization_s: float = 300.0
-    headroom: float | None = None  # the optimizer's β (None: its default, planning.HEADROOM)
+    stabilization_s: float = STABILIZATION_S
+    # the optimizer's constants, the same keys as its config's `planning:` section (optimizer/policy.py);
+    # its provision_s is this section's
+    policy: PlanPolicy = PlanPolicy()
+
+    def resolved(self) -> PlanPolicy:
+        return replace(self.policy, provision_s=self.provision_s).resolved(self.interval_s, self.window_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +172,7 @@ def load(name_or_path: str) -> Scenario:
         if not candidate.is_file():
             raise ValueError(f"no scenario {name_or_path!r}; built-in: {', '.join(builtin_names())}")
         text = candidate.read_text()
-    return parse(yaml.safe_load(text), default_name=path.stem)
+    return parse(read_yaml(text), default_name=path.stem)  # keys remember their lines
 
 
 _TOP = {"name", "description", "model", "fleet", "streams", "duration_s", "warmup_s", "slo", "events",
@@ -194,17 +201,7 @@ def parse(raw: Any, default_name: str = "scenario") -> Scenario:
     unknown = {c.stream for c in changes} - {s.name for s in streams} - {None}
     if unknown:
         raise ValueError(f"events: no stream named {sorted(unknown)}")
-    auto = raw.get("autoscale")
-    keys = {"provision_s", "interval_s", "window_s", "stabilization_s", "headroom"}
-    if auto is not None and (not isinstance(auto, dict) or set(auto) - keys):
-        raise ValueError("autoscale: a mapping of provision_s, interval_s, window_s, stabilization_s, "
-                         "headroom")
-    autoscale = Autoscale(**{k: float(v) for k, v in auto.items()}) if auto is not None else None
-    if autoscale is not None and (min(autoscale.provision_s, autoscale.stabilization_s,
-                                      autoscale.headroom or 0.0) < 0
-                                  or autoscale.interval_s <= 0 or autoscale.window_s < autoscale.interval_s):
-        raise ValueError("autoscale: provision_s, stabilization_s, headroom >= 0, interval_s > 0, "
-                         "window_s >= interval_s")
+    autoscale = _autoscale(raw["autoscale"]) if raw.get("autoscale") is not None else None
     slo_raw = raw.get("slo") or {}
     slo = Slo(tpot_s=_opt_float(slo_raw.get("tpot_s")), ttft_s=_opt_float(slo_raw.get("ttft_s")))
     gw = raw.get("gateway") or {}
@@ -215,6 +212,28 @@ def parse(raw: Any, default_name: str = "scenario") -> Scenario:
         duration_s=duration, warmup_s=warmup, slo=slo, rate_changes=changes, losses=losses,
         strategies=tuple(str(s) for s in strategies), timing=timing, engine=dict(raw.get("engine") or {}),
         description=str(raw.get("description", "")).strip(), autoscale=autoscale)
+
+
+SCHEDULE_KEYS = frozenset({"interval_s", "window_s", "stabilization_s"})  # with POLICY_KEYS (provision_s)
+
+
+def _autoscale(raw: Any) -> Autoscale:
+    """The loop's schedule and the optimizer's policy keys; a bad one refuses the scenario, named."""
+    if not isinstance(raw, dict):
+        raise ConfigError("autoscale: expected a mapping")
+    policy = parse_policy(raw, "autoscale", SCHEDULE_KEYS | POLICY_KEYS)
+    schedule: dict[str, float] = {}
+    for key in SCHEDULE_KEYS & set(raw):
+        v, positive = raw[key], key == "interval_s"
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or (positive and v <= 0):
+            raise ConfigError(f"autoscale.{key}{line_of(raw, key)}: expected a number "
+                              f"{'> 0' if positive else '>= 0'}, got {v!r}")
+        schedule[key] = float(v)
+    auto = Autoscale(provision_s=policy.provision_s, policy=policy, **schedule)
+    if auto.window_s < auto.interval_s:
+        raise ConfigError(f"autoscale.window_s{line_of(raw, 'window_s')}: {auto.window_s:g} is shorter than "
+                          f"interval_s {auto.interval_s:g}")
+    return auto
 
 
 def _list(raw: dict[str, Any], key: str) -> list[Any]:

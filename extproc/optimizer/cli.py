@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from extproc.optimizer.planning import HEADROOM
+from extproc.optimizer.policy import HEADROOM
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +65,10 @@ def add_commands(sub: Any) -> None:
     svc.add_argument("--redis-url", help="default: REDIS_HOST/REDIS_PORT/REDIS_PASSWORD, else localhost:6379")
     svc.add_argument("--interval", type=float, default=10.0, help="re-plan period, seconds")
     svc.add_argument("--window", type=float, default=240.0, help="sliding workload window, seconds")
-    svc.add_argument("--headroom", type=float, default=HEADROOM, metavar="BETA",
+    svc.add_argument("--headroom", type=float, default=None, metavar="BETA",
                      help="replicas kept spare per GPU type, in standard deviations of its load "
-                          "(square-root staffing; 0: plan for the mean load). Default %(default)s")
+                          "(square-root staffing; 0: plan for the mean load). Overrides the config's "
+                          f"planning.headroom; default {HEADROOM}")
     svc.set_defaults(func=optimizer_command)
 
 
@@ -118,8 +119,14 @@ async def _serve(args: argparse.Namespace) -> int:
 
     from extproc.environment import in_cluster, redis_url_from_env
     from extproc.gpu_profiles import ProfileStore
-    from extproc.optimizer.deployments import DeploymentSource, FileDeploymentSource, StaticDeploymentSource
+    from extproc.optimizer.deployments import (
+        ConfigError,
+        DeploymentSource,
+        FileDeploymentSource,
+        StaticDeploymentSource,
+    )
     from extproc.optimizer.kubernetes import KubernetesDeploymentSource, MergedDeploymentSource
+    from extproc.optimizer.policy import PlanPolicy
     from extproc.optimizer.service import OptimizerService, ServiceSettings
     from extproc.redact import redact_url
     from extproc.state import redis_connect
@@ -135,6 +142,11 @@ async def _serve(args: argparse.Namespace) -> int:
     def profile_files() -> list[Path]:
         return [*(file_source.config.profiles if file_source else ()), *map(Path, args.profile)]
 
+    policy = file_source.config.policy if file_source else PlanPolicy()
+    if args.headroom is not None:
+        if args.headroom < 0:
+            raise ConfigError(f"--headroom must be >= 0, not {args.headroom}")
+        policy = replace(policy, headroom=args.headroom)
     store = ProfileStore()
     errors = store.load_files(profile_files())
     if errors:
@@ -148,7 +160,7 @@ async def _serve(args: argparse.Namespace) -> int:
         source,
         store,
         redis,
-        ServiceSettings(interval=args.interval, window_seconds=args.window, headroom=args.headroom),
+        ServiceSettings(interval=args.interval, window_seconds=args.window, policy=policy),
         profile_files=profile_files,
     )
     # A dashboard tab left open must not hold shutdown for aiohttp's default 60 s.

@@ -12,6 +12,10 @@ A `DeploymentSource` lists them. The YAML file source is here; the Kubernetes so
         model: llama2-7b                # or labels: {model.aibrix.ai/name: llama2-7b}
         min_replicas: 1                 # or labels: {model.aibrix.ai/min_replicas: "1"}; kept when idle
         replicas: 2                     # optional: reported before the first plan (AIBrix: spec.replicas)
+        max_replicas: 8                 # optional: the most the plan may count on (its autoscaler's
+                                        # maxReplicas); or labels: {model.aibrix.ai/max_replicas: "8"}
+    planning:                           # optional: the plan's constants (optimizer/policy.py), read at start
+      headroom: 0.5
 """
 
 from __future__ import annotations
@@ -25,17 +29,20 @@ from typing import Any, Protocol, runtime_checkable
 
 import yaml
 
+from extproc.config.source import DuplicateKey, line_of, read_yaml
 from extproc.gpu_profiles import deployment_key
+from extproc.optimizer.config_errors import ConfigError, check_keys
+from extproc.optimizer.policy import PlanPolicy, parse_policy
 from extproc.pool.pod import MODEL_LABEL
 from extproc.pool.settings import DiscoverySettings
 
 log = logging.getLogger(__name__)
 
 MIN_REPLICAS_LABEL = "model.aibrix.ai/min_replicas"
-
-
-class ConfigError(ValueError):
-    """An optimizer config that cannot be used; the message names the field."""
+# the kinds whose maxReplicas caps a Deployment's plan (HorizontalPodAutoscaler, AIBrix's PodAutoscaler)
+AUTOSCALER_KINDS = ("hpa", "podautoscaler")
+TOP_KEYS = frozenset({"deployments", "profiles", "kubernetes", "planning"})
+MAX_REPLICAS_LABEL = "model.aibrix.ai/max_replicas"  # ours: the most the plan may count on
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +52,7 @@ class Deployment:
     model: str
     min_replicas: int = 0
     replicas: int | None = None  # the count before any plan; None: min_replicas
+    max_replicas: int | None = None  # the most the plan may count on (its autoscaler's maxReplicas)
 
     @property
     def key(self) -> str:
@@ -74,6 +82,7 @@ class KubernetesSettings:
     namespaces: tuple[str, ...] = ()  # empty: every namespace
     kubeconfig: str | None = None  # None: the service account in a pod, else ~/.kube/config
     label_selector: str = MODEL_LABEL
+    autoscalers: tuple[str, ...] = ()  # read maxReplicas from these kinds (optimizer/autoscalers.py)
     in_cluster: bool = field(default=False, compare=False)  # from KUBERNETES_SERVICE_HOST, not the file
 
     def discovery(self, namespace: str | None) -> DiscoverySettings:
@@ -86,9 +95,7 @@ def parse_kubernetes(data: Any) -> KubernetesSettings | None:
         return None
     if not isinstance(data, Mapping):
         raise ConfigError("kubernetes: expected a mapping (namespaces, kubeconfig, label_selector)")
-    unknown = set(data) - {"namespaces", "kubeconfig", "label_selector"}
-    if unknown:
-        raise ConfigError(f"kubernetes: unknown keys {sorted(unknown)}")
+    check_keys("kubernetes", data, frozenset({"namespaces", "kubeconfig", "label_selector", "autoscalers"}))
     namespaces = data.get("namespaces") or []
     if not isinstance(namespaces, list) or not all(isinstance(n, str) and n and "/" not in n
                                                    for n in namespaces):
@@ -99,7 +106,12 @@ def parse_kubernetes(data: Any) -> KubernetesSettings | None:
     selector = data.get("label_selector") or MODEL_LABEL
     if MODEL_LABEL not in selector.replace(" ", "").split(","):
         raise ConfigError(f"kubernetes.label_selector: must select {MODEL_LABEL} (it names the model)")
-    return KubernetesSettings(tuple(dict.fromkeys(namespaces)), data.get("kubeconfig"), selector)
+    kinds = data.get("autoscalers") or []
+    if not isinstance(kinds, list) or not all(k in AUTOSCALER_KINDS for k in kinds):
+        raise ConfigError(f"kubernetes.autoscalers{line_of(data, 'autoscalers')}: expected a list of "
+                          f"{', '.join(AUTOSCALER_KINDS)}, got {kinds!r}")
+    return KubernetesSettings(tuple(dict.fromkeys(namespaces)), data.get("kubeconfig"), selector,
+                              tuple(dict.fromkeys(kinds)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +119,11 @@ class OptimizerConfig:
     deployments: tuple[Deployment, ...]
     profiles: tuple[Path, ...]
     kubernetes: KubernetesSettings | None = None  # discovery on (optimizer/kubernetes.py)
+    policy: PlanPolicy = field(default_factory=PlanPolicy)  # the `planning:` section
 
 
 def _count(value: Any, where: str) -> int:
+    """A whole number >= 0 (a label's string too); `where` names the key and its line."""
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)  # Kubernetes labels are strings
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -128,11 +142,17 @@ def parse_deployment(data: Any, where: str) -> Deployment:
     for key, value in (("name", name), ("namespace", namespace), ("model", model)):
         if not isinstance(value, str) or not value or "/" in value:
             raise ConfigError(f"{where}.{key}: expected a non-empty name without '/', got {value!r}")
-    minimum = data.get("min_replicas", labels.get(MIN_REPLICAS_LABEL, 0))
+    minimum = _count(data.get("min_replicas", labels.get(MIN_REPLICAS_LABEL, 0)),
+                     f"{where}.min_replicas{line_of(data, 'min_replicas')}")
     replicas = data.get("replicas")
-    return Deployment(namespace=namespace, name=name, model=model,
-                      min_replicas=_count(minimum, f"{where}.min_replicas"),
-                      replicas=None if replicas is None else _count(replicas, f"{where}.replicas"))
+    most = data.get("max_replicas", labels.get(MAX_REPLICAS_LABEL))
+    at = f"{where}.max_replicas{line_of(data, 'max_replicas')}"
+    most = None if most is None else _count(most, at)
+    if most is not None and most < minimum:
+        raise ConfigError(f"{at}: {most} is below min_replicas {minimum}")
+    return Deployment(namespace=namespace, name=name, model=model, min_replicas=minimum,
+                      replicas=None if replicas is None else _count(replicas, f"{where}.replicas"),
+                      max_replicas=most)
 
 
 def parse_config(data: Any, base: Path) -> OptimizerConfig:
@@ -140,9 +160,11 @@ def parse_config(data: Any, base: Path) -> OptimizerConfig:
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError("config: expected a mapping with 'deployments'")
-    unknown = set(data) - {"deployments", "profiles", "kubernetes"}
-    if unknown:
-        raise ConfigError(f"config: unknown keys {sorted(unknown)}")
+    check_keys("", data, TOP_KEYS)
+    planning = data.get("planning")
+    if planning is not None and not isinstance(planning, Mapping):
+        raise ConfigError(f"planning{line_of(data, 'planning')}: expected a mapping")
+    policy = parse_policy(planning or {}, "planning")
     raw = data.get("deployments")
     raw = [] if raw is None else raw
     if not isinstance(raw, list):
@@ -157,14 +179,14 @@ def parse_config(data: Any, base: Path) -> OptimizerConfig:
     if not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles):
         raise ConfigError("profiles: expected a list of file paths")
     return OptimizerConfig(deployments, tuple(base / p for p in profiles),
-                           parse_kubernetes(data.get("kubernetes")))
+                           parse_kubernetes(data.get("kubernetes")), policy)
 
 
 def load_config(path: str | Path) -> OptimizerConfig:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
+        data = read_yaml(path.read_text())  # keys remember their lines; a repeated key is refused
+    except (OSError, yaml.YAMLError, DuplicateKey) as e:
         raise ConfigError(f"{path}: {e}") from e
     try:
         return parse_config(data, path.parent)

@@ -35,6 +35,14 @@ from extproc.optimizer.workload import TraceWindow
 from extproc.tracing.window import tpot_of_bucket
 
 MAX_STEP_UP = 1.25  # growth per step with room: sqrt(room), between a tenth and a quarter
+# The gain: a shortfall s below the 99 % target cuts the type's throughput by gain·s, the step capped at
+# a fifth; gain = that cap over a shortfall of 4 points (96 %), the most a fleet that nearly keeps the SLO
+# misses by, so smaller misses take proportionally smaller steps.
+GAIN = 5.0
+# The most a profile without admitted budgets (gen-profile's one-replica rule) may be raised: the ratio
+# gen-profile keeps between the largest passing budget and the one kept (BUDGET_MARGIN, 2). A profile
+# with `concurrency_admitted` is never raised (ceiling_of).
+CEILING = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,15 +66,17 @@ class Outcome:
 
 @dataclass(slots=True)
 class Feedback:
+    # span and settle: the policy's derived defaults at a 240 s window, 10 s re-plans and a 60 s start-up
+    # (optimizer/policy.py, where the rules are)
     span_s: float = 120.0
-    settle_s: float = 90.0  # a replica's provisioning (60 s in the fleet simulation) and a window
+    settle_s: float = 90.0
     min_requests: int = 200
     target: float = 0.99
     recover: float = 0.995
     floor: float = 0.2
-    ceiling: float = 2.0  # a type with room may plan at up to twice its benchmark
+    ceiling: float = CEILING  # a type with room may plan at up to twice its benchmark
     headroom: float = 0.8  # ... while its P99 TPOT is at most this share of the SLO
-    gain: float = 5.0  # factor x (1 - gain x shortfall), at least x0.8: 97 % attainment -> x0.9
+    gain: float = GAIN  # factor x (1 - gain x shortfall), at least x0.8: 97 % attainment -> x0.9
     factors: dict[str, float] = field(default_factory=dict)  # deployment -> factor on its throughput
     changed: dict[str, float] = field(default_factory=dict)  # deployment -> when its factor last moved
     first_seen: dict[str, float] = field(default_factory=dict)  # deployment -> its first reading

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from extproc.optimizer.autoscalers import WATCHERS, Cap, capped
 from extproc.optimizer.deployments import (
     ConfigError,
     Deployment,
@@ -73,16 +74,22 @@ class KubernetesDeploymentSource:
         # configuration: a kubernetes_asyncio Configuration (tests); None: loaded from the settings
         self.watchers = [DeploymentWatcher(settings.discovery(ns), lambda _: None, configuration)
                          for ns in settings.namespaces or (None,)]
+        # the autoscalers' maxReplicas (optimizer/autoscalers.py), when the config names their kinds
+        self.autoscalers = [WATCHERS[kind](settings.discovery(ns), lambda _: None, configuration)
+                            for kind in settings.autoscalers for ns in settings.namespaces or (None,)]
 
     async def run(self) -> None:
-        await asyncio.gather(*(w.run() for w in self.watchers))
+        await asyncio.gather(*(w.run() for w in [*self.watchers, *self.autoscalers]))
 
     @property
     def synced(self) -> bool:
-        return all(w.synced.is_set() for w in self.watchers)
+        return all(w.synced.is_set() for w in [*self.watchers, *self.autoscalers])
+
+    def caps(self) -> list[Cap]:
+        return [c for w in self.autoscalers for c in w.items()]
 
     async def deployments(self) -> list[Deployment]:
-        return [d for w in self.watchers for d in w.items()]
+        return capped([d for w in self.watchers for d in w.items()], self.caps())
 
     async def read(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Deployment's fields for parse_deployment, or None when it does not exist (404)."""
@@ -112,7 +119,7 @@ class MergedDeploymentSource:
     async def deployments(self) -> list[Deployment]:
         listed = {d.key: d for d in await self.second.deployments()}
         listed.update({d.key: d for d in await self.first.deployments()})
-        return list(listed.values())
+        return capped(listed.values(), self.second.caps())  # a listed one is capped by its autoscaler too
 
     async def read(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self.second.read(namespace, name)

@@ -8,7 +8,7 @@ plan yet (no profiles, an unservable cell), its configured replicas, else min_re
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from extproc.optimizer.deployments import Deployment
@@ -69,7 +69,8 @@ class ModelState:
 class Fleet:
     """Models and their deployments: the source's list, plus POSTed ones, minus DELETEd ones."""
 
-    def __init__(self) -> None:
+    def __init__(self, new_feedback: Callable[[], Feedback] = Feedback) -> None:
+        self.new_feedback = new_feedback  # each model's own, with the policy's figures
         self.models: dict[str, ModelState] = {}
         self._source: dict[str, Deployment] = {}
         self._added: dict[str, Deployment] = {}  # POST /monitor with a body, for deployments the source lacks
@@ -89,7 +90,8 @@ class Fleet:
             if model not in by_model:
                 del self.models[model]
         for model, deps in by_model.items():
-            state = self.models.get(model) or self.models.setdefault(model, ModelState(model))
+            state = self.models.get(model) or self.models.setdefault(
+                model, ModelState(model, feedback=self.new_feedback()))
             state.deployments = dict(sorted(deps.items()))
             state.overrides = {k: v for k, v in state.overrides.items() if k in deps}
 

@@ -33,7 +33,8 @@ from extproc.optimizer.dashboard import dashboard_data, render_page
 from extproc.optimizer.deployments import CheckedSource, ConfigError, DeploymentSource, parse_deployment
 from extproc.optimizer.metrics import optimizer_registry
 from extproc.optimizer.monitor import Fleet, ModelState, NotMonitored
-from extproc.optimizer.planning import HEADROOM, PlanSettings, plan_demands, replan
+from extproc.optimizer.planning import PlanSettings, limits_of, plan_demands, plan_model
+from extproc.optimizer.policy import PlanPolicy
 from extproc.optimizer.traces import read_windows
 from extproc.optimizer.workload import DEFAULT_WINDOW_SECONDS
 
@@ -49,10 +50,10 @@ class ServiceSettings:
     profile_refresh: float = 10.0
     io_timeout: float = 5.0  # any one Redis or source call
     refresh_ms: int = 2000  # the dashboard's own refresh
-    headroom: float = HEADROOM  # the plan's β (square-root staffing; docs/optimizer.md "Headroom")
+    policy: PlanPolicy = PlanPolicy()  # the plan's constants (the config's `planning:` section)
 
-    def plan(self) -> PlanSettings:
-        return PlanSettings(headroom=self.headroom)
+    def resolved(self) -> PlanPolicy:
+        return self.policy.resolved(self.interval, self.window_seconds)
 
 
 def metrics_text(model: str, value: int) -> str:
@@ -89,7 +90,8 @@ class OptimizerService:
         self.redis = redis
         self.settings = settings
         self.clock = clock
-        self.fleet = Fleet()
+        self.policy = settings.resolved()
+        self.fleet = Fleet(self.policy.feedback)
         self.registry = optimizer_registry(self.fleet, lambda: self.clock())
         self._last_profiles = -float("inf")
 
@@ -129,10 +131,10 @@ class OptimizerService:
 
     async def replan(self, state: ModelState, now: float) -> None:
         profiles = [p for p in self.profiles_of(state).values() if p is not None]
-        running = {k: state.reported(k) for k in state.deployments}  # near-ties keep these
         if self.redis is None:  # no traces to read: the workload set on the state (tests)
-            result = await asyncio.to_thread(plan_demands, state.demands, profiles, running,
-                                             self.settings.plan())
+            result = await asyncio.to_thread(plan_demands, state.demands, profiles,
+                                             {k: state.reported(k) for k in state.deployments},
+                                             PlanSettings.of(self.policy, limits_of(state)))
         else:
             try:
                 windows = await asyncio.wait_for(
@@ -146,8 +148,8 @@ class OptimizerService:
                     now, state.demands, None, f"reading request traces failed: {type(e).__name__}: {e}"
                 )
                 return
-            result = await asyncio.to_thread(replan, windows, now, self.settings.window_seconds, profiles,
-                                             running, state.feedback, self.settings.plan(), state.changed_at)
+            result = await asyncio.to_thread(plan_model, state, windows, now, self.settings.window_seconds,
+                                             profiles, self.policy)
         demands, plan, error = result.demands, result.plan, result.error
         if not demands:
             state.apply(now, [], None, None)

@@ -28,10 +28,10 @@ from extproc.gpu_profiles import GpuProfile
 
 SPREAD_FLOOR = 0.01  # the tangent's point is never below this (a type with next to no load)
 HEADROOM_PASSES = 3  # solves with the headroom's tangent moved to the last solve's spread
-# With `current`, of a replica's hourly cost, per replica the plan adds / removes. Adding costs more: an
-# added replica is billed at once while the one it replaces runs on through the autoscaler's scale-down
-# stabilization, and a swap of GPU types that saves less than that is often reversed by the next window
-# (each deployment's autoscaler then holds the larger count of both plans: docs/optimizer.md).
+# With `current`, of a replica's hourly cost, per replica the plan adds / removes. The service and the
+# fleet simulation take theirs from the policy (optimizer/policy.py, where the rules are): adding defaults
+# to provision_s / window_s, 60 s / 240 s here; removing is a tie-break, not a price (a removed replica
+# stops billing once it drains), large enough that of two plans of equal cost the one closest to now wins.
 ADD_COST = 0.25
 REMOVE_COST = 0.05
 
@@ -106,11 +106,12 @@ def _shape(c: _Cell) -> tuple[float, float]:
 
 def solve(profiles: Sequence[GpuProfile], demands: Iterable[Demand], time_limit: float = 30.0,
           skip_unservable: bool = False, current: Mapping[str, int] | None = None,
-          headroom: float = 0.0, limits: Mapping[str, int] | None = None) -> Plan:
+          headroom: float = 0.0, limits: Mapping[str, int] | None = None, add_cost: float = ADD_COST,
+          remove_cost: float = REMOVE_COST) -> Plan:
     """The cost-minimal plan. Raises PlanError when there are no profiles or a cell nobody can serve;
     with `skip_unservable` (the service: one odd request shape must not stop every re-plan) such cells
     are left out of the plan and named in `Plan.unserved`. With `current` (the replicas running now),
-    each replica added costs ADD_COST of its hourly cost and each removed REMOVE_COST: of plans within
+    each replica added costs `add_cost` of its hourly cost and each removed `remove_cost`: of plans within
     that of each other the one closest to now wins, so near-ties between GPU types do not flip the mix
     every re-plan (a count the demand needs is added whatever it costs: the constraints come first).
 
@@ -150,7 +151,8 @@ def solve(profiles: Sequence[GpuProfile], demands: Iterable[Demand], time_limit:
     spread: list[float] | None = _spread(cells, [(c, g) for c in range(len(cells)) for g in range(G)
                                                  if cells[c].tputs[g] > 0], None, G) if headroom > 0 else None
     for _ in range(HEADROOM_PASSES if headroom > 0 else 1):
-        x, pairs, ok = _milp(profiles, cells, current, time_limit, headroom, spread, limits)
+        x, pairs, ok = _milp(profiles, cells, current, time_limit, headroom, spread, limits,
+                             (add_cost, remove_cost))
         spread = _spread(cells, pairs, x, G)
         load = dict.fromkeys(names, 0.0)
         served: list[dict[str, float]] = [{} for _ in cells]
@@ -184,7 +186,8 @@ def _spread(cells: list[_Cell], pairs: list[tuple[int, int]], x: np.ndarray | No
 
 def _milp(profiles: Sequence[GpuProfile], cells: list[_Cell], current: Mapping[str, int] | None,
           time_limit: float, headroom: float, spread: list[float] | None,
-          limits: Mapping[str, int] | None) -> tuple[np.ndarray, list[tuple[int, int]], bool]:
+          limits: Mapping[str, int] | None,
+          change: tuple[float, float]) -> tuple[np.ndarray, list[tuple[int, int]], bool]:
     """One solve: (x, the (cell, type) pairs of the share variables, optimal). With `spread` (Σ_c L_c/k_c
     per type at the previous solve), each type's capacity row carries the headroom's tangent there."""
     names = [p.gpu for p in profiles]
@@ -196,8 +199,8 @@ def _milp(profiles: Sequence[GpuProfile], cells: list[_Cell], current: Mapping[s
     cost[:G] = [p.cost for p in profiles]
     if D:
         unit = math.fsum(p.cost for p in profiles) / G or 1.0  # zero-cost types still resist churn
-        cost[G + P:G + P + G] = [ADD_COST * (p.cost or unit) for p in profiles]
-        cost[G + P + G:] = [REMOVE_COST * (p.cost or unit) for p in profiles]
+        cost[G + P:G + P + G] = [change[0] * (p.cost or unit) for p in profiles]
+        cost[G + P + G:] = [change[1] * (p.cost or unit) for p in profiles]
 
     # headroom: β·sqrt(S_g) ≤ β·(sqrt(S0)/2 + S_g/(2·sqrt(S0))), the tangent at the previous S0. Its
     # constant applies only to a type in use: a binary u_g per type, s_cg ≤ u_g.

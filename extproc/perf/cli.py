@@ -85,11 +85,14 @@ def add_parser(sub: Any) -> None:
                          description=SYNC_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--sizes", type=_sizes, default=((1, 1000), (16, 1000)),
                    help="gateways x pods per run, e.g. 1x1000,16x1000")
-    s.add_argument("--models", type=int, default=1, help="models the pods are spread over")
+    s.add_argument("--models", type=int, default=4,
+                   help="models the pods are spread over (a model's keys share a Redis hash slot)")
     s.add_argument("--rate", type=float, default=10.0, help="completions per pod per second, fleet-wide")
     s.add_argument("--inflight", type=int, default=32, help="requests each pod holds, fleet-wide")
     s.add_argument("--interval", type=float, default=0.1, help="the gateways' sync interval, seconds")
-    s.add_argument("--turns", type=int, default=30, help="fleet turns measured per run (after 5 warm-up)")
+    s.add_argument("--turns", type=int, default=40,
+                   help="fleet turns measured per run (after 5 warm-up), rounded up to whole cycles of the "
+                        "speed read (every other heartbeat: 20 turns at 0.1 s), so its turns count fairly")
     s.add_argument("--no-speed", dest="speed", action="store_false",
                    help="leave out the speed evidence gateways share once a heartbeat")
     s.add_argument("--baseline", type=Path, metavar="DIR",

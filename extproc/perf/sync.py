@@ -14,11 +14,22 @@ fleet turn; the real fleet runs 1/interval fleet turns a second, so Redis's core
 turn / interval. Gateways that run one after another do not queue behind each other in Redis, so
 latency here is the floor. The gateways' clock is virtual (turn x interval).
 
+Sharing also costs each gateway outside `sync_once`: once a second its refresh loop hands its speed
+evidence to the shared state and folds in the others' (`Accounting._share_speed`), and the speed fit
+merges the others' sums into each pod's (`SpeedEstimator.refresh`). `speed_sharing` times those with
+the project's own objects for one gateway over a few seconds of the fleet's life (its records reaching
+rate/G of each pod a second, a new read of the others' sums every other second); the summary's
+`whole_core_share` is the sync's share of a core plus theirs. Runs are whole cycles of the speed read,
+so its costlier turns count at their share.
+
 Freshness: after each gateway's sync, its view of every pod's other gateways (`running` less its own)
 is held against what those gateways last wrote (`wrong_views`: pods that differ; 0 means each view is
 exact as of its read, so in a real fleet, where gateways sync side by side, a count is at most two
-intervals plus a turn's latency old when routing reads it). `age_ms` is the read's wall time less the
-oldest contributor's write: here that is the serial fleet turn's length, not a real fleet's staleness.
+intervals plus a turn's latency old when routing reads it). Tokens: each gateway's counted deltas,
+summed over the run (a first read before any token sets every baseline at 0; two closing heartbeats
+let every gateway write and read), must equal the tokens the fleet completed on each pod
+(`wrong_token_counts`). `age_ms` is the read's wall time less the oldest contributor's write: here
+that is the serial fleet turn's length, not a real fleet's staleness.
 """
 
 from __future__ import annotations
@@ -43,6 +54,12 @@ import redis
 from extproc.localstack import Proc, free_port, wait_until
 from extproc.pool.pod import Pod
 from extproc.state.redis_sync import RedisState
+from extproc.state.shared import LocalState
+
+try:  # a --baseline checkout older than the every-other-heartbeat read
+    from extproc.state.sync_core import SPEED_READ_HEARTBEATS
+except ImportError:
+    SPEED_READ_HEARTBEATS = 1
 from extproc.state.speed import SpeedEstimator
 
 TOKENS_PER_REQUEST = 200
@@ -62,6 +79,7 @@ class SyncRun:
     timeouts: int = 0
     failures: int = 0
     wrong: int = 0                    # views that disagreed with the truth of their own moment
+    wrong_tokens: int = -1            # (gateway, pod) token counts that missed the fleet's at the end
     age_ms: list[float] = field(default_factory=list)       # oldest value in a view, per gateway turn
     redis_cpu_ms: list[float] = field(default_factory=list)  # per fleet turn
     commands: list[int] = field(default_factory=list)        # per fleet turn
@@ -86,6 +104,7 @@ class SyncRun:
             "turn_latency_ms_median": round(statistics.median(self.latency_ms), 2),
             "turn_latency_ms_max": round(max(self.latency_ms), 2),
             "timeouts": self.timeouts, "failures": self.failures, "wrong_views": self.wrong,
+            "wrong_token_counts": self.wrong_tokens,
             "age_ms_median": round(statistics.median(self.age_ms), 1) if self.age_ms else -1,
             "age_ms_max": round(max(self.age_ms), 1) if self.age_ms else -1,
             "redis_cpu_ms_per_fleet_turn": round(redis_cpu, 2),
@@ -111,6 +130,7 @@ class Fleet:
         self.held: list[list[int]] = [[0] * len(pods) for _ in states]   # gateway -> pod -> requests
         self.written: list[list[int]] = [[0] * len(pods) for _ in states]
         self.total = [0] * len(pods)                                      # sum of `written`
+        self.credited = [0] * len(pods)  # output tokens completed on each pod, fleet-wide
         for state in states:
             state.track(pods)
         for p in range(len(pods)):
@@ -148,6 +168,7 @@ class Fleet:
                 self.held[g][p] -= 1
                 self.states[g].add_running(self.pods[p], -1)
                 self.states[g].add_tokens(self.pods[p], TOKENS_PER_REQUEST)
+                self.credited[p] += TOKENS_PER_REQUEST
                 self._measured(g, p)
             self._start(p)
 
@@ -162,6 +183,88 @@ class Fleet:
         state, mine = self.states[g], self.written[g]
         return sum(state.running(pod.key) - state.local_running(pod.key) != self.total[p] - mine[p]
                    for p, pod in enumerate(self.pods))
+
+
+class _PeerSums(LocalState):
+    """A gateway's shared state as the speed sharing sees it after a read: the others' sums, one vector
+    per pod (what RedisState's read gives), and this gateway's own evidence kept for the next write."""
+
+    __slots__ = ("peers", "written")
+
+    def __init__(self, peers: dict) -> None:
+        super().__init__()
+        self.peers, self.written = peers, 0
+
+    def peer_speed(self) -> dict:
+        return self.peers
+
+    def share_speed(self, key, evidence) -> None:  # noqa: ANN001
+        self.written += 1
+
+
+def speed_sharing(pods: int, models: int, gateways: int = 50, rate: float = 10.0, seconds: int = 6,
+                  seed: int = 1) -> dict[str, float]:
+    """What one gateway spends once a second because speed evidence is shared, beside `sync_once`:
+    `Accounting._share_speed` (export, shift and hand over its evidence, fold in the others') and the
+    merge of the others' sums in `SpeedEstimator.refresh` (its refresh less a twin's that has no
+    peers). CPU ms per second, the mean over `seconds` of the fleet's life: each second the gateway's
+    records reach rate/gateways of each pod (its evidence on those moves), and every other second a
+    new read of the others' sums arrives (RedisState reads them every other heartbeat)."""
+    import gc
+
+    # The work itself, without the collector: when it runs, and what it then walks, depend on the whole
+    # heap (here, the sync run's leftovers), which would land on whichever step happened to allocate.
+    gc.collect()
+    gc.disable()
+    try:
+        return _speed_sharing(pods, models, gateways, rate, seconds, seed)
+    finally:
+        gc.enable()
+
+
+def _speed_sharing(pods: int, models: int, gateways: int, rate: float, seconds: int,
+                   seed: int) -> dict[str, float]:
+    from extproc.state.accounting import Accounting
+
+    rng, now = random.Random(seed), time.time()
+    fleet = make_pods(pods, models)
+    own, others, twin = SpeedEstimator(), SpeedEstimator(), SpeedEstimator()
+
+    def measure(estimators: tuple[SpeedEstimator, ...], share: float) -> None:
+        for pod in fleet:
+            if rng.random() < share:
+                tpot, batch = 0.02 * (1 + 0.05 * rng.random()), rng.uniform(1, 32)
+                ttft, prompt = 0.05 * rng.random(), rng.uniform(100, 2000)
+                for estimator in estimators:
+                    estimator.observe(pod.key, tpot, batch, 199, now)
+                    estimator.observe_prefill(pod.key, ttft, prompt, 200, now)
+
+    measure((own, twin), 1.0)
+    measure((others,), 1.0)
+    shared = _PeerSums({})
+    accounting = Accounting(shared, speed=own, wall=lambda: now)
+    accounting._tracked = fleet  # noqa: SLF001 (what its refresh loop tracks)
+    share_ms = merged_ms = alone_ms = 0.0
+    for second in range(seconds):
+        now += 1.0
+        measure((own, twin), min(1.0, rate / gateways))
+        if second % 2 == 0:  # a new read of the others' sums
+            measure((others,), min(1.0, rate * (gateways - 1) / gateways))
+            shared.peers = {pod.key: [others.export(pod.key)] for pod in fleet}
+        c0 = time.process_time()
+        accounting._share_speed(now)  # noqa: SLF001 (the refresh loop's own step, timed)
+        c1 = time.process_time()
+        own.refresh(fleet, now)
+        c2 = time.process_time()
+        twin.refresh(fleet, now)
+        c3 = time.process_time()
+        share_ms += (c1 - c0) * 1000
+        merged_ms += (c2 - c1) * 1000
+        alone_ms += (c3 - c2) * 1000
+    share, merge = share_ms / seconds, max(0.0, merged_ms - alone_ms) / seconds
+    return {"share_ms": round(share, 1), "peer_merge_ms": round(merge, 1),
+            "refresh_alone_ms": round(alone_ms / seconds, 1),
+            "speed_core_share": round((share + merge) / 1000, 3)}
 
 
 def start_redis(log_dir: Path) -> tuple[Proc, int]:
@@ -204,13 +307,27 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
     # The gateways' clock is the fleet's virtual one (turn x interval), so heartbeats (and the reads that
     # come with them) fall once every 1/interval turns as they would, however long a fleet turn takes
     # here; liveness is long enough that a slow fleet turn never makes a gateway look dead.
+    # Whole cycles of the speed read (the costliest turns), so a run samples them at their share
+    cycle = max(1, round(1.0 / interval)) * SPEED_READ_HEARTBEATS  # the gateways' heartbeat: 1 s
+    turns = -(-turns // cycle) * cycle
     now = [time.time()]
     states = [RedisState(url, f"bench-gw-{g}", sync_interval=interval, gateway_ttl=3600.0,
                          clock=lambda: now[0]) for g in range(gateways)]
     fleet = Fleet(states, make_pods(pods, models), inflight, seed, speed, clock=lambda: now[0])
     run = SyncRun(gateways, pods, models, rate, inflight, interval, turns)
     written: list[float] = [0.0] * gateways  # when each gateway last wrote
+    # Each gateway's token deltas as capacity would take them, summed: at the end, once every gateway
+    # wrote and read again, each must have counted every token the fleet completed, once.
+    counted: list[dict] = [{} for _ in states]
+
+    def take_tokens(g: int) -> None:
+        for key, delta in states[g].take_token_deltas().items():
+            counted[g][key] = counted[g].get(key, 0) + delta
+
     try:
+        for g, state in enumerate(states):  # a first read before any token: every baseline is 0
+            await state.sync_once()
+            fleet.wrote(g)
         for turn in range(warmup + turns):
             now[0] += interval
             fleet.step(rate * pods * interval)
@@ -230,6 +347,7 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
                     continue
                 c1, t1 = time.process_time(), time.perf_counter()
                 written[g] = t1
+                take_tokens(g)
                 if not measured:
                     fleet.wrote(g)
                     continue
@@ -250,6 +368,13 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
                 run.bytes_in.append(after[3] - before[3])
             if progress and turn % 10 == 0:
                 progress(f"  G={gateways} P={pods}: turn {turn + 1}/{warmup + turns}")
+        for _ in range(2):  # all write, then all read what the others wrote (totals: on heartbeats)
+            now[0] += 1.0
+            for g, state in enumerate(states):
+                await state.sync_once()
+                take_tokens(g)
+        run.wrong_tokens = sum(counted[g].get(pod.key, 0) != fleet.credited[p]
+                               for g in range(gateways) for p, pod in enumerate(fleet.pods))
         run.keys = int(admin.dbsize())
         run.redis_memory = int(admin.info("memory")["used_memory"])
     finally:
@@ -293,7 +418,13 @@ def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int
                         raise RuntimeError(f"the baseline's run failed:\n{child.stderr[-3000:]}")
                     out.append(json.loads(child.stdout.strip().splitlines()[-1]))
                     progress(format_row(out[-1]))
-                out.append(asyncio.run(run_one(url, progress=progress, **options)).summary())
+                summary = asyncio.run(run_one(url, progress=progress, **options)).summary()
+                if speed:  # the other half of sharing's cost, once a second per gateway
+                    sharing = speed_sharing(pods, models, gateways, rate)
+                    summary |= sharing
+                    summary["whole_core_share"] = round(summary["sync_core_share"]
+                                                        + sharing["speed_core_share"], 3)
+                out.append(summary)
                 progress(format_row(out[-1]))
             return out
         finally:
@@ -302,16 +433,21 @@ def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int
 
 
 HEADER = ("code", "G", "P", "sync CPU ms/turn (med, p99)", "core (mean)", "latency ms (med, max)", "timeouts",
-          "wrong", "age ms (med, max)", "Redis ms/fleet turn", "Redis cores", "cmds/s", "reply MB/s")
+          "wrong (views, token counts)", "age ms (med, max)", "Redis ms/fleet turn", "Redis cores", "cmds/s",
+          "reply MB/s",
+          "speed sharing ms/s (share + peer merge)", "whole core")
 
 
 def format_row(s: dict[str, float | int]) -> str:
     return " | ".join(str(x) for x in (
         s["code"], s["gateways"], s["pods"], f"{s['sync_cpu_ms_median']}, {s['sync_cpu_ms_p99']}",
         s["sync_core_share"],
-        f"{s['turn_latency_ms_median']}, {s['turn_latency_ms_max']}", s["timeouts"], s["wrong_views"],
+        f"{s['turn_latency_ms_median']}, {s['turn_latency_ms_max']}", s["timeouts"],
+        f"{s['wrong_views']}, {s.get('wrong_token_counts', '-')}",
         f"{s['age_ms_median']}, {s['age_ms_max']}", s["redis_cpu_ms_per_fleet_turn"], s["redis_cores"],
-        s["redis_commands_per_s"], round(int(s["reply_bytes_per_s"]) / 1e6, 2)))
+        s["redis_commands_per_s"], round(int(s["reply_bytes_per_s"]) / 1e6, 2),
+        f"{s['share_ms']} + {s['peer_merge_ms']}" if "share_ms" in s else "-",
+        s.get("whole_core_share", "-")))
 
 
 def _failed(state: RedisState, exc: BaseException) -> None:

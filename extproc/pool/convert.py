@@ -93,15 +93,40 @@ def pod_from_object(obj: Mapping[str, Any], settings: DiscoverySettings) -> Pod 
     """A Kubernetes pod object as the gateway's Pod; None when it cannot be routed to at all (no model
     label, no IP yet, no port)."""
     obj = as_map(obj)
+    model = _labels(as_map(obj.get("metadata"))).get(MODEL_LABEL)
+    port = serving_port(obj, settings)
+    if not model or port is None:
+        return None
+    return _pod(obj, settings, model, port, None)
+
+
+def pool_pods_from_object(obj: Mapping[str, Any], settings: DiscoverySettings, ports: tuple[int, ...],
+                          default_model: str) -> tuple[Pod, ...]:
+    """An InferencePool member as Pods: one per target port (data-parallel ranks each serve on their
+    own port; named `<pod>-rank-<i>` as the reference picker names them when there are several). The
+    model: the configured one, else the pod's model label, else `default_model` (the pool's name)."""
+    obj = as_map(obj)
+    pool = settings.inferencepool
+    model = (pool.model if pool is not None else None) or \
+        _labels(as_map(obj.get("metadata"))).get(MODEL_LABEL) or default_model
+    pods = []
+    for rank, port in enumerate(ports):
+        pod = _pod(obj, settings, model, port, rank if len(ports) > 1 else None)
+        if pod is None:
+            return ()
+        pods.append(pod)
+    return tuple(pods)
+
+
+def _pod(obj: Mapping[str, Any], settings: DiscoverySettings, model: str, port: int,
+         rank: int | None) -> Pod | None:
     meta, status = as_map(obj.get("metadata")), as_map(obj.get("status"))
     labels = _labels(meta)
-    model = labels.get(MODEL_LABEL)
-    port = serving_port(obj, settings)
     try:
         ip = ipaddress.ip_address(str(status.get("podIP")))  # ORIGINAL_DST needs a literal address
     except ValueError:
         return None
-    if not model or port is None or status.get("phase") in ("Succeeded", "Failed"):
+    if status.get("phase") in ("Succeeded", "Failed"):
         return None
     address = f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
     deployment = deployment_from_metadata(meta)
@@ -110,7 +135,11 @@ def pod_from_object(obj: Mapping[str, Any], settings: DiscoverySettings) -> Pod 
     if engine not in ENGINES:
         engine = "vllm"
     metrics_port = _port(_labels(meta, "annotations").get(METRIC_PORT_LABEL, labels.get(METRIC_PORT_LABEL)))
-    return Pod(model=model, name=str(meta.get("name") or ""), address=address, deployment=deployment,
+    name = str(meta.get("name") or "")
+    if rank is not None:
+        name = f"{name}-rank-{rank}"
+        metrics_port = None  # each rank reports on its own port
+    return Pod(model=model, name=name, address=address, deployment=deployment,
                labels={**labels, "gpu": gpu}, ready=is_ready(obj),
                namespace=str(meta.get("namespace") or "default"), engine=engine, metrics_port=metrics_port)
 

@@ -10,15 +10,30 @@ PORT_KEY = "model.aibrix.ai/port"  # AIBrix's key for the serving port (annotati
 # Where a pod's GPU type is read from, first found wins; else the deployment name stands for it
 # (the spec's prerequisite: one Deployment per GPU type).
 DEFAULT_GPU_LABELS = ("machine.cluster.vke.volcengine.com/gpu-name", "nvidia.com/gpu.product")
-KINDS = ("static", "kubernetes")
+KINDS = ("static", "kubernetes", "inferencepool")
 DISCOVERY_KEYS = frozenset({"kind", "namespace", "port_annotation", "gpu_labels", "kubeconfig",
                             "label_selector", "watch_timeout_seconds", "backoff_seconds",
-                            "max_backoff_seconds"})
+                            "max_backoff_seconds", "inferencepool"})
+INFERENCEPOOL_KEYS = frozenset({"name", "namespace", "model"})
+# The Gateway API Inference Extension's pool: inference.networking.k8s.io/v1, kind InferencePool
+POOL_GROUP, POOL_VERSION, POOL_PLURAL = "inference.networking.k8s.io", "v1", "inferencepools"
+
+
+@dataclass(slots=True, frozen=True)
+class InferencePoolRef:
+    """`discovery.inferencepool`: the pool whose selector and target ports choose the pods."""
+    name: str
+    namespace: str = "default"
+    # The model the pool's pods serve, as requests name it. None: each pod's model.aibrix.ai/name
+    # label, else the pool's name (an InferencePool serves one base model).
+    model: str | None = None
 
 
 @dataclass(slots=True, frozen=True)
 class DiscoverySettings:
-    kind: str = "static"  # "static": the pods are the config file's; "kubernetes": watched
+    # "static": the pods are the config file's; "kubernetes": the labelled pods, watched;
+    # "inferencepool": an InferencePool's pods (its selector and target ports), watched
+    kind: str = "static"
     namespace: str | None = None  # None: all namespaces
     port_annotation: str = PORT_KEY
     gpu_labels: tuple[str, ...] = DEFAULT_GPU_LABELS
@@ -30,7 +45,8 @@ class DiscoverySettings:
     # Running in a pod (KUBERNETES_SERVICE_HOST set, read by the config loader): with no kubeconfig
     # named, the service account's credentials are used.
     in_cluster: bool = False
+    inferencepool: InferencePoolRef | None = None  # kind "inferencepool": the pool followed
 
     @property
     def enabled(self) -> bool:
-        return self.kind == "kubernetes"
+        return self.kind != "static"

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from extproc.profiling.plan import DEFAULT_INPUT_LENS, DEFAULT_NUM_PROMPTS, DEFAULT_OUTPUT_LENS, DEFAULT_RATES
 from extproc.profiling.selection import PERCENTILES, SLO_HELP, SLO_METRICS
-from extproc.profiling.workload import doubling
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
@@ -40,13 +40,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                    help="engine or gateway base URL (default: AIBrix's port-forward, http://127.0.0.1:8010)")
     b.add_argument("-o", "--output", required=True, type=Path, help="benchmark JSONL to write")
     b.add_argument("--append", action="store_true", help="append to the output instead of replacing it")
-    b.add_argument("--input-lens", type=_list(int), nargs="+", default=[doubling(4, 4096)],
-                   help="prompt lengths in tokens, e.g. 128,256,512 (default 4 … 4096, doubling)")
-    b.add_argument("--output-lens", type=_list(int), nargs="+", default=[doubling(4, 4096)],
+    b.add_argument("--input-lens", type=_list(int), nargs="+", default=[list(DEFAULT_INPUT_LENS)],
+                   help="prompt lengths in tokens, e.g. 128,256,512 (default 4 … 8192, doubling, and 6144, "
+                        "those beyond the model's context less the longest output replaced by the longest "
+                        "that fits, when /v1/models reports max_model_len)")
+    b.add_argument("--output-lens", type=_list(int), nargs="+", default=[list(DEFAULT_OUTPUT_LENS)],
                    help="output lengths in tokens (default 4 … 4096, doubling)")
-    b.add_argument("--rates", type=_list(float), nargs="+", default=[[float(r) for r in doubling(1, 64)]],
+    b.add_argument("--rates", type=_list(float), nargs="+", default=[list(DEFAULT_RATES)],
                    help="request rates per second, Poisson arrivals (default 1 … 64, doubling)")
-    b.add_argument("--num-prompts", type=int, default=100, help="requests per cell (default 100)")
+    b.add_argument("--num-prompts", type=int, default=DEFAULT_NUM_PROMPTS,
+                   help=f"requests per cell (default {DEFAULT_NUM_PROMPTS})")
     b.add_argument("--seed", type=int, default=0, help="seed for arrivals and prompts (default 0)")
     b.add_argument("--api", choices=("completions", "chat"), default="completions",
                    help="/v1/completions (default) or /v1/chat/completions")
@@ -66,7 +69,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                         "most within the SLO)")
     b.add_argument("--drain-timeout", type=float, default=600.0,
                    help="cut a cell off as overloaded when requests still run this long after its last "
-                        "arrival (seconds, default 600)")
+                        "arrival (with --admitted: when one request runs this long; seconds, default 600)")
     b.set_defaults(func=_benchmark)
 
     g = sub.add_parser("gen-profile", help="turn a benchmark JSONL into a GPU profile (AIBrix's JSON)",
@@ -97,6 +100,7 @@ def _benchmark(args: argparse.Namespace) -> int:
     """Open-loop Poisson load per (input, output, rate) cell; one AIBrix JSONL line per metric per cell."""
     from extproc.gpu_profiles import ProfileError, load_profile
     from extproc.profiling.benchmark import BenchmarkOptions, EndpointError, public_url, run_benchmark
+    from extproc.profiling.plan import LoadPlan
 
     if args.num_prompts < 1:
         return _error("benchmark", "--num-prompts must be at least 1")
@@ -106,17 +110,19 @@ def _benchmark(args: argparse.Namespace) -> int:
         admitted = load_profile(args.admitted) if args.admitted is not None else None
     except ProfileError as exc:
         return _error("benchmark", str(exc))
-    opts = BenchmarkOptions(
-        model=args.model, endpoint=args.endpoint, output=args.output, append=args.append,
+    plan = LoadPlan(
         input_lens=_flatten(args.input_lens), output_lens=_flatten(args.output_lens),
-        rates=_flatten(args.rates), num_prompts=args.num_prompts, seed=args.seed, api=args.api,
-        api_key=args.api_key, exact_length=args.exact_length, temperature=args.temperature,
+        rates=_flatten(args.rates), num_prompts=args.num_prompts, seed=args.seed,
         max_backlog=args.max_backlog, drain_timeout=args.drain_timeout, admitted=admitted,
         **({"budget_factors": _flatten(args.budget_factors)} if args.budget_factors else {}))
-    cells = opts.cells()
+    opts = BenchmarkOptions(
+        model=args.model, endpoint=args.endpoint, output=args.output, plan=plan, append=args.append,
+        api=args.api, api_key=args.api_key, exact_length=args.exact_length, temperature=args.temperature,
+        fit_context=args.input_lens == [list(DEFAULT_INPUT_LENS)] and admitted is None)
+    cells = plan.cells()
     sys.stderr.write(f"benchmark {opts.model} at {public_url(opts.url())}: {len(cells)} cells × "
-                     f"{opts.num_prompts} requests, at least "
-                     f"{sum(opts.num_prompts / c.rate for c in cells):.0f}s "
+                     f"{plan.num_prompts} requests, at least "
+                     f"{sum(plan.scheduled_seconds(c) for c in cells):.0f}s "
                      f"→ {opts.output}\n")
 
     async def main() -> int:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +13,7 @@ import aiohttp
 @dataclass(slots=True)
 class RequestResult:
     ok: bool
-    start: float  # perf_counter at send
+    start: float  # the event loop's clock at send (wall time over HTTP, virtual time in a simulation)
     end: float = 0.0
     ttft: float | None = None
     output_tokens: int = 0
@@ -91,23 +91,25 @@ def _has_text(event: dict[str, Any]) -> bool:
 
 async def send(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
                headers: dict[str, str]) -> RequestResult:
-    """Never raises for a failed request (cancellation aside): failures come back with `ok=False, error`."""
-    result = RequestResult(ok=False, start=time.perf_counter())
+    """Never raises for a failed request (cancellation aside): failures come back with `ok=False, error`.
+    Timed on the event loop's clock, as the sweep that sends it (profiling/sweep.py)."""
+    clock = asyncio.get_running_loop().time
+    result = RequestResult(ok=False, start=clock())
     reader = StreamReader(result)
     try:
         async with session.post(url, json=body, headers=headers) as resp:
             if resp.status != 200:
                 text = (await resp.text(errors="replace"))[:200]
-                result.end, result.error = time.perf_counter(), f"HTTP {resp.status}: {_message(text)}"
+                result.end, result.error = clock(), f"HTTP {resp.status}: {_message(text)}"
                 return result
             async for line in resp.content:
-                reader.feed(line, time.perf_counter())
+                reader.feed(line, clock())
                 if reader.done:
                     break
     except (aiohttp.ClientError, OSError, ValueError) as exc:
-        result.end, result.error = time.perf_counter(), f"{type(exc).__name__}: {exc}"[:200]
+        result.end, result.error = clock(), f"{type(exc).__name__}: {exc}"[:200]
         return result
-    return reader.finish(time.perf_counter())
+    return reader.finish(clock())
 
 
 def _message(text: str) -> str:

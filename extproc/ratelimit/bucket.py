@@ -23,6 +23,7 @@ class Bucket:
     requests: float  # available now (a limit that is unset keeps 0 here, unread)
     tokens: float    # may go below zero: output tokens counted after admission are owed
     stamp: float     # when these were last brought up to date
+    limits: Limits   # the rates it refills at: those of its last admission
 
 
 @dataclass(slots=True, frozen=True)
@@ -35,14 +36,20 @@ class Verdict:
 
 
 def refill(bucket: Bucket | None, limits: Limits, now: float) -> Bucket:
+    """Every dimension `limits` sets brought up to `now` (the stamp moves for all of them at once, so
+    none may be skipped); a dimension the bucket did not hold yet starts full."""
     if bucket is None:
-        return Bucket(float(limits.requests or 0), float(limits.tokens or 0), now)
+        return Bucket(float(limits.requests or 0), float(limits.tokens or 0), now, limits)
     elapsed = max(0.0, now - bucket.stamp)
+    held = bucket.limits
     if limits.requests:
-        bucket.requests = min(float(limits.requests), bucket.requests + elapsed * limits.requests / WINDOW_S)
+        bucket.requests = (min(float(limits.requests), bucket.requests + elapsed * limits.requests / WINDOW_S)
+                           if held.requests else float(limits.requests))
     if limits.tokens:
-        bucket.tokens = min(float(limits.tokens), bucket.tokens + elapsed * limits.tokens / WINDOW_S)
+        bucket.tokens = (min(float(limits.tokens), bucket.tokens + elapsed * limits.tokens / WINDOW_S)
+                         if held.tokens else float(limits.tokens))
     bucket.stamp = now
+    bucket.limits = limits
     return bucket
 
 
@@ -60,10 +67,13 @@ def take(bucket: Bucket | None, limits: Limits, cost: int, now: float) -> tuple[
     return b, Verdict(exceeded is None, exceeded, b.requests, b.tokens, cost)
 
 
-def charge(bucket: Bucket | None, limits: Limits, tokens: int, now: float) -> Bucket:
-    """Tokens counted after admission (the output): owed by the budget, whatever is left."""
-    b = refill(bucket, limits, now)
-    if limits.tokens:
+def charge(bucket: Bucket | None, tokens_limit: int, tokens: int, now: float) -> Bucket:
+    """Tokens counted after admission (the output): owed by the budget, whatever is left. Every
+    dimension the bucket holds refills first, at its own rate: a requests budget keeps what it earned
+    while the response streamed."""
+    held = bucket.limits if bucket is not None else Limits()
+    b = refill(bucket, Limits(held.requests, tokens_limit or held.tokens), now)
+    if b.limits.tokens:
         b.tokens -= tokens
     return b
 
@@ -97,7 +107,9 @@ def _refill_time(missing: float, per_minute: int) -> float:
 
 
 def duration(seconds: float) -> str:
-    """OpenAI's (Go's) duration spelling: 20ms, 1.5s, 6m0s."""
+    """OpenAI's (Go's time.Duration) spelling: 0s, 20ms, 1.5s, 6m0s."""
+    if seconds <= 0:
+        return "0s"
     if seconds < 1:
         return f"{math.ceil(seconds * 1000)}ms"
     minutes, rest = divmod(round(seconds, 3), 60)

@@ -20,9 +20,10 @@ from extproc.openai import OpenAIError, Request
 from extproc.ratelimit import bucket
 from extproc.ratelimit.bucket import Verdict
 from extproc.ratelimit.local_store import LocalStore
-from extproc.ratelimit.redis_store import RedisStore
+from extproc.ratelimit.redis_store import LATE, UNAVAILABLE, RedisStore
 from extproc.ratelimit.settings import Limits, RateLimitSettings
 from extproc.ratelimit.top import TopBudgets
+from extproc.ratelimit.worker_store import WorkerBudgets
 
 ANONYMOUS = "anonymous"
 MAX_USER_BYTES = 256  # a `user` is a Redis key and a map key: longer ones are refused
@@ -62,18 +63,23 @@ class RateLimited(OpenAIError):
 
 class RateLimiter:
     def __init__(self, settings: RateLimitSettings, registry: CollectorRegistry | None = None,
-                 store: RedisStore | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 store: RedisStore | None = None, clock: Callable[[], float] = time.monotonic,
+                 local: LocalStore | WorkerBudgets | None = None) -> None:
         self.settings = settings
         self._redis = store
-        self._local = LocalStore()
+        # without Redis: this process's budgets, or those `serve --workers N` shares in memory
+        self._local = local if local is not None else LocalStore()
         self._clock = clock
         self.top = TopBudgets(clock)
         self.limited = Counter("extproc_rate_limited_requests", "Requests refused by a rate limit (429), "
                                "by model, limit (requests | tokens) and key class (default | override | "
                                "aibrix_user)", ["model", "limit", "key_class"], registry=registry)
         self.unchecked = Counter("extproc_rate_limit_unchecked_requests", "Requests admitted without a "
-                                 "limit check because Redis did not answer in time (limits fail open)",
-                                 registry=registry)
+                                 "limit check (limits fail open), by reason: late (Redis did not answer "
+                                 "within rate_limits.redis_timeout_ms) or unavailable (Redis failed)",
+                                 ["reason"], registry=registry)
+        for reason in (LATE, UNAVAILABLE):  # both series from the start: a dashboard's rate sees 0
+            self.unchecked.labels(reason)
         self.check_seconds = Histogram(
             "extproc_rate_limit_check_seconds", "Time a request waited for its budget from Redis "
             "(rate_limits.redis_timeout_ms bounds it)", registry=registry,
@@ -140,8 +146,8 @@ class RateLimiter:
         answer = await self._redis.take(budget.bucket_id, budget.limits,  # type: ignore[union-attr]
                                         request.prompt_tokens, budget.aibrix_user)
         self.check_seconds.observe(self._clock() - started)
-        if answer is None:
-            self.unchecked.inc()
+        if isinstance(answer, str):
+            self.unchecked.labels(answer).inc()
             return None
         judged, verdict = answer
         if not judged.any:
@@ -162,11 +168,10 @@ class RateLimiter:
         """The output tokens the access log counted for an admitted request, owed by its budget."""
         if not tokens or tokens <= 0 or tokens_limit <= 0:
             return
-        limits = Limits(None, tokens_limit)
         if self._redis is None:
-            self._local.charge(bucket_id, limits, tokens, self._clock())
+            self._local.charge(bucket_id, tokens_limit, tokens, self._clock())
         else:
-            self._redis.charge(bucket_id, limits, tokens)
+            self._redis.charge(bucket_id, tokens_limit, tokens)
 
     @staticmethod
     def _refusal(model: str, limits: Limits, v: Verdict, headers: list[tuple[str, str]]) -> RateLimited:

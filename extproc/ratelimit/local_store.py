@@ -23,8 +23,8 @@ class LocalStore:
         self._put(bucket_id, bucket, now)
         return verdict
 
-    def charge(self, bucket_id: str, limits: Limits, tokens: int, now: float) -> None:
-        self._put(bucket_id, charge(self._pop(bucket_id), limits, tokens, now), now)
+    def charge(self, bucket_id: str, tokens_limit: int, tokens: int, now: float) -> None:
+        self._put(bucket_id, charge(self._pop(bucket_id), tokens_limit, tokens, now), now)
 
     def _pop(self, bucket_id: str) -> Bucket | None:
         return self._buckets.pop(bucket_id, None)

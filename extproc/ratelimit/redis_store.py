@@ -28,10 +28,15 @@ log = logging.getLogger(__name__)
 BACKOFF_S = 1.0
 CALL_TIMEOUT_S = 1.0  # a pipeline's bound (requests stop waiting long before; charges wait on nothing)
 KEY_PREFIX = "extproc:ratelimit:"
+# Why a request went unchecked (the metric's `reason`)
+LATE, UNAVAILABLE = "late", "unavailable"
 AIBRIX_USER_PREFIX = "aibrix-users/"  # AIBrix's user records: {"name": ..., "rpm": N, "tpm": N}
 
-# KEYS[1]: the bucket (a hash r, t, ts); KEYS[2]: AIBrix's user record, absent (the config's limits).
-# ARGV: mode (take | charge), requests/min, tokens/min (0: unlimited), tokens to take or charge, window ms.
+# KEYS[1]: the bucket (a hash r, t, ts and the rates it holds, rl, tl); KEYS[2]: AIBrix's user record,
+# absent (the config's limits). ARGV: mode (take | charge), requests/min, tokens/min (0: unlimited),
+# tokens to take or charge, window ms. A charge refills every dimension the bucket holds at the rates of
+# its last admission (its requests rate is not sent), and the key lives until its slowest dimension is
+# full again: expiring sooner would hand back a full budget.
 # Returns {admitted 0/1, exceeded ("" | requests | tokens), requests left, tokens left, rpm, tpm}.
 SCRIPT = """
 local rl, tl = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -49,8 +54,15 @@ if KEYS[2] then
 end
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local h = redis.call('HMGET', KEYS[1], 'r', 't', 'ts')
-local r, t, ts = tonumber(h[1]) or rl, tonumber(h[2]) or tl, tonumber(h[3]) or now
+local h = redis.call('HMGET', KEYS[1], 'r', 't', 'ts', 'rl', 'tl')
+local hrl, htl = tonumber(h[4]), tonumber(h[5])
+if ARGV[1] == 'charge' then
+  rl = hrl or 0
+  if tl == 0 then tl = htl or 0 end
+end
+local r, t, ts = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]) or now
+if r == nil or hrl == 0 then r = rl end
+if t == nil or htl == 0 then t = tl end
 local dt = math.max(0, now - ts)
 if rl > 0 then r = math.min(rl, r + dt * rl / win) end
 if tl > 0 then t = math.min(tl, t + dt * tl / win) end
@@ -68,7 +80,7 @@ end
 local full = 0
 if rl > 0 then full = math.max(full, (rl - r) * win / rl) end
 if tl > 0 then full = math.max(full, (tl - t) * win / tl) end
-redis.call('HSET', KEYS[1], 'r', tostring(r), 't', tostring(t), 'ts', now)
+redis.call('HSET', KEYS[1], 'r', tostring(r), 't', tostring(t), 'ts', now, 'rl', rl, 'tl', tl)
 redis.call('PEXPIRE', KEYS[1], math.ceil(full) + 1000)
 return {admitted, exceeded, tostring(r), tostring(t), rl, tl}
 """
@@ -95,26 +107,30 @@ class RedisStore:
         return KEY_PREFIX + bucket_id
 
     async def take(self, bucket_id: str, limits: Limits, cost: int,
-                   aibrix_user: str | None) -> tuple[Limits, Verdict] | None:
-        """The verdict and the limits it was judged by (AIBrix's record may set them); None: Redis
-        did not answer in time, the request goes unlimited."""
+                   aibrix_user: str | None) -> tuple[Limits, Verdict] | str:
+        """The verdict and the limits it was judged by (AIBrix's record may set them); or why there
+        is none and the request goes unlimited: LATE (no answer within `timeout`) or UNAVAILABLE
+        (Redis failed, now or less than BACKOFF_S ago)."""
         if self._clock() < self._resume_at:
-            return None
+            return UNAVAILABLE
         user_key = AIBRIX_USER_PREFIX + aibrix_user if aibrix_user and self._users else ""
         answer = self._call(self.key(bucket_id), user_key, "take", limits.requests or 0,
                             limits.tokens or 0, cost)
         done, _ = await asyncio.wait((answer,), timeout=self.timeout)
-        if not done or answer.exception() is not None:
-            return None
+        if not done:
+            return LATE
+        if answer.exception() is not None:
+            return UNAVAILABLE
         admitted, exceeded, requests, tokens, rpm, tpm = answer.result()
         exceeded = exceeded.decode() if isinstance(exceeded, bytes) else exceeded
         judged = Limits(int(rpm) or None, int(tpm) or None)
         return judged, Verdict(bool(admitted), exceeded or None, float(requests), float(tokens), cost)
 
-    def charge(self, bucket_id: str, limits: Limits, tokens: int) -> None:
-        """Owe `tokens` (counted output), in the background."""
-        if limits.tokens and tokens > 0 and self._clock() >= self._resume_at:
-            self._call(self.key(bucket_id), "", "charge", limits.requests or 0, limits.tokens, tokens)
+    def charge(self, bucket_id: str, tokens_limit: int, tokens: int) -> None:
+        """Owe `tokens` (counted output), in the background (the script refills the bucket's other
+        dimensions at the rates it holds)."""
+        if tokens_limit > 0 and tokens > 0 and self._clock() >= self._resume_at:
+            self._call(self.key(bucket_id), "", "charge", 0, tokens_limit, tokens)
 
     def _call(self, *args: object) -> asyncio.Future:
         loop = asyncio.get_running_loop()

@@ -97,6 +97,14 @@ _AB_KEYS = {  # routing.auto_blend.* -> (per-model key, env suffix, kind)
 _CORE_KEYS = frozenset({"default_strategy", "seed", "load_balance", "auto_blend", "cache_size"})
 
 
+def known_keys() -> dict[str, frozenset[str]]:
+    """The keys each routing section takes, as the file spells them: the config loader names an unknown
+    one with its line and the closest known key (strategies must be registered: extproc.strategies)."""
+    return {"routing": _CORE_KEYS | sections().keys(),
+            "routing.load_balance": frozenset(_LB_KEYS) | {"capacity"},
+            "routing.auto_blend": frozenset(_AB_KEYS)}
+
+
 def env_knobs() -> dict[str, str]:
     """Each knob's environment suffix (EXTPROC_ and AIBRIX_ go before it) -> the config key it sets."""
     return {suffix: f"routing.{section}.{key}"

@@ -24,6 +24,7 @@ from extproc.envoy_contract import ENVOY_BUFFER_BYTES
 from extproc.pool.info import PodInfoCollector
 from extproc.ratelimit import RateLimiter
 from extproc.ratelimit.redis_store import RedisStore
+from extproc.ratelimit.worker_store import WorkerBudgets
 from extproc.routing.framework import waitings
 from extproc.server import loops, processor
 from extproc.server.access_log import AccessLogService
@@ -31,6 +32,7 @@ from extproc.server.admin import admin_app
 from extproc.server.discovery import start_discovery
 from extproc.server.gateway import Gateway
 from extproc.server.heap import HeapTrimmer
+from extproc.server.inference_metrics import InferencePoolCollector, ObjectiveMetrics
 from extproc.server.otel import from_env as otel_from_env
 from extproc.server.processor import Processor, parse_body
 from extproc.server.serving import REFRESH_SECONDS, HealthServices
@@ -132,9 +134,14 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     # Rate-limit budgets shared through Redis when there is one (turned on and off by reloads)
     limit_store = (RedisStore(redis, config.rate_limits.redis_timeout_s)
                    if redis_url else None)
-    limiter = RateLimiter(config.rate_limits, registry, store=limit_store)
+    # without Redis, the workers of `serve --workers N` share theirs in memory (N x the limit otherwise)
+    limiter = RateLimiter(config.rate_limits, registry, store=limit_store,
+                          local=WorkerBudgets(worker.budgets_fd) if worker is not None else None)
     gateway = Gateway(config, registry=registry, accounting=accounting, limiter=limiter)
     registry.register(PodInfoCollector(lambda: gateway.pool.all_pods()))  # GPU type etc. per pod
+    # the Inference Extension's reference picker's series, for the dashboards that chart a pool's
+    registry.register(InferencePoolCollector(gateway))
+    gateway.add_hook(ObjectiveMetrics(registry))
     prober = HealthProber(accounting.health)
     # Long prompts are parsed in a worker process: the parser holds the GIL, a thread would not help.
     # The worker dies with the gateway, however the gateway dies (it holds its own queue's write end,

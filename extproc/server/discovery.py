@@ -1,4 +1,5 @@
-"""Kubernetes discovery wired into `extproc serve`: the watched pods joined with the config file's."""
+"""Kubernetes discovery wired into `extproc serve` (labelled pods, or an InferencePool's): the watched
+pods joined with the config file's."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from extproc.config import Config
+from extproc.pool.inferencepool import InferencePoolDiscovery
 from extproc.pool.pod import Pod
 from extproc.pool.watch import PodWatcher
 
@@ -29,7 +31,9 @@ class DiscoveredPool:
         return self._merged()
 
     def _merged(self) -> Config:
-        models = tuple(dict.fromkeys([*self.base.models, *sorted({p.model for p in self.pods})]))
+        pool = self.base.discovery.inferencepool
+        named = (pool.model,) if pool is not None and pool.model else ()  # known with no pods: 503, not 404
+        models = tuple(dict.fromkeys([*self.base.models, *named, *sorted({p.model for p in self.pods})]))
         return replace(self.base, pods=(*self.base.pods, *self.pods), models=models)
 
     def update(self, pods: list[Pod]) -> None:
@@ -43,7 +47,13 @@ def start_discovery(gateway: Any, config: Config) -> tuple[asyncio.Task | None, 
     if not config.discovery.enabled:
         return None, lambda c: c
     joined = DiscoveredPool(gateway.apply, config)
-    watcher = PodWatcher(config.discovery, joined.update)
-    where = config.discovery.namespace or "all namespaces"
-    log.info("discovering pods labelled %s in %s", config.discovery.label_selector, where)
-    return asyncio.create_task(watcher.run(), name="discovery"), joined.overlay
+    settings = config.discovery
+    if settings.inferencepool is not None:
+        pool = settings.inferencepool
+        log.info("discovering the pods of InferencePool %s/%s", pool.namespace, pool.name)
+        runner = InferencePoolDiscovery(settings, joined.update).run()
+    else:
+        log.info("discovering pods labelled %s in %s", settings.label_selector,
+                 settings.namespace or "all namespaces")
+        runner = PodWatcher(settings, joined.update).run()
+    return asyncio.create_task(runner, name="discovery"), joined.overlay

@@ -33,12 +33,18 @@ def family(series: Series) -> Metric:
     return metric
 
 
-class PodMetricsCollector:
-    def __init__(self, gateway: Scraped) -> None:
+class GatewayCollector:
+    """Series computed from the gateway's state when /metrics is scraped."""
+
+    def __init__(self, gateway: Any) -> None:
         self._gw = gateway
 
     def describe(self) -> list[Metric]:
         return []  # unchecked: the series depend on the pool
+
+
+class PodMetricsCollector(GatewayCollector):
+    _gw: Scraped
 
     def collect(self) -> Iterator[Metric]:
         gw = self._gw

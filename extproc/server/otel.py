@@ -9,14 +9,18 @@ opentelemetry-exporter-otlp-proto-http).
 
 The span opens when the pod is chosen (a post-choice hook) and ends when the request's access-log
 record arrives (post-response), named and attributed after the GenAI semantic conventions where they
-apply (`chat <model>`, gen_ai.*, server.*, http.response.status_code, error.type), with the routing
-decision's inputs under extproc.*. A client's `traceparent` makes it a child span; the engine gets
+apply (`chat <model>`, gen_ai.* with the required gen_ai.provider.name, server.*,
+http.response.status_code, error.type), with the routing decision's inputs under extproc.*. A request
+the SLO queue held has a span that starts at its arrival, an `extproc.slo.dequeued` event when it left
+the queue and its wait in `extproc.slo.queue_wait_s`. A client's `traceparent` makes it a child span;
+the engine gets
 this span's traceparent (Envoy adds it from the decision's metadata), so its spans join the trace.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +32,8 @@ log = logging.getLogger(__name__)
 
 OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion",
               "/v1/embeddings": "embeddings"}
+QUEUE_EVENT = "extproc.slo.dequeued"  # a span event: the request left the SLO queue for its pod
+QUEUE_WAIT = "extproc.slo.queue_wait_s"  # seconds in the SLO queue (attribute of the span and event)
 MAX_OPEN_SPANS = 100_000  # spans whose record never came (a lost access log) are ended beyond this
 
 
@@ -50,6 +56,13 @@ class RequestSpans:
         # id(Request) -> (the Request, its span, the decision's inputs): the access-log record carries
         # the same Request object; holding it keeps its id from being reused while the span is open
         self._open: dict[int, tuple[Any, ...]] = {}
+        self._waited: tuple[Request, float] | None = None  # the SLO queue's request being routed now
+
+    def waited(self, request: Request, seconds: float) -> None:
+        """The SLO waiting room is routing `request` after `seconds` in its queue: the span about to
+        open starts when the request arrived and records the wait (one request at a time: the room
+        routes synchronously, this is read by the post_choice that follows or dropped)."""
+        self._waited = (request, seconds)
 
     def post_choice(self, request: Request, chosen: PodView, now: float) -> None:
         """Opens the span, bare: its attributes are set when it ends, off the decision's path (the SDK
@@ -58,10 +71,16 @@ class RequestSpans:
                   if request.traceparent else None)
         if len(self._open) >= MAX_OPEN_SPANS:
             self._open.pop(next(iter(self._open)))[1].end()
+        wait, self._waited = (self._waited[1] if self._waited is not None and self._waited[0] is request
+                              else None), None
+        # a queued request's span covers its wait: it starts when the request arrived
+        start = time.time_ns() - int(wait * 1e9) if wait else None
         span = self._tracer.start_span(f"{OPERATIONS.get(request.path, 'chat')} {request.model}",
-                                       context=parent, kind=self._kind)
+                                       context=parent, kind=self._kind, start_time=start)
+        if wait is not None:
+            span.add_event(QUEUE_EVENT, {QUEUE_WAIT: wait})  # when it left the queue
         self._open[id(request)] = (request, span, chosen.pod, chosen.running, chosen.queued,
-                                   chosen.kv_free, chosen.capacity)
+                                   chosen.kv_free, chosen.capacity, wait)
 
     def traceparent(self, request: Request) -> str | None:
         """The W3C traceparent of the request's span, for the engine."""
@@ -77,10 +96,13 @@ class RequestSpans:
         entry = self._open.pop(id(record.request), None)
         if entry is None:
             return
-        request, span, pod, running, queued, kv_free, capacity = entry
+        request, span, pod, running, queued, kv_free, capacity, wait = entry
         host, _, port = pod.address.rpartition(":")
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": OPERATIONS.get(request.path, "chat"),
+            # required: no registered provider fits a self-hosted engine, so its own name (the pod's
+            # engine: vllm, sglang, trtllm), which the conventions allow for providers off their list
+            "gen_ai.provider.name": pod.engine,
             "gen_ai.request.model": request.model,
             "server.address": host.strip("[]"), "server.port": int(port) if port.isdigit() else 0,
             "extproc.pod.name": pod.name, "extproc.pod.gpu": pod.gpu,
@@ -95,7 +117,8 @@ class RequestSpans:
                             ("extproc.pod.kv_free", kv_free),
                             ("extproc.pod.capacity_tokens_per_second", capacity),
                             ("gen_ai.usage.output_tokens", record.output_tokens),
-                            ("extproc.time_to_first_byte_s", record.ttfb_s)):
+                            ("extproc.time_to_first_byte_s", record.ttfb_s),
+                            (QUEUE_WAIT, wait)):
             if value is not None:
                 attributes[name] = value
         span.set_attributes(attributes)

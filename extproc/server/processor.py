@@ -70,17 +70,24 @@ WANTED_HEADERS = frozenset({":path", ":method", ENVOY_REQUEST_ID_HEADER, MODEL_H
 def _headers(http_headers) -> dict[str, str]:
     """Only the headers routing reads (a request may carry dozens)."""
     # Envoy sends values in raw_value (bytes); older Envoys used value.
-    return {h.key: (h.raw_value.decode("latin-1") if h.raw_value else h.value)
+    return {h.key: (_text(h.raw_value) if h.raw_value else h.value)
             for h in http_headers.headers.headers if h.key in WANTED_HEADERS}
 
 
-def _header_bytes(value: str) -> int:
-    """A header value's length on the wire: raw_value arrives decoded as latin-1 (one char per byte);
-    the older `value` field is text that may hold any character."""
+def _text(raw: bytes) -> str:
+    """A header value as text: UTF-8, as Envoy's attributes carry it, so a key or model with non-ASCII
+    characters is the same string (the same budget, the same digest) whichever path the request took;
+    bytes that are not UTF-8, which the attributes cannot carry at all, as latin-1 (one per byte)."""
     try:
-        return len(value.encode("latin-1"))
-    except UnicodeEncodeError:
-        return len(value.encode("utf-8", "replace"))
+        return raw.decode()
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
+
+
+def _header_bytes(value: str) -> int:
+    """A header value's length on the wire (a value that was not UTF-8 counts its bytes above 0x7f
+    twice: only ever against a bound, on input no other path accepts)."""
+    return len(value.encode())
 
 
 # Stands for a message protobuf refused to parse: Envoy sends the headers routing reads as attribute

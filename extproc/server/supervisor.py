@@ -28,6 +28,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from extproc import children
+from extproc.ratelimit.worker_store import create_budgets
 from extproc.server.metrics_merge import merge
 from extproc.state.workers import create_segment
 
@@ -42,18 +43,19 @@ STOP_GRACE_SECONDS = 15.0      # past the drain timeout: then SIGKILL
 
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
-    """What a worker process is told on its command line (`--worker index:fd:admin-socket`)."""
+    """What a worker process is told on its command line (`--worker index:fd:budgets-fd:admin-socket`)."""
     index: int
     segment_fd: int
+    budgets_fd: int    # the rate-limit budgets the workers share without Redis (ratelimit/worker_store.py)
     admin_socket: str  # an abstract Unix socket: the admin server only the supervisor reads
 
     def render(self) -> str:
-        return f"{self.index}:{self.segment_fd}:{self.admin_socket}"
+        return f"{self.index}:{self.segment_fd}:{self.budgets_fd}:{self.admin_socket}"
 
     @classmethod
     def parse(cls, text: str) -> WorkerSpec:
-        index, fd, name = text.split(":", 2)
-        return cls(int(index), int(fd), name)
+        index, fd, budgets, name = text.split(":", 3)
+        return cls(int(index), int(fd), int(budgets), name)
 
     @property
     def admin_path(self) -> str:
@@ -73,7 +75,7 @@ class Worker:
         self._session: aiohttp.ClientSession | None = None
 
     def start(self) -> None:
-        self.proc = children.popen(self.argv, pass_fds=(self.spec.segment_fd,))
+        self.proc = children.popen(self.argv, pass_fds=(self.spec.segment_fd, self.spec.budgets_fd))
         self.started = time.monotonic()
         self.restart_at = None
         log.info("worker %d started (pid %d)", self.spec.index, self.proc.pid)
@@ -144,9 +146,10 @@ async def supervise(count: int, serve_args: Sequence[str], *, port: int, admin_h
         raise ValueError(f"--workers must be 1..64, not {count}")
     if port + count - 1 > 65535:
         raise ValueError(f"--port {port} with --workers {count} runs past port 65535")
-    segment = create_segment(count)
+    segment, budgets = create_segment(count), create_budgets()
     tag = f"extproc-{os.getpid():x}-{time.time_ns():x}"
-    workers = [Worker(spec := WorkerSpec(i, segment, f"{tag}-{i}"), worker_argv(spec, serve_args, port + i))
+    workers = [Worker(spec := WorkerSpec(i, segment, budgets, f"{tag}-{i}"),
+                      worker_argv(spec, serve_args, port + i))
                for i in range(count)]
     for worker in workers:
         worker.start()
@@ -180,6 +183,7 @@ async def supervise(count: int, serve_args: Sequence[str], *, port: int, admin_h
         await worker.close()
     await admin.cleanup()
     os.close(segment)
+    os.close(budgets)
     return 1 if any(w.exited() not in (0, None) for w in workers) else 0
 
 

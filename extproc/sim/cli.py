@@ -107,6 +107,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         help="hold this fraction of KV blocks (usage reads >= it; capacity really shrinks)",
     )
+    from extproc.sim.calibrate import add_arguments as add_calibrate
+
+    sub = parser.add_subparsers(dest="sim_command", metavar="{calibrate}")
+    add_calibrate(sub.add_parser(
+        "calibrate", help="the engine model against published vLLM measurements (data/calibration/)"))
 
 
 def spec_from_args(args: argparse.Namespace) -> ReplicaSpec:
@@ -176,6 +181,10 @@ def specs_from_args(args: argparse.Namespace) -> list[ReplicaSpec]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "sim_command", None) == "calibrate":
+        from extproc.sim.calibrate import run as calibrate
+
+        return calibrate(args)
     from extproc.sim.fleet import serve
 
     try:

@@ -20,10 +20,14 @@ class GpuSpec:
     bandwidth_gbps: float
     tflops: float  # dense bf16/fp16 tensor throughput
     price_per_hour: float
+    # Datasheet capacities are binary: an "80 GB" A100 has 81,920 MiB. HBM parts and the (non-ECC)
+    # RTX 4090 give all of it to CUDA; GDDR6 datacenter parts keep ECC on by default, which takes 1/16,
+    # leaving about the decimal figure. So binary for the former, decimal (the default) for the latter.
+    memory_binary: bool = False
 
     @property
     def memory_bytes(self) -> float:
-        return self.memory_gb * 1e9
+        return self.memory_gb * (1 << 30 if self.memory_binary else 1e9)
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
@@ -39,7 +43,7 @@ GPUS: dict[str, GpuSpec] = {
     for g in (
         # NVIDIA Tesla V100 SXM2 datasheet: 32 GB HBM2, 900 GB/s, 125 TFLOPS tensor (fp16).
         # Price: AWS p3.2xlarge (1x V100 16GB) on-demand us-east-1, $3.06/h.
-        GpuSpec("V100", 32, 900, 125, 3.06),
+        GpuSpec("V100", 32, 900, 125, 3.06, memory_binary=True),
         # NVIDIA T4 datasheet: 16 GB GDDR6, 320 GB/s, 65 TFLOPS mixed fp16.
         # Price: AWS g4dn.xlarge on-demand, $0.526/h.
         GpuSpec("T4", 16, 320, 65, 0.526),
@@ -57,29 +61,29 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec("A40", 48, 696, 149.7, 0.44),
         # NVIDIA A100 datasheet (SXM4 40GB): 40 GB HBM2, 1,555 GB/s, 312 TFLOPS bf16 dense.
         # Price: Lambda Cloud 1x A100 40GB SXM4 on-demand, $1.29/h.
-        GpuSpec("A100-40GB", 40, 1555, 312, 1.29),
+        GpuSpec("A100-40GB", 40, 1555, 312, 1.29, memory_binary=True),
         # NVIDIA A100 datasheet (SXM4 80GB): 80 GB HBM2e, 2,039 GB/s, 312 TFLOPS bf16 dense.
         # Price: Lambda Cloud 1x A100 80GB SXM4 on-demand, $1.79/h.
-        GpuSpec("A100-80GB", 80, 2039, 312, 1.79),
+        GpuSpec("A100-80GB", 80, 2039, 312, 1.79, memory_binary=True),
         # NVIDIA H100 datasheet (SXM5): 80 GB HBM3, 3.35 TB/s, 989 TFLOPS bf16 dense (1,979 with sparsity).
         # Price: Lambda Cloud 1x H100 SXM on-demand, $2.99/h.
-        GpuSpec("H100", 80, 3350, 989, 2.99),
+        GpuSpec("H100", 80, 3350, 989, 2.99, memory_binary=True),
         # NVIDIA H100 datasheet (PCIe): 80 GB HBM2e, 2.0 TB/s, 756 TFLOPS bf16 dense.
         # Price: Lambda Cloud 1x H100 PCIe on-demand, $2.49/h.
-        GpuSpec("H100-PCIE", 80, 2000, 756, 2.49),
+        GpuSpec("H100-PCIE", 80, 2000, 756, 2.49, memory_binary=True),
         # NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, 989 TFLOPS bf16 dense.
         # Price: ~$3.99/h, indicative neocloud on-demand (2025).
-        GpuSpec("H200", 141, 4800, 989, 3.99),
+        GpuSpec("H200", 141, 4800, 989, 3.99, memory_binary=True),
         # NVIDIA HGX B100 spec: 192 GB HBM3e, 8 TB/s, 3.5 PFLOPS fp16 with sparsity -> 1,750 dense.
         # Price: no public on-demand list; $5.00/h estimate.
-        GpuSpec("B100", 192, 8000, 1750, 5.00),
+        GpuSpec("B100", 192, 8000, 1750, 5.00, memory_binary=True),
         # NVIDIA DGX B200 spec: 1,440 GB across 8 GPUs -> 180 GB each, 8 TB/s, 2.25 PFLOPS bf16 dense per GPU.
         # Price: Lambda Cloud 1x B200 on-demand, $4.99/h (2025).
-        GpuSpec("B200", 180, 8000, 2250, 4.99),
+        GpuSpec("B200", 180, 8000, 2250, 4.99, memory_binary=True),
         # NVIDIA RTX 4090 (Ada whitepaper): 24 GB GDDR6X, 1,008 GB/s, 165 TFLOPS dense FP16/BF16 tensor with
         # FP32 accumulate (what serving kernels use; 330 with FP16 accumulate).
         # Price: RunPod community cloud, ~$0.34/h. Present so calibration.md's 4090 line can be checked.
-        GpuSpec("RTX4090", 24, 1008, 165, 0.34),
+        GpuSpec("RTX4090", 24, 1008, 165, 0.34, memory_binary=True),
     )
 }
 

@@ -60,6 +60,13 @@ MODELS: dict[str, ModelSpec] = {
         # with a 131072-token context (max_position_embeddings); the KV cache still caps it per GPU.
         ModelSpec("llama3.1-8b", 8.03, 32, 4096, 32, 8, 128, 131072),
         ModelSpec("llama3.1-70b", 70.6, 80, 8192, 64, 8, 128, 131072, tensor_parallel=4),
+        # Qwen/Qwen3-14B config.json: 40 layers, hidden 5120, 40 heads, 8 KV heads, head_dim 128, 40960 ctx,
+        # untied embeddings (vocab 151936); 14.77B params. In data/calibration/ (GPUStack's H100/A100 runs).
+        ModelSpec("qwen3-14b", 14.77, 40, 5120, 40, 8, 128, 40960),
+        # Qwen/Qwen2.5-0.5B-Instruct config.json: 24 layers, hidden 896, 14 heads, 2 KV heads, head_dim 64,
+        # 32768 ctx, tied embeddings; 0.494B params. In data/calibration/ (an L4 sweep): so small that the
+        # per-step and per-sequence overheads, not the roofline, set its speed.
+        ModelSpec("qwen2.5-0.5b", 0.494, 24, 896, 14, 2, 64, 32768),
     )
 }
 
@@ -82,6 +89,8 @@ ALIASES: dict[str, str] = {
     "meta-llama/meta-llama-3.1-70b-instruct": "llama3.1-70b",
     "mistral-7b-instruct-v0.3": "mistral-7b",
     "mistralai/mistral-7b-instruct-v0.3": "mistral-7b",
+    "qwen/qwen3-14b": "qwen3-14b",
+    "qwen/qwen2.5-0.5b-instruct": "qwen2.5-0.5b",
 }
 
 

@@ -1,15 +1,21 @@
-"""Roofline step-time model: how long one engine step takes on a GPU, and how much KV cache fits.
+"""Step-time model: how long one engine step takes on a GPU, and how much KV cache fits.
 
-A step is one forward pass over a batch: some prefill tokens (possibly a chunk of a long prompt) plus one
-decode token per running sequence. Its cost has two floors:
+A step is one forward pass over a batch: chunks of prompts being prefilled plus one decode token per
+running sequence (chunked prefill: vLLM puts both in one step). A transformer layer runs its linear
+layers and then attention, one kernel after the other, so a step costs the sum of
 
-* memory: every step streams all weights once, plus the KV cache of every scheduled sequence;
-* compute: 2 FLOPs per parameter per token, plus attention (proportional to context length).
+* linear layers: max(weights streamed once / weight bandwidth, 2 FLOPs per parameter per query token /
+  tensor throughput). *Why max*: in a GEMM weight loads and tensor-core math overlap, so it is bound by
+  the slower (the roofline); small batches are memory bound, a prefill chunk compute bound;
+* attention: max(KV bytes of every scheduled sequence's context / KV bandwidth, QK^T and AV FLOPs /
+  tensor throughput): decode attention reads the whole KV cache of the batch every step, which is what
+  makes a step slower as the batch and its contexts grow;
+* a per-step overhead (scheduling, input preparation, kernel launches: CPU work the GPU waits for) and a
+  per-sequence overhead (sampling, detokenisation, per-request bookkeeping);
+* with tensor parallelism, two all-reduces per layer.
 
-Step time = max(memory time, compute time) + fixed overheads. *Why max and not sum*: in a fused forward
-pass weight streaming and tensor-core math overlap, so a step is bound by the slower of the two (the
-roofline). Real mixed steps land a little above the max near the ridge point; the efficiency factors
-absorb most of that, and the validation table in docs/benchmarks.md states the remaining error.
+Bandwidths and throughput are the datasheet peaks (gpus.py) times the fitted efficiencies (efficiency.py);
+the overheads are fitted with them (`extproc engine-sim calibrate --fit`, docs/fleet-simulation.md).
 """
 
 from __future__ import annotations
@@ -18,28 +24,35 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from extproc.sim.efficiency import Efficiency, efficiency_for
 from extproc.sim.gpus import GpuSpec
 from extproc.sim.models import ModelSpec
 
 
 @dataclass(frozen=True, slots=True)
 class PerfParams:
-    # Achieved fraction of peak HBM bandwidth in decode. calibration.md: vLLM on A100 reaches ~77 % of the
-    # bandwidth ceiling at concurrency 1; 0.80 here plus the per-step overheads lands on that.
-    mem_efficiency: float = 0.80
-    # Achieved fraction of dense tensor peak in prefill GEMMs (MFU). 0.7 fits the published sweeps best
-    # (python -m extproc.sim.validate); large-GEMM MFU on A100/H100 is typically 0.6-0.8.
-    compute_efficiency: float = 0.70
-    # Fixed cost per step not hidden by the GPU: scheduling, sampling, kernel launches (CUDA graphs keep
-    # it small in vLLM V1).
-    step_overhead_s: float = 0.0003
-    # Per-sequence cost per step: input preparation, sampling, detokenisation. Makes large batches a little
-    # slower than pure bytes/bandwidth (the RTX 4090 sweep in calibration.md flattens faster than bytes).
-    per_seq_overhead_s: float = 0.00005
+    # Fractions of datasheet peak (efficiency.py); None: the GPU's fitted value, or its class's.
+    mem_efficiency: float | None = None  # weight streaming in the linear layers
+    kv_efficiency: float | None = None  # attention's KV-cache reads
+    compute_efficiency: float | None = None  # tensor MFU (linear layers and prefill attention)
+    # Fixed cost per step the GPU waits for: scheduling, input preparation, launches (CUDA graphs keep it
+    # small in vLLM V1). Fitted with the efficiencies (`extproc engine-sim calibrate --fit`).
+    step_overhead_s: float = 0.000815
+    # Per-sequence cost per step: sampling, detokenisation, the request's bookkeeping. Fitted likewise.
+    per_seq_overhead_s: float = 0.0000198
     # Tensor parallel: two all-reduces per layer per step, each a latency-bound NCCL call at decode sizes.
     allreduce_latency_s: float = 0.000012
     # Memory vLLM keeps back for activations and CUDA graphs, per GPU, besides weights and KV cache.
     activation_reserve_gb: float = 1.5
+
+    def efficiency(self, gpu: str) -> Efficiency:
+        """This GPU's efficiencies with any explicit override applied."""
+        fitted = efficiency_for(gpu)
+        return Efficiency(
+            weights=fitted.weights if self.mem_efficiency is None else self.mem_efficiency,
+            kv=fitted.kv if self.kv_efficiency is None else self.kv_efficiency,
+            compute=fitted.compute if self.compute_efficiency is None else self.compute_efficiency,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,34 +81,32 @@ class PerfModel:
         num_seqs: sequences scheduled; kv_tokens_read: cached tokens whose K/V are read (sum of contexts);
         attn_pairs: sum over query tokens of the context each attends to (attention FLOPs scale with it).
         """
-        if num_tokens <= 0:
-            return 0.0
-        p, m, tp = self.params, self.model, self.tensor_parallel
-        mem_bytes = (m.weight_bytes + kv_tokens_read * m.kv_bytes_per_token) / tp
-        t_mem = mem_bytes / (self.gpu.bandwidth_bytes_per_s * p.mem_efficiency)
-        flops = (m.flops_per_token * num_tokens + m.attn_flops_per_token_per_ctx * attn_pairs) / tp
-        t_compute = flops / (self.gpu.flops_per_s * p.compute_efficiency)
-        t_comm = 2 * m.layers * p.allreduce_latency_s if tp > 1 else 0.0
-        return max(t_mem, t_compute) + t_comm + p.step_overhead_s + p.per_seq_overhead_s * num_seqs
+        return self.step_timer()(num_tokens, num_seqs, kv_tokens_read, attn_pairs)
 
     def step_timer(self) -> Callable[[int, int, int, float], float]:
-        """`step_time` with this model's constants looked up once: the engine calls it every step.
-
-        The same arithmetic in the same order, so the same floats."""
+        """`step_time` with this model's constants looked up once: the engine calls it every step."""
         p, m, tp = self.params, self.model, self.tensor_parallel
-        weight, kv_bytes = m.weight_bytes, m.kv_bytes_per_token
-        bandwidth = self.gpu.bandwidth_bytes_per_s * p.mem_efficiency
-        flops_token, flops_ctx = m.flops_per_token, m.attn_flops_per_token_per_ctx
-        compute = self.gpu.flops_per_s * p.compute_efficiency
-        t_comm = 2 * m.layers * p.allreduce_latency_s if tp > 1 else 0.0
-        overhead, per_seq = p.step_overhead_s, p.per_seq_overhead_s
+        eff = p.efficiency(self.gpu.name)
+        peak_bw, peak_flops = self.gpu.bandwidth_bytes_per_s, self.gpu.flops_per_s
+        # Per-GPU shares of each term: TP splits weights, KV heads and FLOPs evenly over the ranks.
+        t_weights = m.weight_bytes / tp / (peak_bw * eff.weights)
+        s_kv = m.kv_bytes_per_token / tp / (peak_bw * eff.kv)  # seconds per cached token read
+        s_linear = m.flops_per_token / tp / (peak_flops * eff.compute)  # seconds per query token
+        s_attn = m.attn_flops_per_token_per_ctx / tp / (peak_flops * eff.compute)  # per (query, ctx) pair
+        fixed = p.step_overhead_s + (2 * m.layers * p.allreduce_latency_s if tp > 1 else 0.0)
+        per_seq = p.per_seq_overhead_s
 
         def step_time(num_tokens: int, num_seqs: int, kv_tokens_read: int, attn_pairs: float) -> float:
             if num_tokens <= 0:
                 return 0.0
-            t_mem = (weight + kv_tokens_read * kv_bytes) / tp / bandwidth
-            t_compute = (flops_token * num_tokens + flops_ctx * attn_pairs) / tp / compute
-            return max(t_mem, t_compute) + t_comm + overhead + per_seq * num_seqs
+            linear = s_linear * num_tokens
+            if linear < t_weights:
+                linear = t_weights
+            attention = s_kv * kv_tokens_read
+            flops = s_attn * attn_pairs
+            if flops > attention:
+                attention = flops
+            return fixed + per_seq * num_seqs + linear + attention
 
         return step_time
 

@@ -1,7 +1,9 @@
-"""`python -m extproc.sim.validate`: simulated figures next to published ones, in virtual time.
+"""`python -m extproc.sim.validate`: simulated figures next to reference ones that are not measurements
+of one row each, in virtual time: a published GPU-to-GPU ratio (Lambda's "H100 ~2x A100") and AIBrix's
+simulator output (a consistency check, not truth), plus the per-GPU preset table.
 
-Every row runs the engine model as a discrete-event simulation (no sleeping, deterministic) with the
-workload of the published measurement, and prints published vs simulated and the relative error.
+Published measurements with a workload to replay live in data/calibration/ and are checked by
+`extproc engine-sim calibrate` (calibration.py), which also holds the fit/held-out split.
 """
 
 from __future__ import annotations
@@ -13,17 +15,11 @@ from dataclasses import dataclass
 from extproc.sim.replica import build_engine
 from extproc.sim.virtual import LoadResult, run_closed_loop, run_open_loop
 
-SRC_MUSGRAVE = "[1]"
 SRC_LAMBDA = "[2]"
-SRC_4090 = "[3]"
 SRC_AIBRIX = "[4]"
 SOURCES = {
-    "[1]": "johnmusgrave.com/p/vllm-throughput-latency-sweep-on: vLLM 0.23, A100 40GB, Llama-3.1-8B-Instruct "
-    "BF16, 1024 in / 128 out; C=1 decode ~75 tok/s; C=8 ~6.6x the C=1 throughput (measured)",
     "[2]": "LambdaLabsML/vllm-benchmark, benchmark_v0.md: vLLM 0.6, H100 SXM ~2x A100 SXM 80GB throughput, "
     "Llama/Mistral 7B-405B (measured)",
-    "[3]": "mushfiqrahman.dev/?p=1668: vLLM, RTX 4090 24GB, Mistral-7B-Instruct-v0.3, 256 in / 128 out, "
-    "max concurrency 4-48 (measured)",
     "[4]": "AIBrix simulator benchmark lines, llama2-7b on A100 and A40 (shared/data/aibrix/*.jsonl): "
     "another simulator's output, not a measurement; same workload replayed here (Poisson, 100 requests)",
 }
@@ -46,18 +42,6 @@ def closed(gpu: str, model: str, c: int, inp: int, out: int, n: int | None = Non
     return run_closed_loop(build_engine(gpu, model), c, inp, out, n or max(4 * c, 16))
 
 
-def musgrave_rows() -> list[Row]:
-    one = closed("A100-40GB", "llama3-8b", 1, 1024, 128, 8)
-    eight = closed("A100-40GB", "llama3-8b", 8, 1024, 128, 64)
-    setup = "A100-40GB llama3-8b, 1024 in / 128 out"
-    return [
-        Row(SRC_MUSGRAVE, setup + ", C=1", "decode tok/s per request", 75.0, one.mean_decode_rate),
-        Row(
-            SRC_MUSGRAVE, setup, "throughput C=8 / C=1", 6.6, eight.output_throughput / one.output_throughput
-        ),
-    ]
-
-
 def lambda_rows() -> list[Row]:
     rows = []
     for c in (1, 64):
@@ -72,18 +56,6 @@ def lambda_rows() -> list[Row]:
                 h.output_throughput / a.output_throughput,
             )
         )
-    return rows
-
-
-def rtx4090_rows() -> list[Row]:
-    published = {4: (210, 0.063), 8: (377, 0.079), 16: (644, 0.155), 32: (975, 0.362), 48: (1190, 0.667)}
-    rows = []
-    for c, (tput, ttft) in published.items():
-        r = closed("RTX4090", "mistral-7b", c, 256, 128, 8 * c)
-        rows.append(Row(SRC_4090, f"mistral-7b 256/128, C={c}", "output tok/s", tput, r.output_throughput))
-    for c in (4, 48):
-        r = closed("RTX4090", "mistral-7b", c, 256, 128, 8 * c)
-        rows.append(Row(SRC_4090, f"mistral-7b 256/128, C={c}", "mean TTFT s", published[c][1], r.mean_ttft))
     return rows
 
 
@@ -123,9 +95,7 @@ def aibrix_rows() -> list[Row]:
 
 
 SUITES: dict[str, Callable[[], list[Row]]] = {
-    "musgrave": musgrave_rows,
     "lambda": lambda_rows,
-    "rtx4090": rtx4090_rows,
     "aibrix": aibrix_rows,
 }
 

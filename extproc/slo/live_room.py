@@ -44,6 +44,7 @@ class LiveGateway(Protocol):
     router: Any
     pool: Any
     accounting: Any
+    spans: Any  # server.otel.RequestSpans when OpenTelemetry is on: told each request's wait
 
     def route(self, request: Request, profile: Profile, request_id: str, queued: bool = False) -> Outcome: ...
     def abort(self, key: str) -> None: ...
@@ -166,6 +167,8 @@ class SloRoom:
         def route(entry: Entry) -> Outcome | Exception:
             w: _Waiter = entry.payload  # type: ignore[assignment]
             try:
+                if self._gw.spans is not None:  # the span opened by this routing records the wait
+                    self._gw.spans.waited(w.request, max(0.0, self._gw.clock() - entry.arrival))
                 return self._gw.route(w.request, w.profile, w.request_id, queued=True)
             except Exception as exc:  # a bug costs this request, not the queue
                 log.exception("slo dispatch failed")

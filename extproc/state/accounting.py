@@ -51,6 +51,8 @@ class Accounting:
         self.view_cache = ViewCache(shared, self.capacity, self.speed, self.health, samples)
         self.busy = BusyClock()
         self._tracked: list[Pod] = []
+        self._peers_folded: object = None  # the others' speed evidence as last folded in
+        self._speed_shared: dict[PodKey, int] = {}  # pod -> the evidence's version last handed over
 
     @property
     def samples(self) -> SampleSource:
@@ -124,13 +126,22 @@ class Accounting:
         """Publish this gateway's speed evidence and fold in the other gateways' (state/speed.py),
         timed on the wall clock in between."""
         peers = self.shared.peer_speed()
+        # The same read as a second ago (Redis's are every other heartbeat): what was folded in stands,
+        # and the estimator keeps its merges of it (a new list per pod would make each one anew).
+        fold = peers is not self._peers_folded or not peers
+        self._peers_folded = peers
         offset = self.wall() - now
+        shared = self._speed_shared
         for pod in self._tracked:
             key = pod.key
-            evidence = self.speed.export(key)
-            if evidence is not None:
-                self.shared.share_speed(key, shifted(evidence, offset))
-            self.speed.merge_peers(key, [shifted(v, -offset) for v in peers.get(key, ())])
+            version = self.speed.version(key)
+            if version and shared.get(key) != version:  # else the state holds this very evidence
+                evidence = self.speed.export(key)
+                if evidence is not None:
+                    self.shared.share_speed(key, shifted(evidence, offset))
+                    shared[key] = version
+            if fold:
+                self.speed.merge_peers(key, [shifted(v, -offset) for v in peers.get(key, ())])
 
     def credit(self, pod: Pod, tokens: int | None) -> None:
         """Completed output tokens of one request (also for a request this gateway did not route,
@@ -175,6 +186,8 @@ class Accounting:
         self.load.forget(live)
         self.health.forget(live)
         self.shared.forget(live)
+        for key in [k for k in self._speed_shared if k not in live]:
+            del self._speed_shared[key]
         for key in [k for k in self.output_tokens if k not in live]:
             del self.output_tokens[key]
 

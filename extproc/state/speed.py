@@ -122,6 +122,12 @@ class _Sums:
     def vector(self) -> tuple[float, ...]:
         return self.t, self.w, self.x, self.y, self.xx, self.xy, self.yy, self.n
 
+    def copy(self) -> _Sums:
+        out = _Sums.__new__(_Sums)
+        out.w, out.x, out.y, out.xx, out.xy, out.yy, out.n, out.t = (
+            self.w, self.x, self.y, self.xx, self.xy, self.yy, self.n, self.t)
+        return out
+
     def merge(self, vector: Sequence[float], now: float, tau: float) -> None:
         """Add another gateway's sums (`vector`), both forgotten to `now` (decay is linear)."""
         self.decay(now, tau)
@@ -188,6 +194,8 @@ class _Pod:
     prefill: _Sums  # per streamed request: x = prompt tokens, y = time to first token (w = 1)
     mix: _Sums      # per request: x = output tokens, y = prompt tokens (their ratio: the mix)
     measured: float = 0.0  # when its last time per token was observed
+    version: int = 0       # the estimator's count of records at its last one: what was merged or
+                           # shared of it before a different number is stale
 
     def shared(self) -> tuple[_Sums, _Sums, _Sums, _Sums]:
         """The sums gateways share: each counts the records that gateway received. Not `kv`: every
@@ -212,6 +220,10 @@ class SpeedEstimator:
         self._pods: dict[PodKey, _Pod] = {}
         self._speeds: dict[PodKey, Speed] = {}
         self._peers: dict[PodKey, list[list[float]]] = {}  # other gateways' `export`s
+        # pod -> (its own version, the peers' list, the two merged): reused while neither moved, since
+        # forgetting is multiplicative (a merge decayed later is the merge of the decayed sums)
+        self._merged: dict[PodKey, tuple[int, list[list[float]], _Pod]] = {}
+        self._records = 0  # records observed, ever: versions are unique across pods and their restarts
 
     def _pod(self, key: PodKey, now: float) -> _Pod:
         pod = self._pods.get(key)
@@ -226,6 +238,8 @@ class SpeedEstimator:
             return
         pod = self._pod(key, now)
         pod.measured = max(pod.measured, now)
+        self._records += 1
+        pod.version = self._records
         for sums, tau in ((pod.recent, self.base_tau), (pod.long, self.shape_tau)):
             sums.decay(now, tau)
             sums.add(batch, tpot, tokens)
@@ -237,6 +251,8 @@ class SpeedEstimator:
         if not (prompt > 0 and output > 0):
             return
         pod = self._pod(key, now)
+        self._records += 1
+        pod.version = self._records
         pod.mix.decay(now, self.shape_tau)
         pod.mix.add(output, prompt, 1.0)
         if ttft is not None and ttft >= 0 and math.isfinite(ttft):
@@ -357,6 +373,11 @@ class SpeedEstimator:
 
     # -- what other gateways measured ----------------------------------------------------------------
 
+    def version(self, key: PodKey) -> int:
+        """Changes whenever the pod's shared evidence does (0: none): `export` again only then."""
+        pod = self._pods.get(key)
+        return pod.version if pod is not None else 0
+
     def export(self, key: PodKey) -> list[float] | None:
         """This gateway's own evidence on a pod, for the others (`merge_peers`): every record reaches
         one gateway, so the gateways' sums add up to the fleet's."""
@@ -385,15 +406,23 @@ class SpeedEstimator:
                 if own is not None:
                     out[p.key] = own
                 continue
-            merged = _Pod(_Sums(now), _Sums(now), own.kv if own is not None else _Sums(now),
-                          _Sums(now), _Sums(now))
-            for source in (self.export(p.key), *peers):
-                if source is None:
-                    continue
+            version = own.version if own is not None else -1
+            cached = self._merged.get(p.key)
+            if cached is not None and cached[0] == version and cached[1] is peers:
+                out[p.key] = cached[2]  # refresh decays it to now, as it would a new merge
+                continue
+            if own is not None:  # its own sums copied as they are (what `export` would say, unparsed)
+                merged = _Pod(own.recent.copy(), own.long.copy(), own.kv, own.prefill.copy(),
+                              own.mix.copy(), own.measured)
+            else:
+                merged = _Pod(_Sums(now), _Sums(now), _Sums(now), _Sums(now), _Sums(now))
+            groups = tuple(zip(merged.shared(), taus))
+            for source in peers:
                 merged.measured = max(merged.measured, source[0])
-                for i, (sums, tau) in enumerate(zip(merged.shared(), taus)):
+                for i, (sums, tau) in enumerate(groups):
                     sums.merge(source[1 + i * _SUMS_LEN:1 + (i + 1) * _SUMS_LEN], now, tau)
             out[p.key] = merged
+            self._merged[p.key] = (version, peers, merged)
         return out
 
     def restarted(self, key: PodKey) -> None:
@@ -403,10 +432,11 @@ class SpeedEstimator:
         self._pods.pop(key, None)
         self._speeds.pop(key, None)
         self._peers.pop(key, None)  # theirs too, until they re-measure it and say so
+        self._merged.pop(key, None)
 
     def forget(self, live: Iterable[PodKey]) -> None:
         live = set(live)
-        for table in (self._pods, self._speeds, self._peers):
+        for table in (self._pods, self._speeds, self._peers, self._merged):
             for key in [k for k in table if k not in live]:
                 del table[key]
 

@@ -6,6 +6,7 @@ SIGTERM stops them all."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import re
 import signal
@@ -21,6 +22,7 @@ from tests.integration.sim_fixtures import SimProcess, start_sim
 
 MODEL = "llama2-7b"
 PODS = ("p0", "p1", "p2")
+LIMITED, LIMITED_RPM = "sk-limited", 6  # the one key with a limit: without Redis, shared by the workers
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,10 @@ def stack(log_dir: Path, fleet: dict[str, int]) -> Iterator[LocalStack]:
     s = LocalStack(config_path=log_dir / "gateway.yaml", log_dir=log_dir, workers=2)
     s.write_config({"models": {MODEL: {"pods": [{"name": n, "address": f"127.0.0.1:{p}"}
                                                 for n, p in fleet.items()]}},
-                    "routing": {"default_strategy": "least-request"}})
+                    "routing": {"default_strategy": "least-request"},
+                    "rate_limits": {"overrides": [{
+                        "api_key_sha256": hashlib.sha256(LIMITED.encode()).hexdigest(),
+                        "requests_per_minute": LIMITED_RPM}]}})
     s.start_gateway()
     s.start_envoy()
     yield s
@@ -99,6 +104,28 @@ async def test_a_burst_split_over_two_workers_is_spread_as_one_process_would(sta
     sent = stack.sample("extproc_peer_access_logs_total", direction="sent")
     assert sent > 0 and stack.sample("extproc_peer_access_logs_total", direction="released") == sent
     assert stack.sample("extproc_released_requests_total") == 0
+
+
+async def test_a_keys_limit_holds_across_the_workers_without_redis(stack: LocalStack):
+    """Each worker keeping its own budgets would admit the key twice its limit; they share one."""
+    client = openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key=LIMITED, max_retries=0)
+    streams_before = streams_per_worker(stack)
+
+    async def one() -> int:
+        try:
+            await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+            return 200
+        except openai.RateLimitError:
+            return 429
+
+    statuses = await asyncio.gather(*(one() for _ in range(4 * LIMITED_RPM)))
+    # within one: the budget refills one request every 10 s while the burst runs
+    assert LIMITED_RPM <= statuses.count(200) <= LIMITED_RPM + 1, statuses
+    assert statuses.count(200) + statuses.count(429) == len(statuses)
+    assert all(after > before for after, before in zip(streams_per_worker(stack), streams_before,
+                                                       strict=True)), "Envoy used both workers"
+    assert stack.sample("extproc_rate_limited_requests_total", key_class="override") == statuses.count(429)
 
 
 def test_a_worker_that_dies_is_started_again(stack: LocalStack):

@@ -81,6 +81,42 @@ async def test_labelled_deployments_are_found_with_their_floor_and_replicas(api:
         await stop(task)
 
 
+def autoscaler_object(kind: str, name: str, target: str, most: int,
+                      namespace: str = "default") -> dict[str, Any]:
+    api_version = "autoscaling/v2" if kind == "HorizontalPodAutoscaler" else "autoscaling.aibrix.ai/v1alpha1"
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "namespace": namespace},
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target},
+                     "minReplicas": 0, "maxReplicas": most}}
+
+
+async def test_the_autoscalers_max_replicas_bound_the_plan(api: FakeApiServer) -> None:
+    """An HPA (or KEDA's, or AIBrix's PodAutoscaler) that scales a Deployment caps what the plan counts on:
+    the lowest of its maxReplicas and the Deployment's own max label, followed through the watch."""
+    await api.change("ADDED", deployment_object("ds-l20", labels={"model.aibrix.ai/max_replicas": "9"}))
+    await api.change("ADDED", deployment_object("ds-v100"))
+    await api.change("ADDED", deployment_object("ds-a100"))
+    await api.change("ADDED", autoscaler_object("HorizontalPodAutoscaler", "l20-hpa", "ds-l20", 4))
+    await api.change("ADDED", autoscaler_object("PodAutoscaler", "v100-pa", "ds-v100", 7))
+    source = KubernetesDeploymentSource(KubernetesSettings(kubeconfig=api.kubeconfig,
+                                                           autoscalers=("hpa", "podautoscaler")))
+    task = await running(source)
+    try:
+        assert {k: d.max_replicas for k, d in (await listed(source)).items()} == {
+            "default/ds-l20": 4, "default/ds-v100": 7, "default/ds-a100": None}
+        await api.change("MODIFIED", autoscaler_object("HorizontalPodAutoscaler", "l20-hpa", "ds-l20", 12))
+        await api.change("DELETED", autoscaler_object("PodAutoscaler", "v100-pa", "ds-v100", 7))
+
+        async def caps() -> dict[str, int | None]:
+            return {k: d.max_replicas for k, d in (await listed(source)).items()}
+
+        await eventually(lambda: len(source.caps()) == 1 and source.caps()[0].max_replicas == 12,
+                         "the autoscalers' changes through the watch")
+        # the HPA now allows more than the Deployment's own label: the label's 9 holds
+        assert await caps() == {"default/ds-l20": 9, "default/ds-v100": None, "default/ds-a100": None}
+    finally:
+        await stop(task)
+
+
 async def test_only_the_configured_namespaces(api: FakeApiServer) -> None:
     await api.change("ADDED", deployment_object("a", namespace="team-a"))
     await api.change("ADDED", deployment_object("b", namespace="team-b"))

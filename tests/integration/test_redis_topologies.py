@@ -139,3 +139,74 @@ async def test_gen_profile_writes_and_the_gateway_reads_profiles_on_a_cluster(cl
     for i, model in enumerate(models):
         found = store.profile_for(model, "default", "a100")
         assert found is not None and found.tputs[0][0] == float(i + 1)
+
+
+async def budgets_hold(stores: list, where: redis_connect.RedisTarget, tag: str) -> None:
+    """Two gateways' limit stores on `where`: budgets of several models (keys on several shards of a
+    cluster) admit exactly what they hold when raced, and an output charge keeps both dimensions."""
+    from extproc.ratelimit.redis_store import RedisStore
+    from extproc.ratelimit.settings import Limits
+
+    limits = Limits(requests=20, tokens=100_000)
+    buckets = [f"model-{i}:key:{tag}" for i in range(4)]
+    answers = await asyncio.gather(*(stores[i % 2].take(buckets[i % 4], limits, 10, None)
+                                     for i in range(4 * 40)))
+    assert all(isinstance(a, tuple) for a in answers)
+    for i, bucket in enumerate(buckets):
+        admitted = sum(verdict.admitted for j, (_, verdict) in enumerate(answers) if j % 4 == i)
+        assert limits.requests <= admitted <= limits.requests + 1, (bucket, admitted)
+    stores[1].charge(buckets[0], limits.tokens, 500)
+    client = redis_connect.open_async(where, timeout=2)
+    bucket = RedisStore.key(buckets[0])
+    try:
+        deadline = time.monotonic() + 10
+        while float(await client.hget(bucket, "t")) > limits.tokens - 20 * 10 - 300:
+            assert time.monotonic() < deadline, "the charge never landed"
+            await asyncio.sleep(0.05)
+        held = await client.hgetall(bucket)
+        assert int(held[b"rl"]) == limits.requests and float(held[b"r"]) < 2  # requests still spent
+        assert await client.pttl(bucket) > 50_000  # it lives until the requests budget is full
+    finally:
+        await client.aclose()
+
+
+async def test_rate_limit_budgets_hold_on_a_cluster(cluster):
+    from extproc.ratelimit.redis_store import RedisStore
+
+    where = redis_connect.target(None, "cluster", cluster.nodes)
+    client = redis_connect.open_async(where, timeout=2)
+    stores = [RedisStore(where, timeout=2.0) for _ in range(2)]
+    try:
+        slots = {await client.cluster_keyslot(RedisStore.key(f"model-{i}:key:c")) for i in range(4)}
+        assert len(slots) > 1  # the budgets lie on several shards
+        for store in stores:
+            await store.start()
+        await budgets_hold(stores, where, "c")
+    finally:
+        await client.aclose()
+        for store in stores:
+            await store.close()
+
+
+async def test_rate_limit_budgets_hold_through_a_sentinel_failover(sentinel):
+    from extproc.ratelimit.redis_store import RedisStore
+    from extproc.ratelimit.settings import Limits
+
+    where = redis_connect.target(None, "sentinel", sentinel.nodes, sentinel.master_name)
+    stores = [RedisStore(where, timeout=2.0) for _ in range(2)]
+    try:
+        for store in stores:
+            await store.start()
+        await budgets_hold(stores, where, "before")
+        sentinel.kill(sentinel.master_port)
+        await eventually(lambda: sentinel.master() == sentinel.replica_port, 30,
+                         "sentinel promotes the replica")
+        deadline = time.monotonic() + 15
+        for store in stores:  # the same stores find the new master (after their back-off)
+            while not isinstance(await store.take("probe:key:p", Limits(requests=1000), 0, None), tuple):
+                assert time.monotonic() < deadline, "limits never came back after the failover"
+                await asyncio.sleep(0.1)
+        await budgets_hold(stores, where, "after")
+    finally:
+        for store in stores:
+            await store.close()

@@ -77,7 +77,6 @@ CASES = {
     "json string": b'"hello"',
     "invalid utf-8": json.dumps(CHAT).encode().replace(b"hi", b"h\xff\xfe"),
     "utf-16": json.dumps(CHAT).encode("utf-16"),
-    "utf-8 bom": b"\xef\xbb\xbf" + json.dumps(CHAT).encode(),
     "deeply nested": nested(100_000),
     "nan": json.dumps({**CHAT, "temperature": "NaN"}).replace('"NaN"', "NaN").encode(),
     "no model": json.dumps({"messages": CHAT["messages"]}).encode(),
@@ -101,6 +100,13 @@ def test_bad_bodies_get_an_openai_4xx_and_lose_nothing(stack: Stack, name: str):
     error = json.loads(body)["error"]
     assert error["message"] and error["type"], (name, error)
     assert "x-evil" not in headers
+    wait_until(lambda: stack.running(MODEL, "a") == 0, 5, "nothing left in flight")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_body_with_a_utf8_bom_is_served_as_vllm_serves_it(stack: Stack, stream: bool):
+    status, _, body = post(stack, b"\xef\xbb\xbf" + json.dumps({**CHAT, "stream": stream}).encode())
+    assert status == 200, body[:300]
     wait_until(lambda: stack.running(MODEL, "a") == 0, 5, "nothing left in flight")
 
 

@@ -20,7 +20,7 @@ def make_app(name: str) -> web.Application:
         raw = await request.read()
         seen.append(dict(request.headers))
         bodies.append(raw.decode("utf-8", "replace"))
-        body = json.loads(raw)
+        body = json.loads(raw)  # bytes, as vLLM (Starlette) reads them: a BOM is skipped
         tokens = int(body.get("max_tokens") or 3)
         headers = {"x-upstream": name}
         if not body.get("stream"):

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from extproc.config import parse
+from extproc.config.schema import DEFAULT_MODEL_PATHS
 from extproc.envoy_contract import DEFAULT_DESTINATION_HEADER, ENVOY_BUFFER_BYTES
 from extproc.optimizer.deployments import Deployment
 from extproc.optimizer.deployments import load_config as load_optimizer_config
@@ -39,6 +40,8 @@ DIRECTORIES = [
     "samples/heterogeneous",
     "samples/heterogeneous-keda",
     "samples/heterogeneous-hpa",
+    "samples/inferencepool",
+    "samples/inferencepool/fail-close",
 ]
 K8S_VERSION = "1.30.0"
 CORE_GROUPS = ("v1", "apps/v1", "policy/v1", "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1",
@@ -49,6 +52,7 @@ CUSTOM = {
     "autoscaling.aibrix.ai/v1alpha1",
     "monitoring.coreos.com/v1",
     "keda.sh/v1alpha1",
+    "inference.networking.k8s.io/v1",  # checked against the CRD's own schema (tests/data/crds)
 }
 
 
@@ -251,18 +255,23 @@ def test_optimizer_deployment_and_config(tmp_path: Path) -> None:
     dep = one(docs, "Deployment", "extproc-optimizer")
     (container,) = dep["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["extproc", "optimizer"]
-    # discovery on, in every namespace, with read-only access to Deployments and nothing more
+    # discovery on, in every namespace, with read-only access to Deployments and their autoscalers
     path = tmp_path / "optimizer.yaml"
     path.write_text(one(docs, "ConfigMap", "extproc-optimizer-config")["data"]["optimizer.yaml"])
     config = load_optimizer_config(path)
     assert config.kubernetes is not None and config.kubernetes.namespaces == () and config.deployments == ()
+    assert config.kubernetes.autoscalers == ("hpa",)  # the HPAs' maxReplicas cap the plan
     args = container["args"]
     assert args[args.index("--config") + 1] == "/etc/extproc-optimizer/optimizer.yaml"
     pod = dep["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "extproc-optimizer" and pod["automountServiceAccountToken"] is True
     role = one(docs, "ClusterRole", "extproc-optimizer-deployment-reader")
     assert role["rules"] == [
-        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch"]}
+        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["autoscaling.aibrix.ai"], "resources": ["podautoscalers"],
+         "verbs": ["get", "list", "watch"]},
     ]
     binding = one(docs, "ClusterRoleBinding", "extproc-optimizer-deployment-reader")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -469,3 +478,158 @@ def test_hpa_sample_reads_the_figure_as_an_external_metric() -> None:
     (rule,) = rules["externalRules"]
     assert rule["name"]["as"] in exported and rule["seriesQuery"].startswith(rule["name"]["as"])
     assert rule["resources"]["overrides"]["namespace"] == {"resource": "namespace"}
+
+
+# -- deploy/samples/inferencepool: extproc as an InferencePool's endpoint picker ---------------------
+
+POOL_CRD = json.loads((ROOT / "tests/data/crds/inferencepool-v1.json").read_text())
+ROUTE_CRD = json.loads((ROOT / "tests/data/crds/httproute-v1.json").read_text())
+
+
+def strict(schema: Any) -> Any:
+    """The schema as `kubectl apply --validate=strict` applies it: a field it does not declare is an
+    error (a structural schema would otherwise prune it silently, as it would v1alpha2's extensionRef)."""
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def check_inference_pool(pool: dict[str, Any]) -> None:
+    """The InferencePool CRD's OpenAPI schema (tests/data/crds, from the Inference Extension's
+    repository), strictly, and its two CEL rules by hand: unique target ports; a Service picker
+    names a port."""
+    import jsonschema
+
+    jsonschema.validate(pool, strict(POOL_CRD["openAPIV3Schema"]))
+    numbers = [p["number"] for p in pool["spec"]["targetPorts"]]
+    assert len(numbers) == len(set(numbers)), "targetPorts must be unique"
+    ref = pool["spec"]["endpointPickerRef"]
+    assert ref.get("kind", "Service") != "Service" or "port" in ref, "a Service picker needs its port"
+
+
+@pytest.mark.parametrize(("directory", "mode"), [("samples/inferencepool", "FailOpen"),
+                                                 ("samples/inferencepool/fail-close", "FailClose")])
+def test_inferencepool_sample_names_the_picker_and_its_pods(directory: str, mode: str) -> None:
+    docs = render(directory)
+    pool = one(docs, "InferencePool")
+    check_inference_pool(pool)
+    ns = pool["metadata"]["namespace"]
+    ref = pool["spec"]["endpointPickerRef"]
+    assert ref["failureMode"] == mode
+    # endpointPickerRef names the picker's Service and its gRPC port, which reaches the picker's
+    # container port that `extproc serve` listens on
+    assert (ref["group"], ref["kind"]) == ("", "Service")
+    service = one(docs, "Service", ref["name"])
+    assert service["metadata"]["namespace"] == ns
+    (grpc,) = [p for p in service["spec"]["ports"] if p["port"] == ref["port"]["number"]]
+    assert grpc["appProtocol"] == "kubernetes.io/h2c"
+    picker = one(docs, "Deployment", "extproc-picker")
+    assert service["spec"]["selector"].items() <= picker["spec"]["template"]["metadata"]["labels"].items()
+    (container,) = picker["spec"]["template"]["spec"]["containers"]
+    args = serve_args(container)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports[grpc["targetPort"]] == args.port == ref["port"]["number"]
+    # gRPC probes on the picker's port with the protocol's health service names
+    for probe, service_name in (("startupProbe", "liveness"), ("livenessProbe", "liveness"),
+                                ("readinessProbe", "readiness")):
+        assert container[probe]["grpc"] == {"port": args.port, "service": service_name}, probe
+
+    # the mounted config is a valid gateway config that follows this pool, in the picker's namespace
+    volume = next(v for v in picker["spec"]["template"]["spec"]["volumes"] if v["name"] == "config")
+    config_map = one(docs, "ConfigMap", volume["configMap"]["name"])
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e}
+    assert env["POD_NAMESPACE"] == "metadata.namespace"
+    config = parse(yaml.safe_load(config_map["data"]["gateway.yaml"]), {"POD_NAMESPACE": ns})
+    assert config.discovery.inferencepool is not None
+    assert (config.discovery.inferencepool.name, config.discovery.inferencepool.namespace) == \
+        (pool["metadata"]["name"], ns)
+
+    # the pool selects every model server's pods, on the port they serve
+    servers = [d for d in find(docs, "Deployment") if d is not picker]
+    assert len(servers) == 2
+    selector = pool["spec"]["selector"]["matchLabels"]
+    for dep in servers:
+        template = dep["spec"]["template"]
+        assert selector.items() <= template["metadata"]["labels"].items(), dep["metadata"]["name"]
+        (server,) = template["spec"]["containers"]
+        served = {p["containerPort"] for p in server["ports"]}
+        assert {p["number"] for p in pool["spec"]["targetPorts"]} <= served
+    assert not selector.items() <= picker["spec"]["template"]["metadata"]["labels"].items()  # not itself
+
+    # the HTTPRoute's backend is the pool, on the inference paths
+    route = one(docs, "HTTPRoute")
+    check_http_route(route)
+    (rule,) = route["spec"]["rules"]
+    assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
+                                    "name": pool["metadata"]["name"]}]
+    assert {m["path"]["value"] for m in rule["matches"]} == set(DEFAULT_MODEL_PATHS)
+    assert route["metadata"]["namespace"] == ns
+
+
+def check_http_route(route: dict[str, Any]) -> None:
+    """Gateway API's HTTPRoute schema (tests/data/crds, v1.6.1's standard channel), strictly."""
+    import jsonschema
+
+    jsonschema.validate(route, strict(ROUTE_CRD["openAPIV3Schema"]))
+
+
+@pytest.mark.parametrize("directory", [d for d in DIRECTORIES if d != "."])
+def test_every_http_route_matches_the_gateway_api_schema(directory: str) -> None:
+    for route in find(render(directory), "HTTPRoute"):
+        check_http_route(route)
+
+
+def test_http_route_schema_check_would_catch_a_mistake() -> None:
+    import jsonschema
+
+    route = one(render("samples/inferencepool"), "HTTPRoute")
+    for change in ({"name": "a-service", "port": 70000},
+                   {"group": "Not A Group", "kind": "InferencePool", "name": "x"},
+                   {"kind": "InferencePool", "name": "x", "extensionRef": "epp"}):
+        bad = json.loads(json.dumps(route))
+        bad["spec"]["rules"][0]["backendRefs"] = [change]
+        with pytest.raises(jsonschema.ValidationError):
+            check_http_route(bad)
+
+
+def test_inferencepool_schema_check_would_catch_a_mistake() -> None:
+    import jsonschema
+
+    pool = json.loads(json.dumps(one(render("samples/inferencepool"), "InferencePool")))
+    bad_mode = json.loads(json.dumps(pool))
+    bad_mode["spec"]["endpointPickerRef"]["failureMode"] = "Open"
+    bad_port = json.loads(json.dumps(pool))
+    bad_port["spec"]["targetPorts"] = [{"number": 70000}]
+    old_name = json.loads(json.dumps(pool))
+    old_name["spec"]["extensionRef"] = old_name["spec"].pop("endpointPickerRef")  # v1alpha2's field
+    for bad in (bad_mode, bad_port, old_name):
+        with pytest.raises(jsonschema.ValidationError):
+            check_inference_pool(bad)
+    duplicate = json.loads(json.dumps(pool))
+    duplicate["spec"]["targetPorts"] = [{"number": 8000}, {"number": 8000}]
+    with pytest.raises(AssertionError, match="unique"):
+        check_inference_pool(duplicate)
+
+
+def test_inferencepool_picker_rbac_is_read_only_in_its_namespace() -> None:
+    docs = render("samples/inferencepool")
+    assert not find(docs, "ClusterRole") and not find(docs, "ClusterRoleBinding")
+    role = one(docs, "Role", "extproc-picker")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
+         "verbs": ["get", "list", "watch"]},
+    ]
+    binding = one(docs, "RoleBinding", "extproc-picker")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "extproc-picker"}
+    picker = one(docs, "Deployment", "extproc-picker")
+    account = picker["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account,
+                                    "namespace": picker["metadata"]["namespace"]}]
+    assert one(docs, "ServiceAccount", account)

@@ -85,3 +85,9 @@ def test_estimate_tokens_counts_a_short_word_as_a_token():
     # AIBrix's synthetic prompt of n tokens is "hi " n times: 3 characters a token, not 4
     assert estimate_tokens("hi " * 512) == 512
     assert estimate_tokens("a prompt of ordinary English words") == 9  # by characters: 34 / 4, up
+
+
+def test_a_body_with_a_utf8_bom_is_read_as_vllm_reads_it():
+    """Python's json (vLLM's server) skips a UTF-8 byte order mark; RFC 8259 lets a parser do so."""
+    r = parse_request("/v1/completions", b'\xef\xbb\xbf{"model": "m", "prompt": "hi", "max_tokens": 3}')
+    assert r.model == "m" and r.max_tokens == 3

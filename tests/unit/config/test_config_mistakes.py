@@ -98,6 +98,24 @@ redis: {aibrix_rows: 'yes'}
     ("a misspelt Redis key", GOOD + """\
 redis: {timeout_secs: 1}
 """, "unknown key redis.timeout_secs (line 2); did you mean timeout_seconds?"),
+    ("a misspelt routing key", GOOD + """\
+routing:
+  default_stratgy: random
+""", "unknown key routing.default_stratgy (line 3); did you mean default_strategy?"),
+    ("a misspelt load-balance knob", GOOD + """\
+routing:
+  load_balance: {queued_wieght: 2}
+""", "unknown key routing.load_balance.queued_wieght (line 3); did you mean queued_weight?"),
+    ("a misspelt rate-limit key", GOOD + """\
+rate_limits:
+  requests_per_minute: 60
+  tokens_per_minit: 1000
+""", "unknown key rate_limits.tokens_per_minit (line 4); did you mean tokens_per_minute?"),
+    ("a misspelt key in a rate-limit override", GOOD + """\
+rate_limits:
+  overrides:
+    - {model: m, requests_per_minut: 5}
+""", "unknown key rate_limits.overrides[0].requests_per_minut (line 4); did you mean requests_per_minute?"),
 ]
 
 

@@ -14,6 +14,7 @@ from extproc.fleetsim.fleet import build_replicas
 from extproc.fleetsim.loop import REJECTED, run
 from extproc.fleetsim.metrics import summarize
 from extproc.gpu_profiles import parse_profile
+from extproc.optimizer.policy import PlanPolicy
 from tests.unit.fleetsim.conftest import small
 
 CHAT = {"name": "chat", "rate": 2, "prompt": {"mean": 200, "sigma": 0.5, "max": 1000},
@@ -69,11 +70,13 @@ def test_the_plan_scales_the_cheaper_type_after_a_step_and_settles():
 
 def test_the_routers_refusals_reach_the_optimizers_traces():
     # at most one replica of each, 15 req/s tripled at 200 s: the SLO router refuses what cannot wait,
-    # and the optimizer reads those refusals in the traces (meta_rejected)
+    # and the optimizer reads those refusals in the traces (meta_rejected). The profiles reach the router
+    # too (--profiles): these admit ~15 req/s of this chat on the two replicas, not three times that
     sc = scenario(fleet=[{"gpu": "A100", "replicas": 1, "initial": 1, "cost": 2.0, "name": "fast"},
                          {"gpu": "L20", "replicas": 1, "initial": 1, "cost": 1.0, "name": "slow"}],
                   duration_s=300, streams=[{**CHAT, "rate": 15}])
-    res = run(sc, "slo", generate(sc, 6), seed=6, optimizer=True, gpu_profiles=PROFILES)
+    profiles = {"fast": flat("fast", 10.0, 2.0), "slow": flat("slow", 5.0, 1.0)}
+    res = run(sc, "slo", generate(sc, 6), seed=6, optimizer=True, gpu_profiles=profiles)
     refused = sum(1 for s in res.status if s == REJECTED)
     assert refused > 0
     tl = res.autoscale
@@ -113,7 +116,8 @@ def test_min_replicas_holds_without_load_only():
     groups = {"fast": Group("A100", 10, "fast", initial=2, min_replicas=2, cost=2.0),
               "slow": Group("L20", 10, "slow", initial=1, min_replicas=1, cost=3.0)}
     opt = Optimizer("m", groups, PROFILES, Autoscale(provision_s=0, interval_s=10, window_s=10,
-                                                     stabilization_s=0, headroom=0), lambda: 0.0)
+                                                     stabilization_s=0,
+                                                     policy=PlanPolicy(headroom=0)), lambda: 0.0)
 
     def asked(t: float, rps: float) -> dict[str, int]:
         n = round(rps * 10)
@@ -186,7 +190,8 @@ def test_the_autoscaler_holds_within_its_tolerance():
 
     group = Group("A100", 100, "fast", initial=1, min_replicas=1, cost=1.0)
     opt = Optimizer("m", {"fast": group}, {"fast": flat("fast", 1.0, 1.0)},
-                    Autoscale(provision_s=0, interval_s=10, window_s=10, stabilization_s=0, headroom=0),
+                    Autoscale(provision_s=0, interval_s=10, window_s=10, stabilization_s=0,
+                              policy=PlanPolicy(headroom=0)),
                     lambda: 0.0)
 
     def asked(t: float, rps: float) -> int:
@@ -201,3 +206,19 @@ def test_the_autoscaler_holds_within_its_tolerance():
     assert asked(30, 18.5) == 20   # and 19
     assert asked(40, 25) == 25     # beyond it: it scales
     assert asked(50, 12) == 12
+
+
+def test_given_profiles_reach_the_slo_router_and_the_plan_alike():
+    # fleet-sim --profiles DIR: the router's SLO state and the optimizer plan from the same profiles,
+    # none measured on the engine model (a deployment without one would be)
+    from extproc.fleetsim.loop import FleetRun
+    from extproc.slo.state import learned
+
+    sc = scenario(duration_s=30, warmup_s=10)
+    fleet = FleetRun(sc, "slo", generate(sc, 1), seed=1, optimizer=True, gpu_profiles=PROFILES)
+    state = learned(fleet.gws[0].gateway.router.state.store)
+    assert state is not None
+    routed = {d: m.profile for d, m in state.table(sc.model).items()}
+    assert routed == PROFILES
+    assert fleet.scaler is not None
+    assert fleet.scaler.optimizer.profiles == [PROFILES[d] for d in sorted(PROFILES)]

@@ -119,16 +119,19 @@ def test_shared_prefixes_hit_more_where_routing_follows_them():
     rates = {s: run_strategy(sc, s, Options())["cluster"]["prefix_hit_rate"]
              for s in ("prefix-cache,load-balance:0", "random")}
     assert rates["random"] > 0  # the engines' caches work whatever routing does...
-    assert rates["prefix-cache,load-balance:0"] > rates["random"] + 0.1  # ...and affinity fills them
+    # ...and affinity fills them: it removes at least 15 % of random routing's prefix misses (the engine
+    # model of issue 43: 0.36 missed vs 0.44; the roofline model before it: 0.33 vs 0.46).
+    assert 1 - rates["prefix-cache,load-balance:0"] < 0.85 * (1 - rates["random"])
     assert run_strategy(small(), "random", Options())["cluster"]["prefix_hit_rate"] is None  # no prefixes
 
 
 def test_slo_routing_in_the_simulation_queues_and_rejects_instead_of_overloading(monkeypatch):
     from extproc.fleetsim import slo_profiles
+    from extproc.profiling.plan import LoadPlan
 
-    monkeypatch.setattr(slo_profiles, "INPUTS", (128, 512))  # a small grid: seconds, not a minute
-    monkeypatch.setattr(slo_profiles, "OUTPUTS", (64, 256))
-    monkeypatch.setattr(slo_profiles, "SAMPLES", 150)
+    # A small grid (seconds, not a minute) that still spans CHAT's prompts (up to 2000 tokens): with
+    # prefill sharing steps with decodes, a 512-token cap made long prompts look cheap to admit.
+    monkeypatch.setattr(slo_profiles, "FLEET_PLAN", LoadPlan(input_lens=(128, 2048), output_lens=(64, 256)))
     monkeypatch.setattr(slo_profiles, "_CACHE", {})
     busy = {**CHAT, "rate": 400}  # far beyond what 4 replicas serve within the SLO
     sc = small(streams=[busy], duration_s=6, warmup_s=1)
@@ -140,14 +143,16 @@ def test_slo_routing_in_the_simulation_queues_and_rejects_instead_of_overloading
     assert lb["rejected"] == 0 and c["tpot_p99_s"] < lb["tpot_p99_s"]
 
 
-def test_virtual_profile_measures_below_one_request_a_second_where_one_misses_the_slo(monkeypatch):
+def test_virtual_profile_serves_a_long_prompt_behind_admission_where_every_open_loop_rate_misses(monkeypatch):
     from extproc.fleetsim import slo_profiles
     from extproc.fleetsim.scenario import load
+    from extproc.profiling.plan import LoadPlan
 
-    monkeypatch.setattr(slo_profiles, "INPUTS", (4096,))  # a 4K prompt's ~1 s prefill stalls decodes
-    monkeypatch.setattr(slo_profiles, "OUTPUTS", (64,))
-    monkeypatch.setattr(slo_profiles, "SAMPLES", 100)
+    # a 4K prompt's ~1 s prefill stalls decodes: Poisson arrivals at 1 req/s already miss P99 TPOT
+    monkeypatch.setattr(slo_profiles, "FLEET_PLAN", LoadPlan(input_lens=(4096,), output_lens=(64,)))
     monkeypatch.setattr(slo_profiles, "_CACHE", {})
     sc = load("slo-a10-l20")
     profile = slo_profiles.virtual_profile(sc, "L20", "l20")
-    assert 0 < profile.tputs[0][0] < 1  # served, slowly: not "this GPU type cannot serve it"
+    assert profile.tputs[0][0] == 0  # gen-profile: no rate of the grid passes
+    # held at one request at a time, as the SLO router would hold it: served, slowly, not "cannot serve it"
+    assert 0 < profile.served[0][0] < 1 and profile.concurrency_admitted == ((1.0,),)

@@ -69,3 +69,20 @@ def test_gateways_split_arrivals():
     a = generate(small(duration_s=100), 1, gateways=4)
     counts = [sum(1 for x in a if x.gateway == g) for g in range(4)]
     assert min(counts) > 0.2 * len(a)
+
+
+def test_autoscale_takes_the_optimizers_policy_keys_and_refuses_bad_ones_by_name():
+    from extproc.optimizer.config_errors import ConfigError
+    from extproc.optimizer.policy import PlanPolicy
+
+    base = {"fleet": [{"gpu": "A100", "replicas": 2}], "streams": [{"rate": 1, "prompt": 100, "output": 10}]}
+    sc = parse({**base, "autoscale": {"provision_s": 30, "window_s": 120, "headroom": 0.25,
+                                      "feedback_settle_s": 45, "stabilization_s": 100}})
+    assert sc.autoscale is not None and sc.autoscale.stabilization_s == 100.0
+    resolved = sc.autoscale.resolved()
+    assert resolved == PlanPolicy(headroom=0.25, add_cost=0.25, provision_s=30.0, feedback_span_s=60.0,
+                                  feedback_settle_s=45.0)
+    for bad, key in (({"headrom": 1}, "did you mean headroom"), ({"interval_s": 0}, "autoscale.interval_s"),
+                     ({"add_cost": -1}, "autoscale.add_cost"), ({"window_s": 5}, "autoscale.window_s")):
+        with pytest.raises(ConfigError, match=key):
+            parse({**base, "autoscale": bad})

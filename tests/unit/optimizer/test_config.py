@@ -54,7 +54,7 @@ def test_fields_and_kubernetes_labels(tmp_path: Path) -> None:
         ),
         ({"deployments": [{"name": "a", "model": "m"}, {"name": "a", "model": "n"}]}, "listed twice"),
         ({"deployments": {}}, "deployments: expected a list"),
-        ({"deploymets": []}, "unknown keys"),
+        ({"deploymets": []}, "unknown key deploymets; did you mean deployments"),
         ({"profiles": "a.json"}, "profiles"),
     ],
 )
@@ -148,3 +148,45 @@ def test_optimize_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         main(["optimize", "--profile", str(tmp_path / "a.json"), "--workload", str(tmp_path / "w.json")]) == 2
     )
     assert "a.json: gpu: missing" in capsys.readouterr().err
+
+
+def test_planning_section_and_max_replicas(tmp_path: Path) -> None:
+    from extproc.optimizer.policy import PlanPolicy
+
+    path = tmp_path / "opt.yaml"
+    path.write_text("planning:\n  headroom: 0.75\n  add_cost: 0.3\n  feedback_span_s: 60\n"
+                    "deployments:\n  - {name: a, model: m, max_replicas: 8}\n"
+                    "  - {name: b, model: m, labels: {model.aibrix.ai/max_replicas: '3'}}\n")
+    cfg = load_config(path)
+    assert cfg.policy == PlanPolicy(headroom=0.75, add_cost=0.3, feedback_span_s=60.0)
+    assert [d.max_replicas for d in cfg.deployments] == [8, 3]
+    # derived defaults follow the schedule: add provision/window, span window/2, settle provision + 3 ticks
+    resolved = PlanPolicy(provision_s=120).resolved(interval_s=20, window_s=480)
+    assert (resolved.add_cost, resolved.feedback_span_s, resolved.feedback_settle_s) == (0.25, 240.0, 180.0)
+    fb = resolved.feedback()
+    assert (fb.span_s, fb.settle_s, fb.gain, fb.ceiling) == (240.0, 180.0, 5.0, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("planning:\n  headrom: 1\n", r"unknown key planning\.headrom \(line 2\); did you mean headroom\?"),
+        ("planning:\n  x: 1\n  feedback_gain: -1\n", r"planning\.x \(line 2\)"),
+        ("planning:\n  feedback_gain: 0\n", r"planning\.feedback_gain \(line 2\): expected a number > 0"),
+        ("planning:\n  feedback_ceiling: 0.5\n",
+         r"planning\.feedback_ceiling \(line 2\): expected a number >= 1"),
+        ("planning:\n  remove_cost: true\n", r"planning\.remove_cost"),
+        ("planning: [1]\n", "planning \\(line 1\\): expected a mapping"),
+        ("deployments:\n  - {name: a, model: m, min_replicas: 3, max_replicas: 2}\n",
+         r"deployments\[0\]\.max_replicas \(line 2\): 2 is below min_replicas 3"),
+        ("planning:\n  headroom: 1\n  headroom: 2\n", "headroom"),  # a repeated key is refused too
+        ("kubernetes:\n  autoscalers: [hpa, keda]\n",
+         r"kubernetes\.autoscalers \(line 2\): expected a list of hpa, podautoscaler"),
+        ("kubernetes:\n  autoscaler: [hpa]\n", "did you mean autoscalers"),
+    ],
+)
+def test_bad_planning_is_refused_whole_naming_the_key(text: str, message: str, tmp_path: Path) -> None:
+    path = tmp_path / "opt.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)

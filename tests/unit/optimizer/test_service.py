@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from extproc.gpu_profiles import ProfileStore, dump_profile
 from extproc.optimizer.deployments import Deployment, StaticDeploymentSource
+from extproc.optimizer.policy import PlanPolicy
 from extproc.optimizer.service import OptimizerService, ServiceSettings, metrics_text
 from extproc.tracing import TraceRecorder
 from tests.support.get_pipeline import GetPipeline
@@ -79,7 +80,8 @@ async def service(redis: MemoryRedis) -> OptimizerService:
         StaticDeploymentSource(DEPLOYMENTS),
         ProfileStore(),
         redis,
-        ServiceSettings(window_seconds=240, headroom=0.0),  # plans on the mean load: counts by hand
+        # plans on the mean load: counts by hand
+        ServiceSettings(window_seconds=240, policy=PlanPolicy(headroom=0.0)),
         clock=lambda: NOW,
     )
     return svc

@@ -194,3 +194,21 @@ def test_top_frames_folds_line_numbers_and_shares_samples() -> None:
     assert rows["handle (processor.py)"] == (pytest.approx(0.2), pytest.approx(0.8))
     assert rows["parse (openai.py)"] == (pytest.approx(0.6), pytest.approx(0.6))
     assert "thread (0x1)" not in rows
+
+
+def test_the_sync_bench_counts_the_speed_sharing_of_every_pod() -> None:
+    """`bench sync`'s other half of sharing's cost: the gateway's own `_share_speed` over every pod and
+    the refresh's merge of the others' sums (more work with them than without)."""
+    from extproc.perf import sync
+
+    figures = sync.speed_sharing(pods=200, models=4, seconds=2)
+    assert figures["share_ms"] > 0 and figures["refresh_alone_ms"] > 0
+    assert figures["speed_core_share"] == pytest.approx(
+        (figures["share_ms"] + figures["peer_merge_ms"]) / 1000, abs=0.0015)  # each rounded alone
+    row = sync.format_row({"code": "this", "gateways": 2, "pods": 200, "sync_cpu_ms_median": 1,
+                           "sync_cpu_ms_p99": 2, "sync_core_share": 0.01, "turn_latency_ms_median": 1,
+                           "turn_latency_ms_max": 2, "timeouts": 0, "wrong_views": 0, "age_ms_median": 1,
+                           "age_ms_max": 2, "redis_cpu_ms_per_fleet_turn": 1, "redis_cores": 0.01,
+                           "redis_commands_per_s": 10, "reply_bytes_per_s": 1000, **figures,
+                           "whole_core_share": 0.01 + figures["speed_core_share"]})
+    assert row.count("|") == len(sync.HEADER) - 1

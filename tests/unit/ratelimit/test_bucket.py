@@ -36,7 +36,7 @@ def test_tokens_refuse_a_prompt_the_budget_cannot_cover_and_output_is_owed():
     limits = Limits(tokens=1000)
     b, v = take(None, limits, 600, now=0.0)
     assert v.admitted and v.tokens == 400
-    b = charge(b, limits, 500, now=0.0)  # the output counted when it ended
+    b = charge(b, 1000, 500, now=0.0)  # the output counted when it ended
     assert b.tokens == -100
     b, v = take(b, limits, 1, now=0.0)
     assert not v.admitted and v.exceeded == "tokens"
@@ -60,7 +60,24 @@ def test_headers_follow_openai_and_cover_only_the_limits_set():
         "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"]
 
 
-@pytest.mark.parametrize("seconds,text", [(0.02, "20ms"), (0.0, "0ms"), (1.5, "1.5s"), (360, "6m0s"),
+@pytest.mark.parametrize("seconds,text", [(0.02, "20ms"), (0.0, "0s"), (1.5, "1.5s"), (360, "6m0s"),
                                           (61.25, "1m1.25s")])
 def test_durations_are_spelled_as_openai_does(seconds, text):
     assert duration(seconds) == text
+
+
+def test_a_full_budget_resets_in_0s_as_openai_writes_it():
+    limits = Limits(tokens=1000)
+    _, v = take(None, limits, 0, now=0.0)  # nothing taken: still full
+    assert dict(headers(limits, v))["x-ratelimit-reset-tokens"] == "0s"
+
+
+def test_a_budget_in_debt_shows_0_remaining_and_a_reset_that_counts_the_debt():
+    limits = Limits(tokens=1200)
+    b, _ = take(None, limits, 200, now=0.0)
+    b = charge(b, 1200, 1400, now=0.0)  # owed: 200 + 1,400 of 1,200
+    _, v = take(b, Limits(tokens=1200), 0, now=0.0)
+    h = dict(headers(limits, v))
+    assert v.tokens == -400
+    # never a negative count; full again after 1,600 tokens at 20 a second: 80 s, spelled as Go does
+    assert h["x-ratelimit-remaining-tokens"] == "0" and h["x-ratelimit-reset-tokens"] == "1m20s"

@@ -67,6 +67,33 @@ def test_a_routed_request_is_one_genai_span_with_the_decisions_inputs(exported) 
     assert spans.traceparent(request) is None  # ended: nothing left open
 
 
+def test_the_required_provider_name_is_the_pods_engine(exported) -> None:
+    spans, exporter = exported
+    request = Request("llama", "/v1/chat/completions")
+    sglang = Pod("llama", "h100-0", "10.0.0.8:30000", engine="sglang")
+    spans.post_choice(request, PodView(sglang, running=0, queued=0.0), 0.0)
+    spans.post_response(record(request, pod=sglang), 1.0)
+    spans.post_choice(request, view(), 0.0)
+    spans.post_response(record(request), 1.0)
+    assert [s.attributes["gen_ai.provider.name"] for s in exporter.get_finished_spans()] == ["sglang", "vllm"]
+
+
+def test_a_request_the_slo_queue_held_records_its_wait_and_starts_at_its_arrival(exported) -> None:
+    spans, exporter = exported
+    queued, other = Request("llama", "/v1/chat/completions"), Request("llama", "/v1/completions")
+    spans.waited(queued, 2.5)
+    spans.post_choice(queued, view(), 0.0)
+    spans.post_choice(other, view(), 0.0)  # routed at once: no wait of another request's
+    spans.post_response(record(queued), 1.0)
+    spans.post_response(record(other), 1.0)
+    held, direct = exporter.get_finished_spans()
+    assert held.attributes["extproc.slo.queue_wait_s"] == 2.5
+    (event,) = held.events
+    assert event.name == "extproc.slo.dequeued" and event.attributes["extproc.slo.queue_wait_s"] == 2.5
+    assert event.timestamp - held.start_time == pytest.approx(2.5e9, rel=0.01)
+    assert "extproc.slo.queue_wait_s" not in direct.attributes and not direct.events
+
+
 def test_the_clients_trace_is_continued(exported) -> None:
     spans, exporter = exported
     request = Request("llama", "/v1/completions", traceparent=CLIENT_PARENT)

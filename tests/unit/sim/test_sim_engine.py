@@ -21,6 +21,7 @@ MODEL = ModelSpec(
 )
 IDEAL = PerfParams(
     mem_efficiency=1.0,
+    kv_efficiency=1.0,
     compute_efficiency=1.0,
     step_overhead_s=0.0,
     per_seq_overhead_s=0.0,

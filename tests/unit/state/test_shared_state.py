@@ -469,3 +469,44 @@ def test_the_others_of_many_pods_at_once_are_each_pods_own():
     assert got[0] == pytest.approx(speed_sums.others(both, b))
     assert got[1] is None and got[2] is None  # nothing left; not a vector
     assert got[3] == pytest.approx(a)
+
+
+def test_a_gateway_hands_over_a_pods_speed_evidence_only_when_it_moved_and_folds_a_read_in_once():
+    from extproc.state.accounting import Accounting
+
+    class Counting(LocalState):
+        __slots__ = ("shared", "peers")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.shared: list = []
+            self.peers: dict = {}
+
+        def share_speed(self, key, evidence) -> None:  # noqa: ANN001
+            self.shared.append(key)
+
+        def peer_speed(self) -> dict:
+            return self.peers
+
+    state = Counting()
+    accounting = Accounting(state, wall=lambda: 0.0)
+    pods = [Pod("m", f"p{i}", f"10.0.0.{i}:8000") for i in range(3)]
+    accounting._tracked = pods
+    for pod in pods[:2]:
+        accounting.speed.observe(pod.key, 0.02, 4.0, 100, 0.0)
+    accounting._share_speed(1.0)
+    assert state.shared == [pods[0].key, pods[1].key]  # the third has no evidence
+    accounting._share_speed(2.0)
+    assert len(state.shared) == 2  # nothing moved: the state already holds it
+    accounting.speed.observe(pods[1].key, 0.02, 4.0, 100, 2.5)
+    accounting._share_speed(3.0)
+    assert state.shared[2:] == [pods[1].key]
+    other = accounting.speed.export(pods[0].key)
+    state.peers = {pods[0].key: [other]}
+    accounting._share_speed(4.0)
+    folded = accounting.speed._peers[pods[0].key]
+    accounting._share_speed(5.0)  # the same read: the estimator keeps what it folded (and its merge)
+    assert accounting.speed._peers[pods[0].key] is folded
+    state.peers = {pods[0].key: [list(other)]}  # a new read
+    accounting._share_speed(6.0)
+    assert accounting.speed._peers[pods[0].key] is not folded

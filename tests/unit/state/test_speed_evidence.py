@@ -194,3 +194,42 @@ def test_an_idle_pod_no_worse_by_its_estimate_beats_a_busy_one():
         est.speed(A[0].key).base * 0.97, 0.0, 1.0, 256, est.speed(A[0].key).spread))  # a shade faster, no slope
     scored = LoadBalanceScorer(LoadBalanceSettings()).score(REQUEST, views, 0.0)
     assert scored[1] == scored[2] < scored[0]
+
+
+def test_a_merge_kept_between_refreshes_fits_as_a_merge_made_anew():
+    """The others' sums merged once and reused while neither side moved (forgetting is multiplicative)
+    give the fit a fresh merge gives; a record of its own, or a new read, makes it anew."""
+    rng = random.Random(3)
+    pods = [Pod("m", f"p{i}", f"10.0.0.{i}:8000", labels={"gpu": ("A100", "L20")[i % 2]}) for i in range(6)]
+    ours, theirs = SpeedEstimator(), SpeedEstimator()
+    for estimator in (ours, theirs):
+        for p in pods:
+            for _ in range(5):
+                estimator.observe(p.key, 0.02 * (1 + rng.random() * 0.3), rng.uniform(1, 16), 100, 0.0)
+                estimator.observe_prefill(p.key, 0.05 * rng.random(), rng.uniform(100, 900), 100, 0.0)
+    peers = {p.key: [theirs.export(p.key)] for p in pods}
+
+    def twin() -> SpeedEstimator:  # the same evidence, never refreshed before
+        fresh = SpeedEstimator()
+        fresh._pods = {k: type(v)(*(s.copy() for s in (v.recent, v.long, v.kv, v.prefill, v.mix)),
+                                  v.measured, v.version) for k, v in ours._pods.items()}
+        for key, vectors in peers.items():
+            fresh.merge_peers(key, vectors)
+        return fresh
+
+    for p in pods:
+        ours.merge_peers(p.key, peers[p.key])
+    ours.refresh(pods, 1.0)
+    merged_once = dict(ours._merged)
+    ours.observe(pods[0].key, 0.03, 4.0, 100, 4.0)  # one record of its own: that pod's merge is stale
+    ours.refresh(pods, 5.0)
+    assert ours._merged[pods[1].key] is merged_once[pods[1].key]  # kept
+    assert ours._merged[pods[0].key] is not merged_once[pods[0].key]  # made anew
+    fresh = twin()
+    fresh.refresh(pods, 5.0)
+    for p in pods:
+        kept, anew = ours.speed(p.key), fresh.speed(p.key)
+        assert kept is not None and anew is not None
+        assert kept.base == pytest.approx(anew.base, rel=1e-9)
+        assert kept.shape == pytest.approx(anew.shape, rel=1e-9)
+        assert kept.saturated == pytest.approx(anew.saturated, rel=1e-9)

@@ -110,3 +110,55 @@ def test_only_a_pod_whose_address_refused_comes_back_as_restarted():
     h.observe_response(KEY, 0, connect_failure=True, now=4.0)     # nothing listening: out
     h.probe_result(KEY, True, 5.0)
     assert seen == [(False, False), (True, False), (False, False), (True, True)]
+
+
+# Sample scrapes in each engine's own words, for the model-server protocol's three metrics (Gateway API
+# Inference Extension, proposal 003: TotalRunningRequests, TotalQueuedRequests, KVCacheUtilization).
+TRTLLM_SERVE = """# HELP trtllm_num_requests_running Number of requests currently running
+# TYPE trtllm_num_requests_running gauge
+trtllm_num_requests_running{model_name="llama",engine_type="trtllm"} 6.0
+# TYPE trtllm_num_requests_waiting gauge
+trtllm_num_requests_waiting{model_name="llama",engine_type="trtllm"} 2.0
+# TYPE trtllm_kv_cache_utilization gauge
+trtllm_kv_cache_utilization{model_name="llama",engine_type="trtllm"} 0.4
+"""
+TRITON_TRTLLM = """# HELP nv_trt_llm_request_metrics TRT LLM request metrics
+# TYPE nv_trt_llm_request_metrics gauge
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="context",version="1"} 1
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="scheduled",version="1"} 7
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="max",version="1"} 64
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="active",version="1"} 9
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="waiting",version="1"} 3
+# TYPE nv_trt_llm_kv_cache_block_metrics gauge
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max",model="tensorrt_llm",version="1"} 4000
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="used",model="tensorrt_llm",version="1"} 1000
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction",model="tensorrt_llm",version="1"} 0.25
+"""
+EARLIER_TRTLLM = ("trtllm_num_active_requests 4\ntrtllm_num_queued_requests 1\n"
+                  "trtllm_kv_cache_utilization 0.5\n")
+SGLANG = """# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="llama"} 11.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="llama"} 5.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="llama"} 0.62
+"""
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    (VLLM, (5, 4, 0.5)),
+    (SGLANG, (11, 5, 0.62)),
+    (TRTLLM_SERVE, (6, 2, 0.4)),
+    (TRITON_TRTLLM, (7, 3, 0.25)),  # the protocol's rows: scheduled, waiting, fraction; not the others
+    (EARLIER_TRTLLM, (4, 1, 0.5)),
+])
+def test_every_name_the_model_server_protocol_lists_is_read(text: str, expected: tuple) -> None:
+    for engine in ("vllm", "sglang", "trtllm"):  # whatever the pod's engine label says
+        s = parse_metrics(text, engine, 0)
+        assert (s.running, s.waiting, s.kv_usage) == pytest.approx(expected), engine
+
+
+def test_an_engine_reads_its_own_names_first() -> None:
+    both = TRTLLM_SERVE + "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
+    assert parse_metrics(both, "trtllm", 0).running == 6
+    assert parse_metrics(both, "vllm", 0).running == 1

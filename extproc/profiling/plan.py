@@ -1,0 +1,81 @@
+"""What a benchmark runs, whatever it runs against: the grid of cells, the budget ladder of an admitted run,
+and the limits that cut a cell off. Pure.
+
+`extproc benchmark` runs a plan against an OpenAI endpoint over HTTP; the fleet simulation runs the same
+plan against the engine model in virtual time (profiling/virtual.py). Both go through profiling/sweep.py,
+so a profile made in the simulation is the one a user with that GPU would make.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from extproc.gpu_profiles import GpuProfile
+from extproc.profiling.selection import BUDGET_FACTORS, budget_ladder
+from extproc.profiling.workload import Cell, doubling
+
+# The default grid covers what users send, long prompts included: powers of two to 8K, plus 6K, where a long
+# prompt still leaves an 8K-context model room for its answer (8192 + any output does not fit one). Without
+# it, 5-7K-token prompts would take the 8K cell's answer (nothing served) or the 4K cell's (too rosy).
+DEFAULT_INPUT_LENS = tuple(sorted({*doubling(4, 8192), 6144}))
+DEFAULT_OUTPUT_LENS = tuple(doubling(4, 4096))
+DEFAULT_RATES = tuple(float(r) for r in doubling(1, 64))
+DEFAULT_NUM_PROMPTS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPlan:
+    input_lens: tuple[int, ...] = DEFAULT_INPUT_LENS
+    output_lens: tuple[int, ...] = DEFAULT_OUTPUT_LENS
+    rates: tuple[float, ...] = DEFAULT_RATES
+    num_prompts: int = DEFAULT_NUM_PROMPTS
+    seed: int = 0
+    max_backlog: int = 1000  # cut a cell off with this many requests in flight (0: never)
+    drain_timeout: float = 600.0  # ... or with requests still running this long after its last arrival
+    # (an admitted cell: with one request running this long)
+    admitted: GpuProfile | None = None  # run each of its cells at the router's budget instead
+    budget_factors: tuple[float, ...] = BUDGET_FACTORS  # admitted: the budgets tried, x Little's budget
+
+    def cells(self) -> list[Cell]:
+        """AIBrix's order: input lengths, then output lengths, then rates, each ascending. Admitted: the
+        profile's cells, `rate` the requests in flight, the budget ladder ascending."""
+        p = self.admitted
+        if p is not None:
+            return [Cell(i, o, float(k)) for ii, i in enumerate(p.inputs) for oi, o in enumerate(p.outputs)
+                    for k in budget_ladder(p.tputs[oi][ii], p.e2e[oi][ii] if p.e2e else 0.0,
+                                           self.budget_factors)]
+        return [Cell(i, o, r) for i in sorted(set(self.input_lens)) for o in sorted(set(self.output_lens))
+                for r in sorted(set(self.rates))]
+
+    def fit(self, max_model_len: int) -> LoadPlan:
+        """The grid with every input length too long to leave room for the longest output replaced by the
+        longest that does: on an 8K-context model an 8,192-token cell fails every request, records 0
+        ("cannot serve"), and every prompt nearest to it (7.1K and up) is left out of the plan."""
+        cap = max_model_len - max(self.output_lens, default=0)
+        if cap < 1 or all(i <= cap for i in self.input_lens):
+            return self
+        return replace(self, input_lens=tuple(sorted({min(i, cap) for i in self.input_lens})))
+
+    def stagger(self, cell: Cell) -> float:
+        """Admitted: seconds between the first requests, the profile's e2e over the budget."""
+        p = self.admitted
+        if p is None or p.e2e is None:
+            return 0.0
+        o, i = p.cell(cell.input_tokens, cell.output_tokens)
+        return p.e2e[o][i] / cell.rate
+
+    def scheduled_seconds(self, cell: Cell) -> float:
+        """How long the cell's arrivals take on average (its share of a progress bar)."""
+        return self.num_prompts / cell.rate
+
+    def flags(self) -> list[str]:
+        """The `extproc benchmark` options that run this plan (the admitted profile aside)."""
+        def csv(values: tuple[float, ...]) -> str:
+            return ",".join(f"{v:g}" for v in values)
+
+        out = ["--input-lens", csv(self.input_lens), "--output-lens", csv(self.output_lens),
+               "--rates", csv(self.rates), "--num-prompts", str(self.num_prompts), "--seed", str(self.seed),
+               "--max-backlog", str(self.max_backlog), "--drain-timeout", f"{self.drain_timeout:g}"]
+        if self.admitted is not None:
+            out += ["--budget-factors", csv(self.budget_factors)]
+        return out

@@ -1,0 +1,104 @@
+"""The benchmark's sweep on the engine model in virtual time (profiling/virtual.py): the virtual loop, the
+overload rule, errors as the simulator's server answers them, and prompts of their own per cell."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from extproc.profiling.plan import DEFAULT_INPUT_LENS, LoadPlan
+from extproc.profiling.sweep import prompt_rng
+from extproc.profiling.virtual import benchmark, run_virtual
+from extproc.profiling.workload import Cell
+from extproc.sim.fleet import ReplicaSpec
+
+
+def engine(gpu: str = "A100-80GB"):  # type: ignore[no-untyped-def]
+    return ReplicaSpec(gpu=gpu, model="llama2-7b").build_engine()
+
+
+def test_the_virtual_loop_sleeps_without_waiting() -> None:
+    async def main() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await asyncio.wait_for(asyncio.sleep(3600), timeout=7200)
+        return start, loop.time()
+
+    start, end = run_virtual(main())
+    assert end - start == pytest.approx(3600)
+
+    async def stuck() -> None:
+        await asyncio.get_running_loop().create_future()  # nothing will ever set it
+
+    with pytest.raises(RuntimeError, match="nothing that will ever happen"):
+        run_virtual(stuck())
+
+
+def by_metric(lines, rate: float) -> dict:  # type: ignore[no-untyped-def]
+    return {line.metric: line for line in lines if line.request_rate == rate}
+
+
+def test_virtual_lines_are_the_benchmarks_statistics() -> None:
+    # one request at a time (a slow rate): TPOT pools the gaps between tokens, each one decode step;
+    # TPUT counts completions over the whole run, first send to last completion
+    plan = LoadPlan(input_lens=(128,), output_lens=(32,), rates=(0.05,), num_prompts=5)
+    lines = by_metric(benchmark(engine(), plan, "m"), 0.05)
+    assert set(lines) == {"TPUT", "TT", "E2E", "TTFT", "TPOT"}
+    tpot, e2e, ttft = lines["TPOT"].stats, lines["E2E"].stats, lines["TTFT"].stats
+    assert 0 < tpot["P50"] == pytest.approx(tpot["P99"], rel=0.01)  # alone: every gap one step
+    assert e2e["mean"] == pytest.approx(ttft["mean"] + 31 * tpot["mean"], rel=0.01)
+    assert lines["TT"].stats["mean"] == pytest.approx(32 * lines["TPUT"].stats["mean"])
+    assert lines["TPUT"].extra["samples"] == 5 and lines["TPUT"].extra["failed"] == 0
+
+
+def test_an_overloaded_cell_is_cut_off_and_higher_rates_skipped() -> None:
+    plan = LoadPlan(input_lens=(2048,), output_lens=(256,), rates=(0.25, 64.0, 128.0), num_prompts=60,
+                    max_backlog=20)
+    lines = benchmark(engine("V100"), plan, "m")
+    assert sorted({line.request_rate for line in lines}) == [0.25, 64.0]  # 128 skipped after 64 overloaded
+    cut = by_metric(lines, 64.0)["TPUT"].extra
+    assert "max backlog 20" in cut["overloaded"] and cut["unfinished"] > 0
+    assert "overloaded" not in by_metric(lines, 0.25)["TPUT"].extra
+
+
+def test_a_shape_past_the_context_fails_as_the_simulators_server_answers() -> None:
+    plan = LoadPlan(input_lens=(8192,), output_lens=(64,), rates=(1.0,), num_prompts=3)
+    lines = by_metric(benchmark(engine(), plan, "m"), 1.0)  # llama2-7b: a 4K context
+    assert lines["TPUT"].stats["mean"] == 0 and lines["TPUT"].extra["failed"] == 3
+    assert lines["E2E"].stats["mean"] is None  # nothing measured: gen-profile passes nothing here
+
+
+def test_every_cell_and_run_draws_prompts_of_its_own() -> None:
+    # one seed for every cell would resend the last cell's prompts, and prefix caching would skip them
+    plan = LoadPlan()
+    draws = {(run, rate): prompt_rng(plan, Cell(128, 16, rate), run).random()
+             for run in ("rate", "admitted") for rate in (1.0, 2.0)}
+    assert len(set(draws.values())) == 4
+    assert prompt_rng(plan, Cell(128, 16, 1.0), "rate").random() == draws[("rate", 1.0)]
+
+
+def test_the_default_grid_reaches_8k_prompts() -> None:
+    assert max(DEFAULT_INPUT_LENS) == 8192 and 6144 in DEFAULT_INPUT_LENS
+
+
+def test_an_admitted_cell_is_cut_off_by_a_request_that_hangs_not_by_its_length() -> None:
+    from extproc.gpu_profiles import parse_profile
+
+    # one request at a time (Little's budget 1), 256 tokens: each ~3 s, 10 of them ~30 s in all
+    profile = parse_profile({"gpu": "a100", "cost": 1.0, "tputs": [[0.3]], "indexes": [[256], [128]],
+                             "e2e": [[3.0]], "slos": {"percentile": 99, "tpot": 0.05}, "created": 1.0})
+    plan = LoadPlan(num_prompts=10, drain_timeout=10.0, admitted=profile, budget_factors=(1,))
+    [tput] = [line for line in benchmark(engine(), plan, "m") if line.metric == "TPUT"]
+    assert "overloaded" not in tput.extra and tput.extra["failed"] == 0 and tput.extra["unfinished"] == 0
+    assert 10 / tput.stats["mean"] > 10.0  # longer than the timeout in all
+    [cut] = [line for line in benchmark(engine(), replace(plan, drain_timeout=1.0), "m")
+             if line.metric == "TPUT"]
+    assert "still running 1s" in cut.extra["overloaded"] and cut.extra["unfinished"] > 0
+
+
+def test_the_grid_fits_the_models_context() -> None:
+    plan = LoadPlan(input_lens=(128, 4096, 6144, 8192), output_lens=(16, 1024))
+    assert plan.fit(8192).input_lens == (128, 4096, 6144, 7168)  # 8192 + any answer does not fit 8K
+    assert plan.fit(32768) is plan and LoadPlan().fit(8192).input_lens[-1] == 8192 - 4096
