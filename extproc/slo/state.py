@@ -100,6 +100,9 @@ class SloState:
         self.ledger.routed(pod, request, self.consumption(request, pod, now) if self.table(request.model)
                            else None)
 
+    def post_serve(self, request: Request, chosen: Pod, served: Pod, now: float) -> None:
+        self.ledger.moved(request, chosen, served)
+
     def post_response(self, record: RequestRecord, now: float) -> None:
         self.ledger.ended(record)
         if record.ok and record.output_tokens and record.prompt_tokens is not None:
