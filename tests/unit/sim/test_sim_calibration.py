@@ -55,7 +55,7 @@ def test_held_out_rows_meet_the_bar(results: list[cal.Result]) -> None:
 
 
 # The shared calibration.md points the model does not bring within 10 %, at the error they have now. Why
-# no model of this form can, with the arithmetic from the sources' own figures: data/calibration/README.md,
+# the replay's form does not (arithmetic from the sources' own figures, grids): data/calibration/README.md,
 # "Shared points outside 10 %". RTX 4090 TTFT: C = 8 and C = 48 need a delay outside the engine that grows
 # convexly with the streams (medians: >= 7.8 ms per stream between them, yet <= 32.5 ms in all at C = 8;
 # checked by the next test); the replay's is linear and shared by both hosts. A100 C=8 speed-up: reachable
