@@ -24,9 +24,11 @@ class Pulling(SloPolicy):
         return self.pull(request, sig, rows, now, queued)
 
     def pull(self, request: Request, sig: Signature, rows: list[Row], now: float, queued: bool,
-             lane: frozenset | None = None, spill: list[Row] | None = None) -> PodView | Queued | Rejected:
+             lane: frozenset | None = None, spill: list[Row] | None = None,
+             pack: bool = False) -> PodView | Queued | Rejected:
         """The least loaded that fits, else wait. `lane` (`slo`): the deployments the request may use,
-        `rows` narrowed to them; `spill`: other types' pods with room, packed when the lane is full."""
+        `rows` narrowed to them; `pack`: the fullest that fits instead; `spill`: other types' pods with
+        room, packed when the lane is full."""
         fits = fitting(rows)
         state = self.state
         queue_open = state.settings.max_queue > 0
@@ -35,6 +37,12 @@ class Pulling(SloPolicy):
             if queue.waiting(lane) if lane is not None else queue.length > 0:
                 return self._hold(request, sig, lane, now)  # no overtaking
         if fits:
+            if pack:
+                # `slo`, where its lane also serves a whole-pod shape: least load spread the short
+                # requests over every pod, so a long prompt never found an empty one and its prefill
+                # stalled the decodes it joined (slo-a10-l20 on issue 43's engine model: P99 TPOT 56 ms,
+                # packed 49 ms; docs/slo-routing.md, "Why slo departs").
+                return self.best(fits, lambda r: -(r.utilization + r.consumption))
             if queued and lane is None:
                 # a queued request: the most relaxed deployment, then the least load (AIBrix)
                 most = max(r.slack for r in fits)

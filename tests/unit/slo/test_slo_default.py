@@ -1,6 +1,6 @@
 """`slo`, our default SLO rule, on hand-built pools: each shape goes to the GPU types comparative
-advantage gives it, so a shape that needs a whole pod finds one while chat is spread; a full lane spills
-packed; a whole-pod shape shares a pod rather than wait for one to empty; lanes do not block each other."""
+advantage gives it, so a shape that needs a whole pod finds one while chat is spread (packed where a
+whole-pod shape shares its type); a full lane spills packed; a whole-pod shape shares a pod rather than wait for one to empty; lanes do not block each other."""
 
 from __future__ import annotations
 
@@ -181,3 +181,14 @@ def test_a_speed_line_that_never_saw_the_load_does_not_admit_past_what_the_profi
     beyond = [PodView(v.pod, running=v.running, speed=flat)
               for v in views(small0=5 * per_pod, small1=5 * per_pod, big0=5 * per_pod, big1=5 * per_pod)]
     assert type(s["slo"].pick(req(CHAT), beyond, 2.0)) is Queued
+
+
+def test_a_lane_both_shapes_share_is_packed_so_a_long_prompt_finds_an_empty_pod(slo):
+    s, table = slo
+    table.set_profiles("m", {"big": BIG})  # one type: chat and code share its lane
+    # chat joins the pod that already has chat (0.25 + 0.25), not the empty one: spread over both, a
+    # code request (a pod's worth) would find no empty pod and its prefill would stall chat's decodes
+    assert s["slo"].pick(req(CHAT), views(big0=1), 2.0).pod.name == "big0"
+    assert s["slo"].pick(req(CODE), views(big0=2), 2.0).pod.name == "big1"
+    assert table.whole_hosts("m") == frozenset({"big"})
+    # with small pods beside them, code has big to itself and chat small: chat is spread (above)
