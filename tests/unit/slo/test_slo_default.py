@@ -1,6 +1,7 @@
 """`slo`, our default SLO rule, on hand-built pools: each shape goes to the GPU types comparative
 advantage gives it, so a shape that needs a whole pod finds one while chat is spread (packed where a
-whole-pod shape shares its type); a full lane spills packed; a whole-pod shape shares a pod rather than wait for one to empty; lanes do not block each other."""
+whole-pod shape shares its type); a full lane spills packed; a whole-pod shape shares a pod rather
+than wait for one to empty; lanes do not block each other."""
 
 from __future__ import annotations
 
