@@ -82,6 +82,10 @@ class SloState:
         """The deployments the recent mix's split over these pods gives this shape (empty: no opinion)."""
         return self.split.assigned(model, self.table(model), sig, pods, now)
 
+    def whole_hosts(self, model: str) -> frozenset[str]:
+        """The deployments the split gives a shape that takes a whole pod (slo/split.py)."""
+        return self.split.whole_hosts(model, self.table(model))
+
     # -- the load model (slo/ledger.py) -----------------------------------------------------------
 
     def utilization(self, pod: Pod, running: int, fill: float) -> float:
