@@ -108,4 +108,4 @@ def test_routing_settings_are_parsed_once_and_replaceable():
 def test_every_knob_has_both_spellings():
     names = set(env_variables())
     assert {"AIBRIX_LOAD_BALANCE_KV_CRITICAL_FREE", "EXTPROC_LOAD_BALANCE_KV_CRITICAL_FREE",
-            "AIBRIX_ROUTING_AUTO_BLEND_PREFIX_CACHE_LOAD_BALANCE_WEIGHT"} <= names and len(names) == 18
+            "AIBRIX_ROUTING_AUTO_BLEND_PREFIX_CACHE_LOAD_BALANCE_WEIGHT"} <= names and len(names) == 20
