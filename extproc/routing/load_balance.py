@@ -40,10 +40,10 @@ from operator import attrgetter, le
 
 from extproc.openai import Request
 from extproc.routing.framework import BuildContext, PodView, Profile, register
-from extproc.routing.load import INF, LowestScorePicker, capacities, kv_penalty, speeds
+from extproc.routing.load import (INF, LowestScorePicker, capacities, engine_slots, has_free_slot, kv_penalty,
+                                  speeds)
 from extproc.routing.settings import LoadBalanceSettings
 from extproc.routing.snapshot import derived
-from extproc.state.speed import Speed
 
 # Scores within this many standard errors of the best (the speed estimates' spreads, combined) tie.
 TIE_Z = 2.0
@@ -104,7 +104,7 @@ class LoadBalanceScorer:
         kvs = list(map(_kv_free, pods))
         flags = [k is not None and k < critical for k in kvs]  # NaN < x is False: unreported
         fitted = speeds(pods) if s.capacity == "speed" else None
-        slots = _slots(s.max_num_seqs, fitted, len(pods))
+        slots = engine_slots(s.max_num_seqs, fitted, len(pods))
         fewest = min(slots) if slots is not None else INF
         if fitted is not None:
             penalty = [1.0 if x else kv_penalty(k, alpha) for x, k in zip(flags, kvs)]
@@ -141,25 +141,15 @@ class _Columns:
 _kv_free = attrgetter("kv_free")
 
 
-def _slots(max_num_seqs: int, fitted: Sequence[Speed] | None, n: int) -> list[float] | None:
-    """Per pod, the requests its engine runs before it queues: `max_num_seqs`, or fewer where the
-    speed fit's KV per request says the cache holds fewer (`Speed.batch`; 0 when not yet measured)."""
-    if max_num_seqs <= 0:
-        return None
-    if fitted is None:
-        return [float(max_num_seqs)] * n
-    return [min(float(max_num_seqs), sp.batch) if sp.batch >= 1.0 else float(max_num_seqs) for sp in fitted]
-
-
 def queue_last(scores: list[float], running: Sequence[float], slots: Sequence[float]) -> list[float]:
     """Scores with every pod that has no free slot (`running + 1 > slots`) moved above the worst
     finite score of the pods that have one, in their own order. With no finite pod with a free slot,
     or none full, the scores stand: every pod queued is still routed to the best of them."""
-    full = [r + 1.0 > s for r, s in zip(running, slots)]
-    ceiling = max((x for x, f in zip(scores, full) if not f and x < INF), default=None)
-    if ceiling is None or not any(full):
+    free = has_free_slot(running, slots)
+    ceiling = max((x for x, f in zip(scores, free) if f and x < INF), default=None)
+    if ceiling is None or all(free):
         return scores
-    return [ceiling + x if f else x for x, f in zip(scores, full)]
+    return [x if f else ceiling + x for x, f in zip(scores, free)]
 
 
 def tie_within_spread(scores: list[float], loads: Sequence[float], variance: Sequence[float],

@@ -167,3 +167,11 @@ def test_full_pods_keep_their_order_among_themselves():
     pods = [view("a", 4, capacity=1000), view("b", 4, capacity=2000), view("c", 1, capacity=10)]
     a, b, c = scores(pods, max_num_seqs=4)
     assert c < b < a
+
+
+def test_the_imbalance_gate_never_keeps_only_full_pods_while_another_has_a_free_slot():
+    # capacity-normalised, the slow pod looks like the hotspot and the gate would keep the fast one,
+    # whose engine is full
+    fast, slow = view("fast", 8, capacity=10_000), view("slow", 7, capacity=100)
+    assert alone(max_num_seqs=0).pick(REQ, [fast, slow], 0.0).pod.name == "fast"
+    assert alone(max_num_seqs=8).pick(REQ, [fast, slow], 0.0).pod.name == "slow"
