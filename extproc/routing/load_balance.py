@@ -40,8 +40,15 @@ from operator import attrgetter, le
 
 from extproc.openai import Request
 from extproc.routing.framework import BuildContext, PodView, Profile, register
-from extproc.routing.load import (INF, LowestScorePicker, capacities, engine_slots, has_free_slot, kv_penalty,
-                                  speeds)
+from extproc.routing.load import (
+    INF,
+    LowestScorePicker,
+    capacities,
+    engine_slots,
+    has_free_slot,
+    kv_penalty,
+    speeds,
+)
 from extproc.routing.settings import LoadBalanceSettings
 from extproc.routing.snapshot import derived
 
