@@ -11,6 +11,8 @@ default), but a pod twice as fast as the mean counts each request as half.
 
 KV-critical pods (free KV below load-balance's `kvCritical`; unreported or NaN counts as fully free) are
 left to the strategy's guardrail, and the gate never works against it:
+  * the gate stands aside when every pod it would keep has no free engine slot (load-balance's
+    `max_num_seqs` rule, routing/load_balance.py) while another pod has one;
   * the imbalance test compares only the KV-healthy pods, and only they can be kept: an idle pod that is
     out of KV does not make busy healthy pods look like hotspots, nor is it the pod the gate keeps;
   * when the test does not fire, every pod is passed on (critical ones too: load-balance skips them,
@@ -37,7 +39,8 @@ from operator import add, attrgetter, is_, is_not, mul, truediv
 
 from extproc.openai import Request
 from extproc.routing.framework import PodView
-from extproc.routing.load import capacities, imbalanced, kv_penalty
+from extproc.routing.load import capacities, engine_slots, has_free_slot, imbalanced, kv_penalty
+from extproc.routing.load import speeds as speeds_or_fill  # `speeds` names a local below
 from extproc.routing.settings import LoadBalanceSettings
 from extproc.routing.snapshot import derived
 
@@ -123,6 +126,8 @@ class ImbalanceGate:
             keep = _quickest(running, c)
         elif (keep := self._cool(running, c)) is None:  # type: ignore[assignment]
             return pods
+        if c.slots is not None and _only_full(keep, running, c.slots):
+            return pods  # it would keep only pods whose engines queue while others have a free slot
         self.counts[request.model] = self.counts.get(request.model, 0) + 1
         return [pods[i] for i in keep]
 
@@ -143,7 +148,9 @@ class ImbalanceGate:
                 shape = [speeds[i].shape for i in index]
                 speed = (list(index), [x * (1.0 + k) for x, k in zip(bp, shape)],
                          [x * k for x, k in zip(bp, shape)])
-        return _Columns(caps, sum(caps) / len(caps) if caps is not None else 1.0, healthy, speed)
+        fitted = speeds_or_fill(pods) if s.capacity == "speed" else None
+        slots = engine_slots(s.max_num_seqs, fitted, len(pods))
+        return _Columns(caps, sum(caps) / len(caps) if caps is not None else 1.0, healthy, speed, slots)
 
     def _cool(self, running: list[int], c: _Columns) -> list[int] | None:
         """Indices of the pods to keep when the gate fires, else None (keep every pod)."""
@@ -188,6 +195,7 @@ class _Columns:
     # capacity: speed, every pod fitted: the KV-healthy pods' indices, and the score's intercept and
     # slope in running requests (see _columns)
     speed: tuple[list[int], list[float], list[float]] | None
+    slots: list[float] | None = None  # engine_slots (None: load-balance's queue rule is off)
 
 
 def _normalised(running: list[int], c: _Columns) -> list[float]:
@@ -208,6 +216,12 @@ def _quickest(running: list[int], c: _Columns) -> list[int]:
     if score.count(best) == 1:
         return [index[score.index(best)]]
     return [i for i, t in zip(index, score) if t == best]
+
+
+def _only_full(keep: list[int], running: list[int], slots: list[float]) -> bool:
+    """The kept pods all lack a free slot while some pod has one."""
+    free = has_free_slot(running, slots)
+    return not any(free[i] for i in keep) and any(free)
 
 
 def _among(mask: list[bool], keep: list[int] | None) -> list[int] | None:

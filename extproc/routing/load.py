@@ -80,6 +80,22 @@ def speeds(pods: Sequence[PodView]) -> list[Speed] | None:
     return [fill if sp is None else sp for sp in found]
 
 
+def engine_slots(max_num_seqs: int, fitted: Sequence[Speed] | None, n: int) -> list[float] | None:
+    """Per pod, the requests its engine runs before it queues the next: `max_num_seqs` (the engines'
+    --max-num-seqs, from config), or fewer where the speed fit's KV per request says the cache holds
+    fewer (`Speed.batch`; 0 while not measured). None: the rule is off (max_num_seqs 0)."""
+    if max_num_seqs <= 0:
+        return None
+    if fitted is None:
+        return [float(max_num_seqs)] * n
+    return [min(float(max_num_seqs), sp.batch) if sp.batch >= 1.0 else float(max_num_seqs) for sp in fitted]
+
+
+def has_free_slot(running: Sequence[float], slots: Sequence[float]) -> list[bool]:
+    """Per pod: one more request would run at once rather than wait in the engine's queue."""
+    return [r + 1.0 <= s for r, s in zip(running, slots)]
+
+
 # -- load ratios and the imbalance rule ----------------------------------------------------------
 
 def ratios(pods: Sequence[PodView], capacity_aware: bool = True) -> tuple[list[float], float]:

@@ -22,6 +22,12 @@ Edge cases, as the spec lists them (under `speed`, all but the idle rule):
   * idle (no load) → 0 whatever the capacity, so idle pods are preferred;
   * ties → least combined GPU + CPU KV usage, then at random; under `speed`, idle pods whose scores
     are closer than the estimates' spreads (TIE_Z standard errors) tie too (`tie_within_spread`).
+
+One rule the formula does not carry (`queue_last`): a pod whose engine would queue the request (its
+in-flight count at `max_num_seqs`, or at the batch its KV cache holds, from the speed fit's KV per
+request) scores worse than every pod with a free slot. The score prices a queued request's wait per
+output token like a slower batch, so past saturation it filled the fast type to the engine's limit
+and queued there while the slow type had free slots (docs/fleet-simulation.md, issue 43's burst).
 """
 
 from __future__ import annotations
@@ -34,7 +40,15 @@ from operator import attrgetter, le
 
 from extproc.openai import Request
 from extproc.routing.framework import BuildContext, PodView, Profile, register
-from extproc.routing.load import INF, LowestScorePicker, capacities, kv_penalty, speeds
+from extproc.routing.load import (
+    INF,
+    LowestScorePicker,
+    capacities,
+    engine_slots,
+    has_free_slot,
+    kv_penalty,
+    speeds,
+)
 from extproc.routing.settings import LoadBalanceSettings
 from extproc.routing.snapshot import derived
 
@@ -67,6 +81,7 @@ class LoadBalanceScorer:
         # per snapshot (routing/snapshot.py), so a request costs one pass of arithmetic per pod.
         c = derived(pods, self, self._columns)
         loads: list[float] = [p.running for p in pods]
+        running = loads
         if c.queued is not None:  # `queued` is read only when λ > 0, as the spec says
             loads = [r + q for r, q in zip(loads, c.queued)]
         if c.speed is not None:
@@ -77,12 +92,16 @@ class LoadBalanceScorer:
             else:
                 scores = [INF if x else b * (1.0 + k * (load + 1.0)) * p
                           for x, b, k, p, load in zip(c.critical, base, shape, penalty, loads)]
-            return tie_within_spread(scores, loads, c.spread, c.widest)
-        caps, penalty = c.caps, c.penalty
-        if c.reported:  # every pod reports a number: idle needs no case of its own (0 / cap = 0)
-            return [INF if x else load / cap * p for x, load, cap, p in zip(c.critical, loads, caps, penalty)]
-        return [INF if x else 0.0 if load <= 0 else load / cap * p
-                for x, load, cap, p in zip(c.critical, loads, caps, penalty)]
+            scores = tie_within_spread(scores, loads, c.spread, c.widest)
+        elif c.reported:  # every pod reports a number: idle needs no case of its own (0 / cap = 0)
+            scores = [INF if x else load / cap * p
+                      for x, load, cap, p in zip(c.critical, loads, c.caps, c.penalty)]
+        else:
+            scores = [INF if x else 0.0 if load <= 0 else load / cap * p
+                      for x, load, cap, p in zip(c.critical, loads, c.caps, c.penalty)]
+        if c.slots is not None and max(running) + 1 > c.fewest:  # some pod may be full: one more pass
+            return queue_last(scores, running, c.slots)
+        return scores
 
     def _columns(self, pods: Sequence[PodView]) -> _Columns:
         s = self.settings
@@ -92,6 +111,8 @@ class LoadBalanceScorer:
         kvs = list(map(_kv_free, pods))
         flags = [k is not None and k < critical for k in kvs]  # NaN < x is False: unreported
         fitted = speeds(pods) if s.capacity == "speed" else None
+        slots = engine_slots(s.max_num_seqs, fitted, len(pods))
+        fewest = min(slots) if slots is not None else INF
         if fitted is not None:
             penalty = [1.0 if x else kv_penalty(k, alpha) for x, k in zip(flags, kvs)]
             base = [INF if x else sp.base for x, sp in zip(flags, fitted)]
@@ -99,10 +120,12 @@ class LoadBalanceScorer:
             # the fold holds while every load is finite (INF x (1 + 0 x inf) would be NaN)
             folded = queued is None or all(map(math.isfinite, queued))
             spread = [(TIE_Z * sp.spread) ** 2 for sp in fitted]
-            return _Columns(queued, flags, (base, shape, penalty), folded, spread=spread, widest=max(spread))
+            return _Columns(queued, flags, (base, shape, penalty), folded, spread=spread, widest=max(spread),
+                            slots=slots, fewest=fewest)
         reported = None not in kvs and (t := sum(kvs)) == t  # type: ignore[operator]  # no None, no NaN
         penalty = [kv_penalty(k, alpha) for k in kvs]  # unreported: fully free, no penalty
-        return _Columns(queued, flags, None, True, capacities(pods), penalty, reported)
+        return _Columns(queued, flags, None, True, capacities(pods), penalty, reported,
+                        slots=slots, fewest=fewest)
 
 
 @dataclass(slots=True, frozen=True)
@@ -118,9 +141,22 @@ class _Columns:
     reported: bool = False            # every pod reports its KV usage
     spread: list[float] = field(default_factory=list)  # (TIE_Z × each speed's spread)², log scale
     widest: float = 0.0                                # the largest of them
+    slots: list[float] | None = None  # requests each pod's engine runs at once (None: rule off)
+    fewest: float = INF               # the smallest of them
 
 
 _kv_free = attrgetter("kv_free")
+
+
+def queue_last(scores: list[float], running: Sequence[float], slots: Sequence[float]) -> list[float]:
+    """Scores with every pod that has no free slot (`running + 1 > slots`) moved above the worst
+    finite score of the pods that have one, in their own order. With no finite pod with a free slot,
+    or none full, the scores stand: every pod queued is still routed to the best of them."""
+    free = has_free_slot(running, slots)
+    ceiling = max((x for x, f in zip(scores, free) if f and x < INF), default=None)
+    if ceiling is None or all(free):
+        return scores
+    return [x if f else ceiling + x for x, f in zip(scores, free)]
 
 
 def tie_within_spread(scores: list[float], loads: Sequence[float], variance: Sequence[float],

@@ -37,6 +37,9 @@ class LoadBalanceSettings:
     imbalance_factor: float = 2.0
     imbalance_min_gap: float = 8.0    # in requests (capacity-normalised)
     capacity: str = "speed"           # what the score divides by: speed at load, or AIBrix's observed rate
+    # The engines' --max-num-seqs (vLLM's default): a pod with this many in flight would queue the next
+    # request in its engine, so it ranks below every pod with a free slot. 0 turns that rule off.
+    max_num_seqs: int = 256
 
 
 CAPACITY_MODES = ("speed", "observed")
@@ -86,6 +89,7 @@ _LB_KEYS = {  # YAML key (routing.load_balance.*) -> (per-model camelCase key, e
     "kv_critical_free": ("kvCriticalFree", "LOAD_BALANCE_KV_CRITICAL_FREE", float),
     "imbalance_factor": ("imbalanceFactor", "LOAD_BALANCE_IMBALANCE_FACTOR", float),
     "imbalance_min_gap": ("imbalanceMinGap", "LOAD_BALANCE_IMBALANCE_MIN_GAP", float),
+    "max_num_seqs": ("maxNumSeqs", "LOAD_BALANCE_MAX_NUM_SEQS", int),
 }
 _AB_KEYS = {  # routing.auto_blend.* -> (per-model key, env suffix, kind)
     "load_balance_weight": ("loadBalanceWeight", "ROUTING_AUTO_BLEND_LOAD_BALANCE_WEIGHT", int),

@@ -1,11 +1,13 @@
 import math
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
 from extproc.routing import Router, RoutingSettings, build
 from extproc.routing.load_balance import LoadBalanceScorer, load_balance_score
 from extproc.routing.settings import LoadBalanceSettings, ModelRouting
+from extproc.state.speed import Speed
 from tests.unit.routing.support import REQ, view
 
 WORKED = [view("A100", 20, capacity=4000, kv_free=0.30), view("L20", 25, capacity=3000, kv_free=0.60),
@@ -138,3 +140,38 @@ def test_the_scorer_agrees_with_the_formula_function():
     want = [load_balance_score(p.running + (0.3 * p.queued if p.queued == p.queued else 0), c, p.kv_free, 1.7, 0.2)
             for p, c in zip(pods, caps)]
     assert got == pytest.approx(want)
+
+
+def test_a_pod_that_would_queue_in_its_engine_ranks_below_every_pod_with_a_free_slot():
+    # The fast pod's score is far lower, but it runs max_num_seqs already: the request would wait in
+    # its engine queue while the slow pod has free slots (issue 43's burst).
+    fast, slow = view("fast", 8, capacity=1000), view("slow", 7, capacity=500)
+    assert scores([fast, slow], max_num_seqs=0)[0] < scores([fast, slow], max_num_seqs=0)[1]
+    full, free = scores([fast, slow], max_num_seqs=8)
+    assert full > free
+    assert alone(max_num_seqs=8).pick(REQ, [fast, slow], 0.0).pod.name == "slow"
+    # every pod full: the formula's order stands, the request still routes
+    assert alone(max_num_seqs=7).pick(REQ, [fast, slow], 0.0).pod.name == "fast"
+
+
+def test_the_kv_cache_batch_from_the_speed_fit_is_a_limit_too():
+    fast = replace(view("fast", 40), speed=Speed(0.005, 0.01, 3000.0, 40.0, 0.0))  # KV holds 40
+    slow = replace(view("slow", 10), speed=Speed(0.030, 0.01, 500.0, 256.0, 0.0))
+    s_fast, s_slow = scores([fast, slow], max_num_seqs=256)
+    assert s_fast > s_slow
+    s_fast, s_slow = scores([fast, slow], max_num_seqs=0)  # the rule off: the formula alone
+    assert s_fast < s_slow
+
+
+def test_full_pods_keep_their_order_among_themselves():
+    pods = [view("a", 4, capacity=1000), view("b", 4, capacity=2000), view("c", 1, capacity=10)]
+    a, b, c = scores(pods, max_num_seqs=4)
+    assert c < b < a
+
+
+def test_the_imbalance_gate_never_keeps_only_full_pods_while_another_has_a_free_slot():
+    # capacity-normalised, the slow pod looks like the hotspot and the gate would keep the fast one,
+    # whose engine is full
+    fast, slow = view("fast", 8, capacity=10_000), view("slow", 7, capacity=100)
+    assert alone(max_num_seqs=0).pick(REQ, [fast, slow], 0.0).pod.name == "fast"
+    assert alone(max_num_seqs=8).pick(REQ, [fast, slow], 0.0).pod.name == "slow"

@@ -60,6 +60,15 @@ def test_per_model_routing_config_overrides_only_what_it_sets():
     assert s.for_model("other").load_balance == s.load_balance
 
 
+def test_max_num_seqs_from_file_env_and_per_model():
+    s = parse({**BASE, "routing": {"load_balance": {"max_num_seqs": 128}}}, {}).routing_settings
+    assert s.load_balance.max_num_seqs == 128 and LoadBalanceSettings().max_num_seqs == 256
+    env = parse(BASE, {"EXTPROC_LOAD_BALANCE_MAX_NUM_SEQS": "64"}).routing_settings
+    assert env.load_balance.max_num_seqs == 64
+    model = parse(with_model_routing({"loadBalance": {"maxNumSeqs": 0}}), {}).routing_settings.for_model("m")
+    assert model.load_balance.max_num_seqs == 0
+
+
 def test_a_default_blend_is_accepted():
     assert parse({**BASE, "routing": {"default_strategy": "Least-Request:2, load-balance:1"}}, {}).default_strategy \
         == "least-request:2, load-balance:1"
@@ -77,6 +86,10 @@ def test_a_default_blend_is_accepted():
     ({**BASE, "routing": {"load_balance": {"queued_weight": -1}}}, {}, "routing.load_balance.queued_weight"),
     ({**BASE, "routing": {"load_balance": {"kv_pressure_alpha": float("nan")}}}, {}, "kv_pressure_alpha"),
     ({**BASE, "routing": {"load_balance": {"alpha": 1}}}, {}, "routing.load_balance.alpha"),
+    ({**BASE, "routing": {"load_balance": {"max_num_seqs": 25.5}}}, {}, "routing.load_balance.max_num_seqs"),
+    ({**BASE, "routing": {"load_balance": {"max_num_seqs": -1}}}, {}, "routing.load_balance.max_num_seqs"),
+    (with_model_routing({"loadBalance": {"maxNumSeqs": "256"}}), {},
+     "models.m.routingConfig.loadBalance.maxNumSeqs"),
     ({**BASE, "routing": {"load_balance": 3}}, {}, "routing.load_balance"),
     ({**BASE, "routing": {"auto_blend": {"load_balance_weight": 1.5}}}, {}, "routing.auto_blend.load_balance_weight"),
     ({**BASE, "routing": {"auto_blend": {"least_request_weight": 1000001}}}, {}, "least_request_weight"),
@@ -108,4 +121,4 @@ def test_routing_settings_are_parsed_once_and_replaceable():
 def test_every_knob_has_both_spellings():
     names = set(env_variables())
     assert {"AIBRIX_LOAD_BALANCE_KV_CRITICAL_FREE", "EXTPROC_LOAD_BALANCE_KV_CRITICAL_FREE",
-            "AIBRIX_ROUTING_AUTO_BLEND_PREFIX_CACHE_LOAD_BALANCE_WEIGHT"} <= names and len(names) == 18
+            "AIBRIX_ROUTING_AUTO_BLEND_PREFIX_CACHE_LOAD_BALANCE_WEIGHT"} <= names and len(names) == 20
