@@ -219,9 +219,11 @@ def _quickest(running: list[int], c: _Columns) -> list[int]:
 
 
 def _only_full(keep: list[int], running: list[int], slots: list[float]) -> bool:
-    """The kept pods all lack a free slot while some pod has one."""
-    free = has_free_slot(running, slots)
-    return not any(free[i] for i in keep) and any(free)
+    """The kept pods all lack a free slot while some pod has one (the kept few are looked at first:
+    this runs on every decision the gate takes)."""
+    if any(running[i] + 1.0 <= slots[i] for i in keep):
+        return False
+    return any(has_free_slot(running, slots))
 
 
 def _among(mask: list[bool], keep: list[int] | None) -> list[int] | None:

@@ -36,7 +36,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import attrgetter, le
+from operator import add, attrgetter, gt, le
 
 from extproc.openai import Request
 from extproc.routing.framework import BuildContext, PodView, Profile, register
@@ -45,7 +45,6 @@ from extproc.routing.load import (
     LowestScorePicker,
     capacities,
     engine_slots,
-    has_free_slot,
     kv_penalty,
     speeds,
 )
@@ -151,12 +150,23 @@ _kv_free = attrgetter("kv_free")
 def queue_last(scores: list[float], running: Sequence[float], slots: Sequence[float]) -> list[float]:
     """Scores with every pod that has no free slot (`running + 1 > slots`) moved above the worst
     finite score of the pods that have one, in their own order. With no finite pod with a free slot,
-    or none full, the scores stand: every pod queued is still routed to the best of them."""
-    free = has_free_slot(running, slots)
-    ceiling = max((x for x, f in zip(scores, free) if f and x < INF), default=None)
-    if ceiling is None or all(free):
+    or none full, the scores stand: every pod queued is still routed to the best of them.
+
+    Maps over builtins: at 1,000 pods with some full, 107 µs against 143-213 µs for a per-pod Python
+    loop (docs/benchmarks.md, "load-balance's queue rule")."""
+    over = list(map(gt, map(add, running, repeat(1.0)), slots))
+    if not any(over):
         return scores
-    return [x if f else ceiling + x for x, f in zip(scores, free)]
+    full = list(compress(range(len(scores)), over))
+    out = scores.copy()
+    for i in full:
+        out[i] = -INF
+    ceiling = max(filter(INF.__gt__, out), default=-INF)
+    if ceiling == -INF:  # no pod with a free slot has a finite score
+        return scores
+    for i in full:
+        out[i] = ceiling + scores[i]
+    return out
 
 
 def tie_within_spread(scores: list[float], loads: Sequence[float], variance: Sequence[float],
