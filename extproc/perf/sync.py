@@ -26,10 +26,20 @@ Freshness: after each gateway's sync, its view of every pod's other gateways (`r
 is held against what those gateways last wrote (`wrong_views`: pods that differ; 0 means each view is
 exact as of its read, so in a real fleet, where gateways sync side by side, a count is at most two
 intervals plus a turn's latency old when routing reads it). Tokens: each gateway's counted deltas,
-summed over the run (a first read before any token sets every baseline at 0; two closing heartbeats
+summed over the run (a first read before any token sets every baseline at 0; the closing heartbeats
 let every gateway write and read), must equal the tokens the fleet completed on each pod
-(`wrong_token_counts`). `age_ms` is the read's wall time less the oldest contributor's write: here
-that is the serial fleet turn's length, not a real fleet's staleness.
+(`wrong_token_counts`). Speed sums: after a closing cycle of share writes and a read, each gateway's
+view of each pod's others' sums must equal the sum, worked out here apart from Redis's script, of every
+other gateway's share as its ledger holds it, within float tolerance (`wrong_speed_sums`).
+
+The collector: G gateways' state and the fleet's estimators share this process's heap, so a
+collection that a gateway's allocations set off walks all G gateways' objects (a real gateway's
+process holds one's): with the collector `on` the per-gateway CPU is an upper bound. `frozen` moves the
+heap as of the warm-up out of the collector's walks (`gc.freeze`), so a turn pays for collecting only
+what was allocated since: a lower bound (a real gateway's own long-lived state is walked too).
+
+`age_ms` is the read's wall time less the oldest contributor's write: here that is the serial fleet
+turn's length, not a real fleet's staleness.
 """
 
 from __future__ import annotations
@@ -54,8 +64,8 @@ import redis
 
 from extproc.localstack import Proc, free_port, wait_until
 from extproc.pool.pod import Pod
-from extproc.state.redis_sync import RedisState
 from extproc.state import speed_sums
+from extproc.state.redis_sync import RedisState
 from extproc.state.shared import LocalState
 
 try:  # a --baseline checkout older than the every-other-heartbeat read
@@ -479,8 +489,8 @@ def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int
 
 
 HEADER = ("code", "G", "P", "sync CPU ms/turn (med, p99)", "core (mean)", "latency ms (med, max)", "timeouts",
-          "wrong (views, token counts, speed sums)", "age ms (med, max)", "Redis ms/fleet turn", "Redis cores", "cmds/s",
-          "reply MB/s",
+          "wrong (views, token counts, speed sums)", "age ms (med, max)", "Redis ms/fleet turn",
+          "Redis cores", "cmds/s", "reply MB/s",
           "speed sharing ms/s (share + peer merge)", "whole core")
 
 
