@@ -430,7 +430,8 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
         run.keys = int(admin.dbsize())
         run.redis_memory = int(admin.info("memory")["used_memory"])
     finally:
-        gc.unfreeze()
+        if collector == "frozen":
+            gc.unfreeze()
         for state in states:
             await state.close()
         admin.close()
