@@ -36,7 +36,8 @@ The collector: G gateways' state and the fleet's estimators share this process's
 collection that a gateway's allocations set off walks all G gateways' objects (a real gateway's
 process holds one's): with the collector `on` the per-gateway CPU is an upper bound. `frozen` moves the
 heap as of the warm-up out of the collector's walks (`gc.freeze`), so a turn pays for collecting only
-what was allocated since: a lower bound (a real gateway's own long-lived state is walked too).
+what was allocated since: a lower bound (a real gateway's own long-lived state is walked too). At 50 x
+5,000 the two differed by no more than the noise (docs/benchmarks.md): the figure is the gateway's own.
 
 `age_ms` is the read's wall time less the oldest contributor's write: here that is the serial fleet
 turn's length, not a real fleet's staleness.
