@@ -29,3 +29,10 @@ def test_every_view_matches_the_truth(tmp_path: Path, collector: str) -> None:
     assert summary["speed_sums_checked"] == 3 * 60
     assert (summary["wrong_views"], summary["wrong_token_counts"], summary["wrong_speed_sums"]) == (0, 0, 0)
     assert summary["timeouts"] == summary["failures"] == 0
+
+
+def test_the_speed_read_as_bytes_gives_the_views_text_gave() -> None:
+    """`extproc.perf.speed_read` raises when the two reads differ: small, it must run through."""
+    from extproc.perf import speed_read
+
+    assert speed_read.main(["--pods", "40", "--models", "2", "--rounds", "2"]) == 0
