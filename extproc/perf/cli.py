@@ -98,6 +98,10 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--baseline", type=Path, metavar="DIR",
                    help="a checkout of an earlier version (git worktree or `git archive`): its RedisState "
                         "runs each size first, against the same redis-server")
+    s.add_argument("--collector", choices=("on", "frozen"), default="on",
+                   help="frozen: the heap as of the warm-up (all G gateways' state, in this one process) "
+                        "leaves the garbage collector's walks, as one gateway's process would not carry "
+                        "the others'; on: as is, an upper bound")
     s.add_argument("--json", type=Path, help="write every run's summary here")
     s.set_defaults(func=_sync)
 
@@ -219,7 +223,8 @@ def _sync(args: argparse.Namespace) -> int:
 
     print(" | ".join(sync.HEADER), flush=True)
     runs = sync.run(list(args.sizes), models=args.models, rate=args.rate, inflight=args.inflight,
-                    interval=args.interval, turns=args.turns, speed=args.speed, baseline=args.baseline,
+                    interval=args.interval, turns=args.turns, speed=args.speed, collector=args.collector,
+                    baseline=args.baseline,
                     progress=lambda line: print(line, flush=True))
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1))

@@ -26,15 +26,27 @@ Freshness: after each gateway's sync, its view of every pod's other gateways (`r
 is held against what those gateways last wrote (`wrong_views`: pods that differ; 0 means each view is
 exact as of its read, so in a real fleet, where gateways sync side by side, a count is at most two
 intervals plus a turn's latency old when routing reads it). Tokens: each gateway's counted deltas,
-summed over the run (a first read before any token sets every baseline at 0; two closing heartbeats
+summed over the run (a first read before any token sets every baseline at 0; the closing heartbeats
 let every gateway write and read), must equal the tokens the fleet completed on each pod
-(`wrong_token_counts`). `age_ms` is the read's wall time less the oldest contributor's write: here
-that is the serial fleet turn's length, not a real fleet's staleness.
+(`wrong_token_counts`). Speed sums: after a closing cycle of share writes and a read, each gateway's
+view of each pod's others' sums must equal the sum, worked out here apart from Redis's script, of every
+other gateway's share as its ledger holds it, within float tolerance (`wrong_speed_sums`).
+
+The collector: G gateways' state and the fleet's estimators share this process's heap, so a
+collection that a gateway's allocations set off walks all G gateways' objects (a real gateway's
+process holds one's): with the collector `on` the per-gateway CPU is an upper bound. `frozen` moves the
+heap as of the warm-up out of the collector's walks (`gc.freeze`), so a turn pays for collecting only
+what was allocated since: a lower bound (a real gateway's own long-lived state is walked too). At 50 x
+5,000 the two differed by no more than the noise (docs/benchmarks.md): the figure is the gateway's own.
+
+`age_ms` is the read's wall time less the oldest contributor's write: here that is the serial fleet
+turn's length, not a real fleet's staleness.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import random
@@ -53,13 +65,14 @@ import redis
 
 from extproc.localstack import Proc, free_port, wait_until
 from extproc.pool.pod import Pod
+from extproc.state import speed_sums
 from extproc.state.redis_sync import RedisState
 from extproc.state.shared import LocalState
 
 try:  # a --baseline checkout older than the every-other-heartbeat read
-    from extproc.state.sync_core import SPEED_READ_HEARTBEATS
+    from extproc.state.sync_core import SPEED_READ_HEARTBEATS, SPEED_WRITE_HEARTBEATS
 except ImportError:
-    SPEED_READ_HEARTBEATS = 1
+    SPEED_READ_HEARTBEATS, SPEED_WRITE_HEARTBEATS = 1, 5
 from extproc.state.speed import SpeedEstimator
 
 TOKENS_PER_REQUEST = 200
@@ -80,6 +93,9 @@ class SyncRun:
     failures: int = 0
     wrong: int = 0                    # views that disagreed with the truth of their own moment
     wrong_tokens: int = -1            # (gateway, pod) token counts that missed the fleet's at the end
+    wrong_speed: int = -1             # (gateway, pod) views of the others' speed sums that missed theirs
+    speed_checked: int = 0            # (gateway, pod) speed views held against the truth
+    collector: str = "on"             # "on", or "frozen": the heap as of the warm-up out of collections
     age_ms: list[float] = field(default_factory=list)       # oldest value in a view, per gateway turn
     redis_cpu_ms: list[float] = field(default_factory=list)  # per fleet turn
     commands: list[int] = field(default_factory=list)        # per fleet turn
@@ -104,7 +120,8 @@ class SyncRun:
             "turn_latency_ms_median": round(statistics.median(self.latency_ms), 2),
             "turn_latency_ms_max": round(max(self.latency_ms), 2),
             "timeouts": self.timeouts, "failures": self.failures, "wrong_views": self.wrong,
-            "wrong_token_counts": self.wrong_tokens,
+            "wrong_token_counts": self.wrong_tokens, "wrong_speed_sums": self.wrong_speed,
+            "speed_sums_checked": self.speed_checked, "collector": self.collector,
             "age_ms_median": round(statistics.median(self.age_ms), 1) if self.age_ms else -1,
             "age_ms_max": round(max(self.age_ms), 1) if self.age_ms else -1,
             "redis_cpu_ms_per_fleet_turn": round(redis_cpu, 2),
@@ -185,6 +202,33 @@ class Fleet:
                    for p, pod in enumerate(self.pods))
 
 
+def wrong_speed_sums(states: list[RedisState], pods: list[Pod]) -> tuple[int, int]:
+    """(views that missed, views checked): each gateway's view of each pod's others' speed sums held
+    against the sum, worked out here in Python, of every other gateway's share as its ledger holds it
+    (what it last wrote), each decayed to the latest time; within 1e-6 relative (Redis sums in a
+    different order). Call it when no share was written since the gateways' last read of the sums."""
+    import numpy as np
+
+    written = [state.core._written_speed for state in states]  # noqa: SLF001 (what each ledger holds)
+    wrong = checked = 0
+    for pod in pods:
+        key = pod.key
+        total = None
+        for shares in written:
+            total = speed_sums.move(total, None, shares.get(key))
+        for g, state in enumerate(states):
+            truth = speed_sums.others(total, written[g].get(key)) if total is not None else None
+            view = state.peer_speed().get(key)
+            checked += 1
+            if truth is None or view is None:
+                wrong += (truth is None) != (view is None)
+            else:
+                # A sum rounding left at 0 on one side and not the other: tiny against the vector.
+                atol = 1e-9 * max(1.0, float(np.abs(truth).max()))
+                wrong += len(view) != 1 or not np.allclose(view[0], truth, rtol=1e-6, atol=atol)
+    return wrong, checked
+
+
 class _PeerSums(LocalState):
     """A gateway's shared state as the speed sharing sees it after a read: the others' sums, one vector
     per pod (what RedisState's read gives), and this gateway's own evidence kept for the next write."""
@@ -210,8 +254,6 @@ def speed_sharing(pods: int, models: int, gateways: int = 50, rate: float = 10.0
     peers). CPU ms per second, the mean over `seconds` of the fleet's life: each second the gateway's
     records reach rate/gateways of each pod (its evidence on those moves), and every other second a
     new read of the others' sums arrives (RedisState reads them every other heartbeat)."""
-    import gc
-
     # The work itself, without the collector: when it runs, and what it then walks, depend on the whole
     # heap (here, the sync run's leftovers), which would land on whichever step happened to allocate.
     gc.collect()
@@ -300,7 +342,7 @@ def make_pods(count: int, models: int) -> list[Pod]:
 
 async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: float = 10.0,
                   inflight: int = 32, interval: float = 0.1, turns: int = 30, warmup: int = 5,
-                  seed: int = 1, speed: bool = True, progress=None) -> SyncRun:
+                  seed: int = 1, speed: bool = True, collector: str = "on", progress=None) -> SyncRun:
     logging.getLogger("extproc.state").setLevel(logging.WARNING)  # one "reachable" line per gateway
     admin = redis.Redis.from_url(url)
     admin.flushall()
@@ -329,6 +371,12 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
             await state.sync_once()
             fleet.wrote(g)
         for turn in range(warmup + turns):
+            if turn == warmup and collector == "frozen":
+                # What one gateway's collector would walk, roughly: the G gateways' and the fleet's heap
+                # as of the warm-up leaves the collections, so a turn pays for what it allocates, not
+                # for walking the other gateways' state (an upper bound on this machine otherwise).
+                gc.collect()
+                gc.freeze()
             now[0] += interval
             fleet.step(rate * pods * interval)
             measured = turn >= warmup
@@ -368,19 +416,27 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
                 run.bytes_in.append(after[3] - before[3])
             if progress and turn % 10 == 0:
                 progress(f"  G={gateways} P={pods}: turn {turn + 1}/{warmup + turns}")
-        for _ in range(2):  # all write, then all read what the others wrote (totals: on heartbeats)
+        # All write, then all read what the others wrote (totals: on heartbeats). The speed shares: a
+        # whole cycle of writes (a pod's share goes on its turn among the heartbeats), then a read.
+        closing = SPEED_WRITE_HEARTBEATS + SPEED_READ_HEARTBEATS + 1 if speed else 2
+        for _ in range(closing):
             now[0] += 1.0
             for g, state in enumerate(states):
                 await state.sync_once()
                 take_tokens(g)
         run.wrong_tokens = sum(counted[g].get(pod.key, 0) != fleet.credited[p]
                                for g in range(gateways) for p, pod in enumerate(fleet.pods))
+        if speed and hasattr(states[0].core, "_written_speed"):  # a --baseline checkout may predate it
+            run.wrong_speed, run.speed_checked = wrong_speed_sums(states, fleet.pods)
         run.keys = int(admin.dbsize())
         run.redis_memory = int(admin.info("memory")["used_memory"])
     finally:
+        if collector == "frozen":
+            gc.unfreeze()
         for state in states:
             await state.close()
         admin.close()
+    run.collector = collector
     return run
 
 
@@ -399,7 +455,8 @@ print(json.dumps(run.summary()))
 
 
 def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int, interval: float,
-        turns: int, speed: bool = True, baseline: Path | None = None, progress=print) -> list[dict]:
+        turns: int, speed: bool = True, collector: str = "on", baseline: Path | None = None,
+        progress=print) -> list[dict]:
     """Each size with this checkout's RedisState, after the --baseline checkout's when given, one
     after the other against the same redis-server."""
     with tempfile.TemporaryDirectory(prefix="bench-sync-") as tmp:
@@ -409,7 +466,8 @@ def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int
             out: list[dict] = []
             for gateways, pods in sizes:
                 options = {"gateways": gateways, "pods": pods, "models": models, "rate": rate,
-                           "inflight": inflight, "interval": interval, "turns": turns, "speed": speed}
+                           "inflight": inflight, "interval": interval, "turns": turns, "speed": speed,
+                           "collector": collector}
                 if baseline is not None:
                     child = subprocess.run([sys.executable, "-c", _CHILD, str(baseline.resolve()), __file__,
                                             url, json.dumps(options)], cwd=baseline, capture_output=True,
@@ -433,8 +491,8 @@ def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int
 
 
 HEADER = ("code", "G", "P", "sync CPU ms/turn (med, p99)", "core (mean)", "latency ms (med, max)", "timeouts",
-          "wrong (views, token counts)", "age ms (med, max)", "Redis ms/fleet turn", "Redis cores", "cmds/s",
-          "reply MB/s",
+          "wrong (views, token counts, speed sums)", "age ms (med, max)", "Redis ms/fleet turn",
+          "Redis cores", "cmds/s", "reply MB/s",
           "speed sharing ms/s (share + peer merge)", "whole core")
 
 
@@ -443,7 +501,7 @@ def format_row(s: dict[str, float | int]) -> str:
         s["code"], s["gateways"], s["pods"], f"{s['sync_cpu_ms_median']}, {s['sync_cpu_ms_p99']}",
         s["sync_core_share"],
         f"{s['turn_latency_ms_median']}, {s['turn_latency_ms_max']}", s["timeouts"],
-        f"{s['wrong_views']}, {s.get('wrong_token_counts', '-')}",
+        f"{s['wrong_views']}, {s.get('wrong_token_counts', '-')}, {s.get('wrong_speed_sums', '-')}",
         f"{s['age_ms_median']}, {s['age_ms_max']}", s["redis_cpu_ms_per_fleet_turn"], s["redis_cores"],
         s["redis_commands_per_s"], round(int(s["reply_bytes_per_s"]) / 1e6, 2),
         f"{s['share_ms']} + {s['peer_merge_ms']}" if "share_ms" in s else "-",

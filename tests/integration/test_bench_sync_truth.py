@@ -1,0 +1,38 @@
+"""`extproc bench sync` against a real redis-server, small: every view the bench holds against the
+truth (counts, tokens, speed sums) is exact, and the speed sums were checked for every gateway and pod."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from extproc.perf import sync
+from tests.support.redis_server import RedisServer
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")]
+
+
+@pytest.mark.parametrize("collector", ["on", "frozen"])
+def test_every_view_matches_the_truth(tmp_path: Path, collector: str) -> None:
+    server = RedisServer(tmp_path)
+    try:
+        run = asyncio.run(sync.run_one(server.url, 3, 60, models=2, turns=20, warmup=2,
+                                       collector=collector))
+    finally:
+        server.stop()
+    summary = run.summary()
+    assert summary["collector"] == collector
+    assert summary["speed_sums_checked"] == 3 * 60
+    assert (summary["wrong_views"], summary["wrong_token_counts"], summary["wrong_speed_sums"]) == (0, 0, 0)
+    assert summary["timeouts"] == summary["failures"] == 0
+
+
+def test_the_speed_read_as_bytes_gives_the_views_text_gave() -> None:
+    """`extproc.perf.speed_read` raises when the two reads differ: small, it must run through."""
+    from extproc.perf import speed_read
+
+    assert speed_read.main(["--pods", "40", "--models", "2", "--rounds", "2"]) == 0
