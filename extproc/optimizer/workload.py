@@ -189,19 +189,21 @@ def trace_rates(
     recent = [w for w in windows if now - window_seconds < w.end <= now + 1e-9]
     if not recent:
         return []
+    newest = sorted(recent, key=lambda w: w.end, reverse=True)[:BURST_WINDOWS]
+    latest = newest[0]
+    fresh = latest.end >= now - 2 * latest.interval  # else the trace has been silent since
     # Over the time the windows cover: a trace younger than the window (the model's first minutes, or
     # its first requests after a silence longer than the window) is not diluted by time it never saw.
+    # It ends at the newest window while that one is current (the window in progress is not written yet).
     first = min(recent, key=lambda w: w.end)
-    covered = max(min(window_seconds, now - (first.end - first.interval)), float(first.interval))
+    covered = min(window_seconds, (latest.end if fresh else now) - (first.end - first.interval))
     average: dict[tuple[int, int, int], float] = {}
     for w in recent:
         for (i, o), n in w.counts.items():
             key = (i, o, w.precision)
             average[key] = average.get(key, 0.0) + n / covered
-    newest = sorted(recent, key=lambda w: w.end, reverse=True)[:BURST_WINDOWS]
-    latest = newest[0]
     current: dict[tuple[int, int, int], float] = {}
-    if latest.end >= now - 2 * latest.interval and latest.completed:
+    if fresh and latest.completed:
         current = _reading(latest)
     mean_total = math.fsum(average.values())
     expected = mean_total * latest.interval  # requests one window holds at the average rate
