@@ -63,6 +63,7 @@ def _envoy_config(args: argparse.Namespace) -> int:
         listen_port=args.listen_port, listen_address=args.listen_address, extproc_port=args.extproc_port,
         extproc_workers=args.extproc_workers, admin_port=args.admin_port,
         idle_timeout_seconds=args.idle_timeout, destination_header=args.destination_header)
+    config = None
     if args.gateway_config:  # gateway.fail_open and the model paths come from the gateway's own file
         try:
             config = load(args.gateway_config)
@@ -71,6 +72,25 @@ def _envoy_config(args: argparse.Namespace) -> int:
             return 1
         options = replace(options, fail_open=fail_open_upstreams(config),
                           model_paths=tuple(sorted(config.model_paths)))
+    if args.pool:
+        from extproc.envoy_pool import PoolOptions, render_pool
+
+        pods = tuple(args.pool_endpoint or (p.address for p in (config.pods if config else ())))
+        if not pods:
+            print("--pool needs the pool's endpoints: --pool-endpoint ip:port (repeated) or "
+                  "--gateway-config", file=sys.stderr)
+            return 1
+        fail_open = bool(config and config.fail_open)
+        # Envoy fails open only before a full-duplex body has started: failing open, the body is buffered
+        default_mode = "BUFFERED" if fail_open else "FULL_DUPLEX_STREAMED"
+        pool = PoolOptions(pods=pods, body_mode=args.body_mode or default_mode,
+                           fallback_endpoints=config.fallback_endpoints if config else 3,
+                           fail_open=fail_open,
+                           subset_from_header=args.subset_from_header)
+        sys.stdout.write(render_pool(replace(options, fail_open=()), pool))
+        return 0
+    if args.body_mode:
+        options = replace(options, request_body_mode=args.body_mode)
     sys.stdout.write(render(options))
     return 0
 
@@ -143,6 +163,21 @@ def build_parser() -> argparse.ArgumentParser:
     envoy.add_argument("--gateway-config", metavar="GATEWAY.yaml",
                        help="the gateway's config: with gateway.fail_open, Envoy sends the model paths "
                             "round robin to each model's pods while the gateway is unreachable")
+    envoy.add_argument("--body-mode",
+                       choices=("BUFFERED", "STREAMED", "BUFFERED_PARTIAL", "FULL_DUPLEX_STREAMED"),
+                       help="how ext_proc sends the request body (default: BUFFERED; with --pool: "
+                            "FULL_DUPLEX_STREAMED, as gateways configure a pool)")
+    envoy.add_argument("--pool", action="store_true",
+                       help="Envoy as a gateway configures an InferencePool's endpoint picker (the "
+                            "protocol: full-duplex body, envoy.lb metadata, the fallback list retried, the "
+                            "served endpoint reported); the pool's endpoints from --gateway-config or "
+                            "--pool-endpoint; docs/conformance.md")
+    envoy.add_argument("--pool-endpoint", action="append", metavar="IP:PORT",
+                       help="with --pool: one of the pool's endpoints (repeat for each)")
+    envoy.add_argument("--subset-from-header", action="store_true",
+                       help="with --pool: the subset hint taken from the request's "
+                            "x-gateway-destination-endpoint-subset header (tests, demos: a client then "
+                            "narrows the pool)")
     envoy.set_defaults(func=_envoy_config)
 
     from extproc.sim.cli import add_arguments

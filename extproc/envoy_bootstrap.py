@@ -85,6 +85,10 @@ class BootstrapOptions:
     # that may fail open are the gateway's model paths, never an engine's other endpoints.
     fail_open: tuple[tuple[str, tuple[str, ...]], ...] = ()
     model_paths: tuple[str, ...] = DEFAULT_MODEL_PATHS
+    # How ext_proc sends the request body: BUFFERED (one message: the cheapest), or the modes a
+    # pool's data plane may use (STREAMED, BUFFERED_PARTIAL, FULL_DUPLEX_STREAMED), which the gateway
+    # answers too (server/body.py). The request's trailers are sent with any of them.
+    request_body_mode: str = "BUFFERED"
 
 
 def tally_script() -> str:
@@ -106,8 +110,15 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
     # are not sent (they would be a second message), nor is anything of the response: Envoy closes
     # the stream once the request is routed, and the response streams from the pod without the
     # gateway (its outcome comes back through the access log).
-    one_message = {"request_header_mode": "SKIP", "request_body_mode": "BUFFERED",
-                   "request_trailer_mode": "SKIP", "response_header_mode": "SKIP",
+    buffered = o.request_body_mode == "BUFFERED"
+    # STREAMED and BUFFERED_PARTIAL: the headers message too (Envoy refuses a route-cache refresh for
+    # headers that went on before the body); every mode but BUFFERED: the trailers, which may end it.
+    # FULL_DUPLEX_STREAMED: one message path too, the route sent ahead of the body (server/body.py).
+    one_message_modes = ("BUFFERED", "FULL_DUPLEX_STREAMED")
+    one_message = {"request_header_mode": "SKIP" if o.request_body_mode in one_message_modes else "SEND",
+                   "request_body_mode": o.request_body_mode,
+                   "request_trailer_mode": "SKIP" if buffered else "SEND",
+                   "response_header_mode": "SKIP",
                    "response_body_mode": "NONE", "response_trailer_mode": "SKIP"}
     # Without a known body: the headers too (HTTP/2 headers + trailers without a body: a 400).
     two_messages = {**one_message, "request_header_mode": "SEND", "request_trailer_mode": "SEND"}
@@ -121,6 +132,7 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         "metadata_options": {"receiving_namespaces": {"untyped": [LB_METADATA_NAMESPACE,
                                                                   GATEWAY_METADATA_NAMESPACE]}},
         "processing_mode": one_message,
+        "allow_mode_override": True,  # STREAMED bodies are asked for buffered (server/body.py)
         "request_attributes": list(attributes.ATTRIBUTES),
     }
     keep_headers = {"envoy.filters.http.ext_proc": {
@@ -175,6 +187,18 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         _openai_reply(not_answered, "gateway_error", "%RESPONSE_CODE_DETAILS%",
                       "the gateway could not process this request"),
     ]
+    to_pods = {
+        "route": {"cluster": MODEL_CLUSTER, "timeout": "0s", "idle_timeout": f"{o.idle_timeout_seconds}s"},
+        "request_headers_to_add": [{"header": {
+            "key": o.destination_header,
+            "value": f"%DYNAMIC_METADATA({LB_METADATA_NAMESPACE}:{o.destination_header})%"},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
+            # OpenTelemetry on: the request's span, so the engine's spans join its trace
+            # (absent: the client's own traceparent, if any, goes through untouched)
+            {"header": {"key": "traceparent",
+                        "value": f"%DYNAMIC_METADATA({GATEWAY_METADATA_NAMESPACE}:{TRACEPARENT})%"},
+             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}],
+        "request_headers_to_remove": [h for h in CLIENT_DESTINATION_HEADERS if h != o.destination_header]}
     hcm = {
         "@type": TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "gateway",
@@ -199,25 +223,16 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                 # gets the destination header from that choice, never a client's.
                 {"match": {"prefix": "/", "dynamic_metadata": [{
                     "filter": LB_METADATA_NAMESPACE, "path": lb_key["path"],
-                    "value": {"present_match": True}}]},
-                 "route": {"cluster": MODEL_CLUSTER, "timeout": "0s",
-                           "idle_timeout": f"{o.idle_timeout_seconds}s"},
-                 "request_headers_to_add": [{"header": {
-                     "key": o.destination_header,
-                     "value": f"%DYNAMIC_METADATA({LB_METADATA_NAMESPACE}:{o.destination_header})%"},
-                     "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
-                     # OpenTelemetry on: the request's span, so the engine's spans join its trace
-                     # (absent: the client's own traceparent, if any, goes through untouched)
-                     {"header": {"key": "traceparent",
-                                 "value": f"%DYNAMIC_METADATA({GATEWAY_METADATA_NAMESPACE}:{TRACEPARENT})%"},
-                      "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}],
-                 "request_headers_to_remove": [h for h in CLIENT_DESTINATION_HEADERS
-                                               if h != o.destination_header]},
+                    "value": {"present_match": True}}]}, **to_pods},
                 *fail_open_routes(o),
-                # Not yet: a body is coming (content-length > 0), so is the one message.
+                # Not yet: a body is coming (content-length > 0), so is the one message. A full-duplex
+                # body goes on behind the route already (Envoy passes its data on before it could clear
+                # a route cache): ORIGINAL_DST reads the gateway's metadata when the buffered request
+                # reaches the router, and finds no host without it.
                 {"match": {"prefix": "/", "headers": [{"name": "content-length", "string_match": {
                     "safe_regex": {"regex": "[0-9]*[1-9][0-9]*"}}}]},
-                 "direct_response": no_route},
+                 **(to_pods if o.request_body_mode == "FULL_DUPLEX_STREAMED"
+                    else {"direct_response": no_route})},
                 # Not yet, and no body known to be coming: the gateway gets the headers too.
                 {"match": {"prefix": "/"}, "direct_response": no_route,
                  "typed_per_filter_config": keep_headers},
@@ -262,35 +277,50 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                     "circuit_breakers": circuit_breakers(o),
                     "original_dst_lb_config": {"metadata_key": lb_key},
                 },
-                {
-                    "name": EXTPROC_CLUSTER,
-                    "type": "STATIC",
-                    "connect_timeout": "1s",
-                    "circuit_breakers": circuit_breakers(o),
-                    # A draining gateway replica reports NOT_SERVING; with several replicas behind
-                    # this cluster, Envoy stops opening streams to it before it stops accepting.
-                    # no_traffic_interval: Envoy's 60 s default applied here (ext_proc's gRPC streams do
-                    # not count as traffic), so a dead replica kept its share of streams for a minute.
-                    "health_checks": [{
-                        "timeout": "1s", "interval": "2s", "no_traffic_interval": "2s",
-                        "unhealthy_threshold": 1, "healthy_threshold": 1, "grpc_health_check": {
-                            "service_name": EXTPROC_SERVICE}}],
-                    "typed_extension_protocol_options": {
-                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                            "@type": TYPE + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                            "explicit_http_config": {"http2_protocol_options": {
-                                "connection_keepalive": {"interval": "30s", "timeout": "10s"}}},
-                        }},
-                    # One endpoint per gateway worker: round robin spreads the routing streams.
-                    "load_assignment": {"cluster_name": EXTPROC_CLUSTER, "endpoints": [{"lb_endpoints": [{
-                        "endpoint": {"address": {"socket_address": {
-                            "address": o.extproc_address, "port_value": o.extproc_port + i}}}}
-                        for i in range(o.extproc_workers)]}]},
-                },
+                extproc_cluster(o),
                 *fail_open_clusters(o),
             ],
         },
     }
+
+
+def extproc_cluster(o: BootstrapOptions) -> dict[str, Any]:
+    """The gateway's cluster: ext_proc streams (and the access log), one endpoint per worker."""
+    return {
+        "name": EXTPROC_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "circuit_breakers": circuit_breakers(o),
+        # A draining gateway replica reports NOT_SERVING; with several replicas behind this cluster,
+        # Envoy stops opening streams to it before it stops accepting. no_traffic_interval: Envoy's 60 s
+        # default applied here (ext_proc's gRPC streams do not count as traffic), so a dead replica kept
+        # its share of streams for a minute.
+        "health_checks": [{
+            "timeout": "1s", "interval": "2s", "no_traffic_interval": "2s",
+            "unhealthy_threshold": 1, "healthy_threshold": 1, "grpc_health_check": {
+                "service_name": EXTPROC_SERVICE}}],
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": TYPE + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {
+                    "connection_keepalive": {"interval": "30s", "timeout": "10s"}}},
+            }},
+        # One endpoint per gateway worker: round robin spreads the routing streams.
+        "load_assignment": {"cluster_name": EXTPROC_CLUSTER, "endpoints": [{"lb_endpoints": [{
+            "endpoint": {"address": {"socket_address": {
+                "address": o.extproc_address, "port_value": o.extproc_port + i}}}}
+            for i in range(o.extproc_workers)]}]},
+    }
+
+
+def lb_endpoints(addresses: tuple[str, ...]) -> list[dict[str, Any]]:
+    """"host:port" (or "[v6]:port") addresses as a cluster's endpoints."""
+    out = []
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        out.append({"endpoint": {"address": {"socket_address": {
+            "address": host.strip("[]"), "port_value": int(port)}}}})
+    return out
 
 
 # Fail-open: the body's "model" as metadata, for the routes below (a request the gateway answered was
@@ -316,11 +346,7 @@ def fail_open_clusters(o: BootstrapOptions) -> list[dict[str, Any]]:
     """One round-robin cluster per model; STRICT_DNS, so a Service name works as well as pod IPs."""
     clusters = []
     for i, (_, upstreams) in enumerate(o.fail_open):
-        endpoints = []
-        for upstream in upstreams:
-            host, _, port = upstream.rpartition(":")
-            endpoints.append({"endpoint": {"address": {"socket_address": {
-                "address": host.strip("[]"), "port_value": int(port)}}}})
+        endpoints = lb_endpoints(upstreams)
         clusters.append({"name": f"fail-open-{i}", "type": "STRICT_DNS", "lb_policy": "ROUND_ROBIN",
                          "connect_timeout": f"{o.upstream_connect_timeout_seconds}s",
                          "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,

@@ -27,6 +27,12 @@ CLIENT_DESTINATION_HEADERS = (DEFAULT_DESTINATION_HEADER, TARGET_POD_HEADER)
 
 # -- dynamic metadata ----------------------------------------------------------------------------
 LB_METADATA_NAMESPACE = "envoy.lb"    # the endpoint-picker protocol's metadata namespace
+# The endpoint-picker protocol's other names (Gateway API Inference Extension, proposal 004): the subset
+# the data plane may restrict a pick to (request metadata), and the endpoint that served the request
+# (response metadata, in LB_METADATA_NAMESPACE).
+SUBSET_HINT_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+SERVED_KEY = "x-gateway-destination-endpoint-served"
 GATEWAY_METADATA_NAMESPACE = "extproc"  # the gateway's own decision, read back by Envoy and the access log
 TALLY_NAMESPACE = "extproc.tally"     # written by tally.lua: the response's token counts
 FAIL_OPEN_NAMESPACE = "extproc.fail_open"  # the body's "model", for the fail-open routes (Envoy only)
@@ -47,6 +53,9 @@ RATE_LIMIT_HEADERS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-reque
 EXTPROC_CLUSTER = "extproc"  # Envoy's cluster of the gateway: ext_proc and the gRPC access log
 MODEL_CLUSTER = "model_pods"  # the ORIGINAL_DST cluster that follows LB_METADATA_NAMESPACE
 EXTPROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"  # the gRPC health check's service name
+# The endpoint-picker protocol's other gRPC health services: the process answers (liveness); config
+# loaded and pods known (readiness, which EXTPROC_SERVICE and the default service "" follow).
+LIVENESS_SERVICE, READINESS_SERVICE = "liveness", "readiness"
 # Envoy's per-connection buffer; the gateway's max_body_bytes must stay below it, so that oversized
 # bodies reach the gateway and get an OpenAI-style 413 instead of Envoy's plain-text one.
 ENVOY_BUFFER_BYTES = 16 * 1024 * 1024

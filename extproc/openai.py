@@ -40,6 +40,9 @@ class Request:
     has_stream_options: bool = False
     session_key: str | None = None    # x-aibrix-session-key: session-affinity routing
     traceparent: str | None = None    # the client's W3C traceparent: the gateway's span is its child
+    # The data plane's subset hint (the endpoint-picker protocol): only these endpoints ("ip:port", or an
+    # ip for any of its ports) may be picked, now or when the request leaves a waiting room. None: any.
+    endpoint_subset: frozenset[str] | None = None
 
 
 class OpenAIError(Exception):

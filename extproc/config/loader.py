@@ -20,8 +20,10 @@ from extproc.config.discovery import parse_discovery
 from extproc.config.keys import read_keys
 from extproc.config.pods import model_pods
 from extproc.config.schema import (
+    DEFAULT_FALLBACK_ENDPOINTS,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MODEL_PATHS,
+    MAX_FALLBACK_ENDPOINTS,
     SECTION_KEYS,
     TOP_KEYS,
     Config,
@@ -114,6 +116,7 @@ def parse(raw: Any, env: Mapping[str, str]) -> Config:
                   drain_notice_seconds=_number(gateway, "drain_notice_seconds", 0.0, minimum=0),
                   routing_settings=settings, include_usage=_flag(gateway, "include_usage", True),
                   fail_open=_flag(gateway, "fail_open", False),
+                  fallback_endpoints=_fallback_endpoints(gateway),
                   request_timeout_seconds=_number(gateway, "request_timeout_seconds", 3600.0, minimum=1),
                   metrics_refresh_seconds=_number(telemetry, "refresh_seconds", 1.0, minimum=0.05),
                   metrics_timeout_seconds=_number(telemetry, "timeout_seconds", 0.5, minimum=0.01),
@@ -195,6 +198,14 @@ def _number(section: dict[str, Any], key: str, default: float, minimum: float = 
     if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
         name = f"{where}.{key}" if where else key
         raise ConfigError(f"{name} must be a number >= {minimum}, not {value!r}")
+    return value
+
+
+def _fallback_endpoints(gateway: dict[str, Any]) -> int:
+    value = gateway.get("fallback_endpoints", DEFAULT_FALLBACK_ENDPOINTS)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_FALLBACK_ENDPOINTS:
+        raise ConfigError(f"gateway.fallback_endpoints must be a whole number from 1 to "
+                          f"{MAX_FALLBACK_ENDPOINTS}, not {value!r}")
     return value
 
 

@@ -31,6 +31,8 @@ DEFAULT_MODEL_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embedding
 # Envoy's per-connection buffer (envoy_contract.ENVOY_BUFFER_BYTES) must stay above this, so that
 # oversized bodies reach the gateway and get an OpenAI-style 413 instead of Envoy's plain-text one.
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_FALLBACK_ENDPOINTS = 3  # the pick and two next-best pods (`gateway.fallback_endpoints`)
+MAX_FALLBACK_ENDPOINTS = 16
 
 # Every key the file may hold, per section: anything else is a typo that would silently change what is
 # served (`modles:` once meant "no models", a pod's `raedy: false` was ignored), so it is an error.
@@ -38,7 +40,7 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 SECTION_KEYS: dict[str, frozenset[str]] = {
     "gateway": frozenset({"destination_header", "model_paths", "max_body_bytes", "drain_timeout_seconds",
                           "drain_notice_seconds", "include_usage", "request_timeout_seconds",
-                          "api_keys_file", "fail_open"}),
+                          "api_keys_file", "fail_open", "fallback_endpoints"}),
     "telemetry": frozenset({"refresh_seconds", "timeout_seconds"}),
     "redis": frozenset({"url", "sync_interval_seconds", "heartbeat_seconds", "timeout_seconds",
                         "aibrix_rows", "mode", "nodes", "master_name"}),
@@ -99,6 +101,9 @@ class Config:
     # Envoy's failure_mode_allow (`extproc envoy-config --gateway-config`): while the gateway is
     # unreachable, the model paths go round robin to the model's pods instead of a 503. Off: fail closed.
     fail_open: bool = False
+    # The endpoint-picker protocol's ordered list (docs/conformance.md): the pick, then the next-best
+    # pods by the same strategy, which a pool's data plane tries in order on retry. 1: the pick alone.
+    fallback_endpoints: int = DEFAULT_FALLBACK_ENDPOINTS
     # Where pods come from besides `models`: the file only (default) or the Kubernetes API.
     discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
     # Per-key request and token limits (docs/rate-limits.md); off unless the section sets a limit.

@@ -199,10 +199,19 @@ def _per(runs: list[Run], process: str, unit: str) -> float:
                   for r in runs if getattr(r, unit))
 
 
-ACCESS_LOG_PATHS = ("full", "workers", "before", "limited")  # the paths with the access log
+def _cpu_per(run: Run) -> float:
+    """Gateway + Envoy CPU seconds per completed request: what a request costs the proxy tier."""
+    if not run.completed:
+        return 0.0
+    return (run.cpu_s.get("gateway", 0.0) + run.cpu_s.get("envoy", 0.0)) / run.completed
+
+
+ACCESS_LOG_PATHS = ("full", "workers", "before", "limited", "duplex")  # the paths with the access log
 # (label prefix in the summary, path) of the paths through a gateway
 GATEWAY_PATHS = (("routed_", "routed"), ("", "full"), ("workers_", "workers"), ("before_", "before"),
-                 ("limited_", "limited"))
+                 ("limited_", "limited"), ("duplex_", "duplex"), ("pool_", "pool"))
+# Paths set beside the buffered full path ("full"), round by round: (label prefix, path)
+BODY_MODE_PATHS = (("duplex_", "duplex"), ("pool_", "pool"))
 
 def summarize(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -211,7 +220,7 @@ def summarize(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any]:
         row: dict[str, float] = {}
         for label, path in (("upstream", "direct"), ("direct", "envoy"), ("routed", "routed"),
                             ("gateway", "full"), ("workers", "workers"), ("before", "before"),
-                            ("limited", "limited")):
+                            ("limited", "limited"), ("duplex", "duplex"), ("pool", "pool")):
             if key(path) in runs:
                 row[f"{label}_p50_ms"] = _med(runs[key(path)], "p50_ms")
                 row[f"{label}_p99_ms"] = _med(runs[key(path)], "p99_ms")
@@ -226,6 +235,13 @@ def summarize(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any]:
                 row[f"{label}envoy_cpu_us_per_request"] = _per(runs[key(path)], "envoy", "completed")
         if key("envoy") in runs:
             row["direct_envoy_cpu_us_per_request"] = _per(runs[key("envoy")], "envoy", "completed")
+        for label, path in BODY_MODE_PATHS:  # vs the buffered full path, per round: what the mode costs
+            if key(path) in runs and key("full") in runs:
+                pairs = list(zip(runs[key(path)], runs[key("full")]))
+                row[f"{label}vs_buffered_p50_ratio"] = median(a.p50_ms / b.p50_ms for a, b in pairs)
+                row[f"{label}vs_buffered_rps_ratio"] = median(b.rps / a.rps for a, b in pairs if a.rps)
+                row[f"{label}vs_buffered_cpu_ratio"] = median(
+                    _cpu_per(a) / _cpu_per(b) for a, b in pairs if _cpu_per(b))
         for label, path in (("", "full"), ("workers_", "workers"), ("before_", "before"),
                             ("limited_", "limited")):  # vs Envoy alone
             if key(path) in runs and key("envoy") in runs:

@@ -7,7 +7,8 @@ from typing import Any
 PATH_LABELS = (("upstream", "upstream, no proxy"), ("direct", "(a) Envoy alone"),
                ("routed", "(b) Envoy + gateway routing"), ("gateway", "(c) full path"),
                ("workers", "(c) full path, --workers"), ("before", "(c) before (--baseline)"),
-               ("limited", "(c) full path, rate limits on"))
+               ("limited", "(c) full path, rate limits on"), ("duplex", "(c) full path, full-duplex body"),
+               ("pool", "pool (envoy-config --pool)"))
 
 # (what, where in the summary, at least/at most, limit)
 TARGETS = (  # issue 20
@@ -49,7 +50,7 @@ def requests_table(summary: dict[str, Any], concurrencies: tuple[int, ...]) -> s
             if f"{key}_p50_ms" not in row:
                 continue
             added = {"routed": "routed_", "gateway": "", "workers": "workers_", "before": "before_",
-                     "limited": "limited_"}.get(key)
+                     "limited": "limited_", "duplex": "duplex_", "pool": "pool_"}.get(key)
             lines.append(
                 f"{label:30} {c:>4} {_f(row[f'{key}_p50_ms']):>8} {_f(row[f'{key}_p99_ms']):>8} "
                 f"{_f(row[f'{key}_rps'], 0):>8} "
@@ -76,6 +77,18 @@ def streams_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def body_modes_table(summary: dict[str, Any], concurrencies: tuple[int, ...]) -> str:
+    lines = []
+    for c in concurrencies:
+        row = summary.get(f"c{c}", {})
+        for label, name in (("duplex_", "full-duplex body"), ("pool_", "pool (envoy-config --pool)")):
+            if f"{label}vs_buffered_p50_ratio" in row:
+                lines.append(f"  c{c:<4} {name:28} p50 x{_f(row[f'{label}vs_buffered_p50_ratio'], 3)}  "
+                             f"time per request (1/req/s) x{_f(row[f'{label}vs_buffered_rps_ratio'], 3)}  "
+                             f"gateway+Envoy CPU per request x{_f(row[f'{label}vs_buffered_cpu_ratio'], 3)}")
+    return "\n".join(lines)
+
+
 def decision_table(decision: dict[str, Any]) -> str:
     sizes = [k for k in decision if k.isdigit()]
     return (f"routing decision ({decision.get('strategy')}), in process: "
@@ -89,6 +102,9 @@ def targets_table(summary: dict[str, Any]) -> str:
 def render(summary: dict[str, Any], concurrencies: tuple[int, ...]) -> str:
     parts = ["request path (JSON, medians over rounds; + = added over (a) in the same round):",
              requests_table(summary, concurrencies)]
+    modes = body_modes_table(summary, concurrencies)
+    if modes:
+        parts += ["", "body modes beside the buffered full path (c), per round (x = times (c)):", modes]
     if summary["stream"]["levels"]:
         s = summary["stream"]
         parts += ["", "streaming at live pace, (a) Envoy alone vs (c) full path (tally checked against the "

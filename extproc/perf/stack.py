@@ -35,11 +35,12 @@ from extproc.envoy_contract import (
     POD,
     STRIP_USAGE,
 )
+from extproc.envoy_pool import PoolOptions, render_pool
 from extproc.localstack import VENV_BIN, Proc, free_port, free_ports, http_get, port_open, start_envoy
 from extproc.perf.load import Target
 
 MODEL = "bench"
-PATHS = ("direct", "envoy", "routed", "full", "workers", "tally", "before", "limited")
+PATHS = ("direct", "envoy", "routed", "full", "workers", "tally", "before", "limited", "duplex", "pool")
 # The "limited" path's limits: high enough that every request is admitted, so it times the check alone.
 BENCH_RATE_LIMITS = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12}
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
@@ -184,6 +185,21 @@ class Stack:
             envoy_port = free_port()
             envoy = self._envoy("limited", envoy_port, gateway_port=grpc_port, ext_proc=True, tally=True)
             self.paths["limited"] = BenchPath("limited", Target(envoy_port), envoy, gateway)
+        if "duplex" in paths:  # path (c) with the request body in full-duplex pieces: a pool's mode
+            gateway, grpc_port = self._gateway("duplex", address)
+            envoy_port = free_port()
+            envoy = self._envoy("duplex", envoy_port, gateway_port=grpc_port, ext_proc=True, tally=True,
+                                body_mode="FULL_DUPLEX_STREAMED")
+            self.paths["duplex"] = BenchPath("duplex", Target(envoy_port), envoy, gateway)
+        if "pool" in paths:  # Envoy as a gateway configures an InferencePool (`envoy-config --pool`)
+            gateway, grpc_port = self._gateway("pool", address)
+            envoy_port = free_port()
+            options = BootstrapOptions(listen_port=envoy_port, listen_address="127.0.0.1",
+                                       admin_port=free_port(), extproc_port=grpc_port)
+            envoy = self._proc(start_envoy("envoy-pool", render_pool(options, PoolOptions(pods=(address,))),
+                                           self.log_dir))
+            envoy.wait_ready(lambda: port_open(envoy_port))
+            self.paths["pool"] = BenchPath("pool", Target(envoy_port), envoy, gateway)
         if "before" in paths and self.baseline is not None:
             env = {"PYTHONPATH": str(self.baseline)}  # its code first: the gateway and the generator
             gateway, grpc_port = self._gateway("before", address, env)
@@ -219,9 +235,10 @@ class Stack:
         return Gateway(proc, admin_port), grpc_port
 
     def _envoy(self, name: str, port: int, gateway_port: int, *, ext_proc: bool, tally: bool,
-               mark: bool = False, workers: int = 1) -> Proc:
+               mark: bool = False, workers: int = 1, body_mode: str = "BUFFERED") -> Proc:
         options = BootstrapOptions(listen_port=port, listen_address="127.0.0.1", admin_port=free_port(),
-                                   extproc_port=gateway_port, extproc_workers=workers)
+                                   extproc_port=gateway_port, extproc_workers=workers,
+                                   request_body_mode=body_mode)
         proc = self._proc(start_envoy(f"envoy-{name}", envoy_variant(
             options, ext_proc=ext_proc, tally=tally, mark=mark), self.log_dir))
         proc.wait_ready(lambda: port_open(port))

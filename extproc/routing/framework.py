@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from extproc.openai import Request
+from extproc.pool.pod import Pod
 from extproc.routing.outcome import Queued, Rejected
 from extproc.routing.params import Params, declare
 from extproc.routing.settings import RoutingSettings
@@ -41,6 +42,10 @@ class Scorer(Protocol):
 
 
 class Picker(Protocol):
+    """Chooses one pod. A picker whose choice moves state of its own (round robin) may also offer
+    `following(pods, chosen) -> list[PodView]`: what comes after its pick, without moving (the
+    endpoint-picker protocol's fallbacks); others are simply asked again over what is left."""
+
     def pick(self, pods: Sequence[PodView], scores: Sequence[float]) -> PodView: ...
 
 
@@ -56,6 +61,14 @@ class PostResponse(Protocol):
     """Told how a request ended: tokens, latency, status (GIE's PostResponse)."""
 
     def post_response(self, record: RequestRecord, now: float) -> None: ...
+
+
+@runtime_checkable
+class PostServe(Protocol):
+    """Told the data plane served a request from another pod than the one chosen (a fallback of the
+    endpoint-picker protocol's ordered list): what was counted on `chosen` moves to `served`."""
+
+    def post_serve(self, request: Request, chosen: Pod, served: Pod, now: float) -> None: ...
 
 
 @runtime_checkable
@@ -144,6 +157,7 @@ class Hooks:
         self._choice: list[PostChoice] = []
         self._response: list[PostResponse] = []
         self._reject: list[PostReject] = []
+        self._serve: list[PostServe] = []
 
     def add(self, plugin: object) -> None:
         if isinstance(plugin, PostChoice) and plugin not in self._choice:
@@ -152,6 +166,8 @@ class Hooks:
             self._response.append(plugin)
         if isinstance(plugin, PostReject) and plugin not in self._reject:
             self._reject.append(plugin)
+        if isinstance(plugin, PostServe) and plugin not in self._serve:
+            self._serve.append(plugin)
 
     def post_choice(self, request: Request, chosen: PodView, now: float) -> None:
         for hook in self._choice:
@@ -166,6 +182,13 @@ class Hooks:
                 hook.post_response(record, now)
             except Exception:
                 log.exception("post_response hook %r failed", hook)
+
+    def post_serve(self, request: Request, chosen: Pod, served: Pod, now: float) -> None:
+        for hook in self._serve:
+            try:
+                hook.post_serve(request, chosen, served, now)
+            except Exception:
+                log.exception("post_serve hook %r failed", hook)
 
     def post_reject(self, model: str, rejected: Rejected, now: float) -> None:
         for hook in self._reject:

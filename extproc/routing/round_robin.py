@@ -23,6 +23,12 @@ class RoundRobinPicker:
         self._next[model] = i + 1
         return pods[i % len(pods)]
 
+    def following(self, pods: Sequence[PodView], chosen: PodView) -> list[PodView]:
+        """The pods after `chosen` in the rotation (the endpoint-picker protocol's fallbacks), without
+        moving it: picking them one by one would skip them in the rotation."""
+        j = next((k for k, v in enumerate(pods) if v is chosen), -1)
+        return [*pods[j + 1:], *pods[:j]] if j >= 0 else list(pods)
+
 
 @register("round-robin")
 def build(ctx: BuildContext) -> Profile:

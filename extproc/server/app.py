@@ -15,12 +15,12 @@ from pathlib import Path
 import grpc
 from aiohttp import web
 from envoy.service.accesslog.v3 import als_pb2_grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter
 
 from extproc import children, environment
 from extproc import config as config_mod
-from extproc.envoy_contract import ENVOY_BUFFER_BYTES, EXTPROC_SERVICE
+from extproc.envoy_contract import ENVOY_BUFFER_BYTES
 from extproc.pool.info import PodInfoCollector
 from extproc.ratelimit import RateLimiter
 from extproc.ratelimit.redis_store import RedisStore
@@ -35,6 +35,7 @@ from extproc.server.heap import HeapTrimmer
 from extproc.server.inference_metrics import InferencePoolCollector, ObjectiveMetrics
 from extproc.server.otel import from_env as otel_from_env
 from extproc.server.processor import Processor, parse_body
+from extproc.server.serving import REFRESH_SECONDS, HealthServices
 from extproc.server.supervisor import WorkerSpec
 from extproc.server.tls import ReloadingCredentials, TlsError, TlsSettings
 from extproc.server.traces import run_tracing
@@ -177,8 +178,8 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     if bound == 0:
         raise OSError(f"cannot bind the ext_proc port {host}:{port}")
     serving = True
-    for service in ("", EXTPROC_SERVICE):
-        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    health_services = HealthServices(health_servicer, gateway)  # the protocol's liveness, readiness
+    await health_services.start()
 
     # shutdown_timeout: aiohttp waits up to 60 s by default for admin handlers in flight at shutdown
     admin = web.AppRunner(admin_app(gateway, lambda: serving), access_log=None,
@@ -192,6 +193,8 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     discovery, overlay = start_discovery(gateway, config)
     watcher = asyncio.create_task(ConfigWatcher(path, gateway, gateway.registry, overlay).run())
     background = loops.start(gateway, scraper, prober, heap)
+    background.append(asyncio.create_task(loops.every(lambda: REFRESH_SECONDS, health_services.refresh,
+                                                      "readiness"), name="readiness"))
     heap.freeze_start()  # what the start allocated is never scanned again by the trims' collections
     if discovery is not None:
         background.append(discovery)
@@ -218,8 +221,7 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     serving = False
     log.info("draining: NOT_SERVING for %gs before refusing new streams",
              gateway.config.drain_notice_seconds)
-    for service in ("", EXTPROC_SERVICE):
-        await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await health_services.drain()
     watcher.cancel()
     await asyncio.sleep(gateway.config.drain_notice_seconds)
     log.info("refusing new streams; %d open, waiting up to %gs", gateway.open_streams,

@@ -22,7 +22,7 @@ from extproc.config import Config, ConfigError
 from extproc.envoy_contract import CLIENT_DESTINATION_HEADERS
 from extproc.openai import Request
 from extproc.pool import Pool
-from extproc.pool.pod import PodKey
+from extproc.pool.pod import Pod, PodKey
 from extproc.ratelimit import RateLimiter
 from extproc.routing import Profile, Router, SettingError, StrategySpec, StrategySpecError
 from extproc.routing.framework import Hooks
@@ -56,6 +56,11 @@ class _Pending:
     others: int     # what other gateways held on the pod then
     counted: int    # what this gateway held there then
     requests: list[tuple[str, OpenRequest]]  # this gateway's, routed before the scrape was sent
+
+
+def in_subset(address: str, subset: frozenset[str]) -> bool:
+    """An endpoint's ip:port is in the subset hint, or its host is (a bare ip allows any port)."""
+    return address in subset or address.rpartition(":")[0].strip("[]") in subset
 
 
 disable_created_metrics()  # *_created series double the scrape for no routing value
@@ -184,11 +189,15 @@ class Gateway:
     def route(self, request: Request, profile: Profile, request_id: str, queued: bool = False) -> Outcome:
         """Choose a pod: Routed, and the request counts as in flight until `complete` or `abort`. Or
         what the strategy says instead (Queued, Rejected), passed on for the waiting room; None: no
-        ready pod. `queued`: the request is leaving the waiting room (extproc.slo.room)."""
+        ready pod. `queued`: the request is leaving the waiting room (extproc.slo.room). With the data
+        plane's subset hint (`request.endpoint_subset`), only the pods at those addresses are eligible."""
         now = self.clock()
         # Unhealthy pods are left out, unless that leaves none: a health signal must never cause a
         # total outage.
         candidates = self.view_cache.routable(request.model, self.pool.ready_pods(request.model), now)
+        subset = request.endpoint_subset
+        if subset is not None:
+            candidates = [v for v in candidates if in_subset(v.pod.address, subset)]
         if not candidates:
             return None
         chosen = profile.pick(request, candidates, now, queued)
@@ -198,6 +207,48 @@ class Gateway:
         key = next(self._keys)
         self.open.open(key, OpenRequest(request, chosen.pod, profile.name, request_id, now))
         return Routed(chosen.pod, key)
+
+    def fallbacks(self, request: Request, profile: Profile, first: Pod) -> list[Pod]:
+        """The next-best pods after `first` by the same strategy, for the protocol's ordered endpoint
+        list (gateway.fallback_endpoints - 1 of them): each picked from the eligible pods not yet
+        listed. Nothing is counted on them: the request is accounted to the pod that serves it
+        (`served_by`)."""
+        n = self.config.fallback_endpoints - 1
+        if n <= 0:
+            return []
+        now = self.clock()
+        routable = self.view_cache.routable(request.model, self.pool.ready_pods(request.model), now)
+        subset = request.endpoint_subset
+        eligible = [v for v in routable if subset is None or in_subset(v.pod.address, subset)]
+        # A picker with state of its own (round robin) names what follows its pick without moving;
+        # the others are asked again, over what is left.
+        following = getattr(getattr(profile, "picker", None), "following", None)
+        chosen = next((v for v in eligible if v.pod is first), None)
+        if following is not None and chosen is not None:
+            return [v.pod for v in following(eligible, chosen)[:n]]
+        left = [v for v in eligible if v is not chosen]
+        out: list[Pod] = []
+        while left and len(out) < n:
+            nxt = profile.pick(request, left, now, True)
+            if nxt.__class__ is not PodView:
+                break  # a strategy that would hold the request back has no next-best to offer
+            out.append(nxt.pod)  # type: ignore[union-attr]
+            left = [v for v in left if v is not nxt]
+        return out
+
+    def served_by(self, key: str, address: str) -> bool:
+        """The data plane reports the endpoint that served the request (a fallback, after the first
+        pick refused the connection): the request is accounted there from now on, its count moved
+        once. False when the address is the pick's already, unknown, or the request is not open."""
+        entry = self.open.get(key)
+        if entry is None or entry.pod.address == address:
+            return False
+        pod = self.pool.pod_at(address)
+        if pod is None or pod.model != entry.pod.model:
+            return False
+        self.hooks.post_serve(entry.request, entry.pod, pod, self.clock())
+        entry.pod = pod
+        return True
 
     def refused(self, model: str, rejected: Rejected) -> None:
         """A request of `model` was refused (a 429), now or after waiting: the hooks hear of it (the

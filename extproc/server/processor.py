@@ -1,12 +1,19 @@
-"""The ext_proc stream state machine: one Stream per HTTP request, request side only.
+"""The ext_proc stream state machine: one Stream per HTTP request.
 
-A request with a body (content-length > 0) is one message: its buffered body, with the headers routing
-reads as attributes (server/attributes.py) -> route (envoy.lb metadata, optional body rewrite). Others
-(no content-length: chunked or HTTP/2 bodies, bodiless requests such as GET /v1/models) come as two, on a
-route that keeps Envoy's request headers message (envoy_bootstrap.py): request headers -> buffered body
--> route (destination header + metadata).
-Envoy closes the stream once routed; the response streams from the pod to the client without the
-gateway, and its outcome comes back once per request through the access log (server/access_log.py).
+Our own bootstrap (envoy_bootstrap.py): a request with a body (content-length > 0) is one message: its
+buffered body, with the headers routing reads as attributes (server/attributes.py) -> route (envoy.lb
+metadata, optional body rewrite). Others (no content-length: chunked or HTTP/2 bodies, bodiless requests
+such as GET /v1/models) come as two, on a route that keeps Envoy's request headers message: request
+headers -> buffered body -> route (destination header + metadata). Envoy closes the stream once routed;
+the response streams from the pod to the client without the gateway, and its outcome comes back once per
+request through the access log (server/access_log.py).
+
+An InferencePool's data plane (Envoy Gateway, Envoy AI Gateway, `envoy-config --pool`) speaks the
+endpoint-picker protocol (docs/conformance.md): the request headers without our attributes, the body in
+whichever mode it configured (body.py reassembles it and shapes the answer), the subset hint in the
+request's metadata, an ordered fallback list in the answer; the stream then stays open for the response
+headers, whose metadata names the endpoint that served the request (accounted there), and its end is
+the request's end.
 Stream.handle is synchronous and does no I/O, so it is unit-testable over a fake message sequence.
 """
 
@@ -32,8 +39,10 @@ from extproc.envoy_contract import (
     ENVOY_MAX_HEADERS,
     ENVOY_REQUEST_ID_HEADER,
     EXTPROC_SERVICE,
+    LB_METADATA_NAMESPACE,
     MODEL_HEADER,
     ROUTED_REQUEST_ID_HEADER,
+    SERVED_KEY,
     SESSION_HEADER,
     STRATEGY_HEADER,
     TRACEPARENT_HEADER,
@@ -44,7 +53,7 @@ from extproc.routing import StrategySpec, StrategySpecError, strategy_names
 from extproc.routing.framework import UnknownStrategy, Waiting, waiting_for, waitings
 from extproc.routing.outcome import Queued, Rejected, Routed
 from extproc.routing.session_affinity import MAX_SESSION_KEY_BYTES
-from extproc.server import attributes, responses
+from extproc.server import attributes, body, responses
 from extproc.server.gateway import Gateway
 from extproc.server.heap import HeapTrimmer
 
@@ -115,7 +124,8 @@ def parse_body(path: str, body: bytes, header_model: str | None) -> Request | Op
 class Stream:
     __slots__ = ("_gw", "_rooms", "_room", "_path", "_strategy", "_request_id", "_header_model",
                  "_has_length", "_decision", "_done", "_expect_trailers", "_spec", "_session", "_queued",
-                 "_one_message", "_traceparent", "_authorization", "_limiting", "_admission")
+                 "_one_message", "_traceparent", "_authorization", "_limiting", "_admission",
+                 "_body", "_pool", "_subset", "_status", "_response_mode")
 
     def __init__(self, gateway: Gateway, rooms: Mapping[Waiting, Any] | None = None) -> None:
         self._gw = gateway
@@ -137,6 +147,11 @@ class Stream:
         self._authorization: str | None = None  # whose rate-limit budget (hashed there; never logged)
         self._limiting: tuple | None = None  # (budget, request, body, end_of_stream): for Redis's answer
         self._admission: Admission | None = None  # the budget that admitted it (response headers)
+        self._body: body.Reassembly | None = None  # a body that comes in pieces (body.py)
+        self._pool = False  # attached as an InferencePool's picker: the response side comes too
+        self._subset: frozenset[str] | None = None  # the data plane's subset hint, if it sent one
+        self._status = 0  # the response's status, once its headers came (pool attachment)
+        self._response_mode = body.BUFFERED  # how the response body comes, if at all (pool attachment)
 
     @property
     def decision(self) -> Routed | None:
@@ -144,34 +159,60 @@ class Stream:
 
     @property
     def finished(self) -> bool:
-        """Routed or answered: nothing more to do for this request (trailers are passed through)."""
-        return self._done and not self._expect_trailers
+        """Routed or answered: nothing more to do for this request (trailers are passed through). A
+        pool's data plane reports on the response too: its stream stays open while the request runs."""
+        return self._done and not self._expect_trailers and (self._decision is None or not self._pool)
 
-    def handle(self, msg: ProcessingRequest, parsed: Request | OpenAIError | None = None) -> ProcessingResponse:
-        """One ext_proc message in, one reply out. `parsed` is the body already parsed off the loop."""
+    def handle(self, msg: ProcessingRequest,
+               parsed: Request | OpenAIError | None = None) -> ProcessingResponse | list | None:
+        """One ext_proc message in; its reply out, or None (a body piece held until the body ends), or
+        a list (a streamed body's answers, in the order Envoy needs). `parsed` is the body already
+        parsed off the loop."""
         kind = msg.WhichOneof("request")
         try:
             if msg is UNDECODABLE:
                 raise openai.bad_request(f"a request header routing reads ({', '.join(attributes.HEADERS)}) "
                                          "is not valid UTF-8", code="invalid_header")
-            if kind == "request_headers":
-                return self._on_request_headers(msg.request_headers)
             if kind == "request_body":
+                if self._body is not None:
+                    return self._on_body_piece(msg.request_body, parsed)
                 if not self._spec and not self._done and attributes.sent(msg):
                     self._one_message = True
+                    if msg.protocol_config.request_body_mode not in body.ONE_MESSAGE_MODES:
+                        self._attach(msg)  # a body in pieces, its headers not sent: this is the first
+                        return self._first_piece(msg, parsed)
                     reply = self._start(attributes.headers(msg), end_of_stream=False)
                     if reply is not None:
                         return reply
-                return self._on_request_body(msg.request_body, parsed)
+                http_body = msg.request_body
+                return self._on_request_body(http_body.body, http_body.end_of_stream, parsed)
+            if kind == "request_headers":
+                if msg.HasField("protocol_config"):
+                    self._attach(msg)
+                reply = self._on_request_headers(msg.request_headers)
+                if reply is not None or self._done:
+                    return reply
+                pieces = self._body
+                if pieces is not None and pieces.deferred_headers:
+                    return None  # full duplex: the headers are answered with the route
+                # A client must never choose the upstream: strip any destination header it sent.
+                reply = responses.request_headers(self._gw.client_forbidden_headers)
+                if pieces is not None and pieces.passes_pieces:  # STREAMED: the body buffered, if allowed
+                    reply.mode_override.CopyFrom(body.BUFFER_THE_BODY[self._pool])
+                return reply
             if kind == "request_trailers":
                 self._expect_trailers = False
-                if not self._done:  # HTTP/2 headers then trailers, no body
-                    raise openai.bad_request("request body is required", code="missing_body")
+                if not self._done:
+                    if self._body is not None and self._body.size:  # the body ended with trailers
+                        return self._route_pieces(parsed, trailers=True)
+                    raise openai.bad_request("request body is required", code="missing_body")  # HTTP/2
                 return responses.CONTINUE_REQUEST_TRAILERS
-            # Response-side messages only come from a bootstrap that still sends them; pass them on.
+            # The response side: a pool's data plane reports it; other bootstraps never send it.
             if kind == "response_headers":
-                return responses.CONTINUE_RESPONSE_HEADERS
+                return self._on_response_headers(msg)
             if kind == "response_body":
+                if self._response_mode == body.FULL_DUPLEX_STREAMED:  # every piece passed back as it came
+                    return body.echo_response_body(msg.response_body)
                 return responses.CONTINUE_RESPONSE_BODY
             if kind == "response_trailers":
                 return responses.CONTINUE_RESPONSE_TRAILERS
@@ -186,7 +227,13 @@ class Stream:
         """The gRPC stream ended. Envoy closes it normally once routed; a cancelled stream (client gone
         while we routed) may never have used the decision, so its in-flight count is released now."""
         if self._decision is not None:
-            if cancelled:
+            if self._pool:  # the data plane held the stream for the whole request: it has ended
+                # (Envoy may close it or reset it at the end: the response's status says it was used)
+                if self._status:
+                    self._gw.complete(self._decision.key, status=self._status)
+                else:  # no response at all: Envoy may never have used the decision
+                    self._gw.abort(self._decision.key)
+            elif cancelled:
                 self._gw.abort(self._decision.key)
         elif not self._done:
             self._done = True
@@ -194,17 +241,63 @@ class Stream:
 
     # -- request path ----------------------------------------------------------------------------
 
-    def _on_request_headers(self, http_headers) -> ProcessingResponse:
+    def _attach(self, msg: ProcessingRequest) -> None:
+        """The first message says how Envoy sends this request's body (protocol_config) and, with no
+        attributes of our bootstrap, that an InferencePool's data plane is asking (subset hint)."""
+        config = msg.protocol_config
+        self._pool = not attributes.sent(msg)
+        self._response_mode = config.response_body_mode
+        if config.request_body_mode not in body.ONE_MESSAGE_MODES:
+            self._body = body.Reassembly(config.request_body_mode,
+                                         headers_sent=msg.HasField("request_headers"))
+        if self._pool and msg.HasField("metadata_context"):
+            self._subset = body.subset_hint(msg.metadata_context)
+
+    def _first_piece(self, msg: ProcessingRequest,
+                     parsed: Request | OpenAIError | None) -> ProcessingResponse | list | None:
+        reply = self._start(attributes.headers(msg), end_of_stream=False)
+        return reply if reply is not None else self._on_body_piece(msg.request_body, parsed)
+
+    def _on_body_piece(self, http_body, parsed: Request | OpenAIError | None) -> ProcessingResponse | None:
+        """A piece of a body sent in pieces: held until the body ends (bounded by max_body_bytes)."""
+        if self._done:  # answered already (an error): Envoy sends nothing it expects an answer to
+            return None
+        limit = self._gw.config.max_body_bytes
+        if not self._body.add(http_body.body, limit):  # type: ignore[union-attr]
+            raise OpenAIError(413, f"request body exceeds {limit} bytes", code="request_too_large")
+        if not http_body.end_of_stream:  # more pieces, or trailers, to come
+            return responses.CONTINUE_REQUEST_BODY if self._body.passes_pieces else None  # type: ignore[union-attr]
+        return self._route_pieces(parsed, trailers=False)
+
+    def _route_pieces(self, parsed: Request | OpenAIError | None,
+                      trailers: bool) -> ProcessingResponse | list | None:
+        """The whole body is here: route it as a buffered one (the answer shaped for the mode)."""
+        pieces = self._body
+        pieces.trailers = trailers  # type: ignore[union-attr]
+        return self._on_request_body(pieces.whole(), not trailers, parsed)  # type: ignore[union-attr]
+
+    def _on_response_headers(self, msg: ProcessingRequest) -> ProcessingResponse:
+        """A pool's data plane names the endpoint that served the request (a fallback, maybe): the
+        request is accounted there. The status decides how the request ended, with the stream."""
+        if self._decision is not None:
+            for h in msg.response_headers.headers.headers:
+                if h.key == ":status":
+                    status = h.raw_value or h.value.encode()
+                    self._status = int(status) if status.isdigit() else 0
+                    break
+            lb = msg.metadata_context.filter_metadata.get(LB_METADATA_NAMESPACE)
+            if lb is not None and SERVED_KEY in lb.fields:
+                self._gw.served_by(self._decision.key, lb.fields[SERVED_KEY].string_value)
+        return responses.CONTINUE_RESPONSE_HEADERS
+
+    def _on_request_headers(self, http_headers) -> ProcessingResponse | None:
+        """The headers' checks: the gateway's own answer, or None (the request goes on)."""
         if len(http_headers.headers.headers) >= ENVOY_MAX_HEADERS:
             # The destination header would push the request over Envoy's limit, and Envoy would
             # answer the mutation with a misleading "gateway unavailable" 503.
             raise OpenAIError(431, f"too many request headers (at most {ENVOY_MAX_HEADERS - 1})",
                               code="request_header_fields_too_large")
-        reply = self._start(_headers(http_headers), http_headers.end_of_stream)
-        if reply is not None:
-            return reply
-        # A client must never choose the upstream: strip any destination header it sent.
-        return responses.request_headers(self._gw.client_forbidden_headers)
+        return self._start(_headers(http_headers), http_headers.end_of_stream)
 
     def _start(self, headers: dict[str, str], end_of_stream: bool) -> ProcessingResponse | None:
         """The checks of a request's headers (or of the attributes standing for them); a reply when
@@ -251,8 +344,14 @@ class Stream:
         return None
 
     def needs_offload(self, msg: ProcessingRequest) -> bool:
-        return msg.WhichOneof("request") == "request_body" and \
-            OFFLOAD_BODY_BYTES < len(msg.request_body.body) <= self._gw.config.max_body_bytes
+        if msg.WhichOneof("request") != "request_body":
+            return False
+        size = len(msg.request_body.body)
+        if self._body is not None:  # only the piece that ends the body is parsed, all of it
+            if not msg.request_body.end_of_stream or self._done:
+                return False
+            size += self._body.size
+        return OFFLOAD_BODY_BYTES < size <= self._gw.config.max_body_bytes
 
     def parse_args(self, msg: ProcessingRequest) -> tuple[str, bytes, str | None]:
         """What the worker process parses: the body, its path and model header (from the attributes
@@ -261,16 +360,18 @@ class Stream:
             headers = attributes.headers(msg)
             path = headers.get(":path", "").split("?", 1)[0]
             return (path, msg.request_body.body, headers.get(MODEL_HEADER))
+        if self._body is not None:
+            return (self._path, self._body.peek(msg.request_body.body), self._header_model)
         return (self._path, msg.request_body.body, self._header_model)
 
-    def _on_request_body(self, http_body, parsed: Request | OpenAIError | None) -> ProcessingResponse:
+    def _on_request_body(self, body: bytes, end_of_stream: bool,
+                         parsed: Request | OpenAIError | None) -> ProcessingResponse:
         # BUFFERED mode sends the whole body in one message; end_of_stream is false only when request
         # trailers follow (HTTP/2), so this message is routed whatever that flag says.
         gw = self._gw
         if self._done:
             return responses.CONTINUE_REQUEST_BODY
         limit = gw.config.max_body_bytes
-        body = http_body.body
         if len(body) > limit:
             raise OpenAIError(413, f"request body exceeds {limit} bytes", code="request_too_large")
         request = parsed if parsed is not None else parse_body(self._path, body, self._header_model)
@@ -279,15 +380,16 @@ class Stream:
         if not gw.pool.has_model(request.model):
             raise OpenAIError(404, f"the model {openai.quoted(request.model)} does not exist",
                               param="model", code="model_not_found")
-        if self._session is not None or self._traceparent is not None:
-            request = replace(request, session_key=self._session, traceparent=self._traceparent)
+        if self._session is not None or self._traceparent is not None or self._subset is not None:
+            request = replace(request, session_key=self._session, traceparent=self._traceparent,
+                              endpoint_subset=self._subset)
         limiter = gw.limiter
         if limiter.enabled and (budget := limiter.budget(self._authorization, request)) is not None:
             if limiter.shared:  # Process awaits pass_limits() (no reply yet)
-                self._limiting = (budget, request, body, http_body.end_of_stream)
+                self._limiting = (budget, request, body, end_of_stream)
                 return None
             self._admission = limiter.admit_here(budget, request)
-        return self._dispatch(request, body, http_body.end_of_stream)
+        return self._dispatch(request, body, end_of_stream)
 
     @property
     def limiting(self) -> bool:
@@ -358,10 +460,15 @@ class Stream:
                 end_of_stream: bool) -> ProcessingResponse:
         gw = self._gw
         if decision is None:
+            if self._subset is not None:  # the protocol's 503: none of the subset is eligible
+                raise OpenAIError(503, f"no pod of model {request.model!r} in the data plane's subset "
+                                  "hint is ready", type="service_unavailable", code="no_eligible_endpoint")
             raise OpenAIError(503, f"no ready pod for model {request.model!r}",
                               type="service_unavailable", code="no_ready_pod")
         self._decision = decision
         self._done = True
+        if self._pool or self._body is not None:
+            return self._routed_by_protocol(decision, request, body, end_of_stream)
         # One message: trailers are not sent to the gateway (and Envoy sets a new body's length).
         self._expect_trailers = not end_of_stream and not self._one_message
         new_body = openai.with_usage_requested(body, request) if gw.config.include_usage else None
@@ -373,6 +480,32 @@ class Stream:
                                              gw.client_forbidden_headers, trace, limits)
         return responses.route(gw.config.destination_header, decision.pod, decision.key,
                                self._request_id, self._strategy, new_body, self._has_length, trace, limits)
+
+    def _routed_by_protocol(self, decision: Routed, request: Request, raw: bytes,
+                            end_of_stream: bool) -> ProcessingResponse | list[ProcessingResponse]:
+        """The endpoint-picker protocol's answer: to a pool's data plane, the pick and its next-best
+        pods, in order, as the destination header and the envoy.lb value (one string); in the shape
+        the body mode needs."""
+        gw = self._gw
+        endpoints = decision.pod.address
+        if self._pool:
+            profile = gw.profile(self._spec, request.model)
+            fallbacks = gw.fallbacks(request, profile, decision.pod)
+            endpoints = ",".join([endpoints, *(p.address for p in fallbacks)])
+        pieces = self._body
+        # No rewrite where nothing would strip the usage chunk again (a pool's data plane has no tally of
+        # ours), nor where STREAMED pieces went on as they came.
+        new_body = (openai.with_usage_requested(raw, request) if gw.config.include_usage and not self._pool
+                    and (pieces is None or not pieces.passes_pieces) else None)
+        trace = gw.spans.traceparent(request) if gw.spans is not None else None
+        limits = responses.rate_limit_metadata(self._admission) if self._admission is not None else None
+        route = responses.Route(gw.config.destination_header, endpoints, decision.pod, decision.key,
+                                self._request_id, self._strategy, new_body, self._has_length,
+                                gw.client_forbidden_headers, trace, limits, announce=self._pool)
+        if pieces is None:  # buffered: one body message, answered with the route
+            self._expect_trailers = not end_of_stream
+            return route.body_answer()
+        return pieces.answer(route, raw)
 
     def _reply_headers(self) -> list[tuple[str, str]]:
         headers = [(ROUTED_REQUEST_ID_HEADER, self._request_id)]
@@ -418,7 +551,11 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
                     reply = await stream.pass_limits()
                 if reply is None and stream.queued:
                     reply = await stream.wait_queued()
-                yield reply
+                if reply.__class__ is list:  # a body that came in pieces: one answer per piece
+                    for one in reply:  # type: ignore[union-attr]
+                        yield one
+                elif reply is not None:  # None: a piece held until the body ends
+                    yield reply
                 if stream.finished:
                     # Close our side now: Envoy would otherwise hold this stream open for the whole
                     # response, and a gateway crash would then cut every running generation.

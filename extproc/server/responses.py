@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
 from envoy.service.ext_proc.v3.external_processor_pb2 import (
@@ -110,6 +111,77 @@ def route_from_body(destination_header: str, pod: Pod, key: str, request_id: str
         dynamic_metadata=metadata)
 
 
+@dataclass(slots=True)
+class Route:
+    """A routing decision for the endpoint-picker protocol's data plane, answered in the message the
+    body mode calls for. `endpoints`: the pick, then its fallbacks ("ip:port,ip:port"), the same
+    string in the destination header and the envoy.lb value (the protocol forbids two values)."""
+
+    destination_header: str
+    endpoints: str
+    pod: Pod
+    key: str
+    request_id: str
+    strategy: str
+    body: bytes | None  # the rewritten body, or None: unchanged
+    has_content_length: bool
+    remove: list[str]  # the headers a client must not set
+    traceparent: str | None = None
+    limits: list[tuple[str, str]] | None = None
+    # The destination header too (a pool's data plane may follow either); our own bootstrap's route
+    # sets it from the metadata, as on the one-message path.
+    announce: bool = True
+
+    def metadata(self) -> Struct:
+        return _decision(self.destination_header, self.pod, self.key, self.request_id, self.strategy,
+                         self.body is not None, self.traceparent, self.limits, self.endpoints)
+
+    def _mutation(self, content_length: int | None) -> HeaderMutation:
+        headers = [(self.destination_header, self.endpoints)] if self.announce else []
+        if self.traceparent and self.announce:
+            headers.append((TRACEPARENT, self.traceparent))
+        if content_length is not None and self.has_content_length:
+            headers.append(("content-length", str(content_length)))
+        if not headers:
+            return HeaderMutation(remove_headers=self.remove)
+        return HeaderMutation(set_headers=_set(headers), remove_headers=self.remove)
+
+    def body_answer(self) -> ProcessingResponse:
+        """BUFFERED: the body's answer carries the destination, and the rewritten body if any."""
+        return ProcessingResponse(request_body=BodyResponse(response=CommonResponse(
+            header_mutation=self._mutation(len(self.body) if self.body is not None else None),
+            body_mutation=BodyMutation(body=self.body) if self.body is not None else None,
+            clear_route_cache=True)), dynamic_metadata=self.metadata())
+
+    def piece_answer(self) -> ProcessingResponse:
+        """STREAMED, the last piece: passed on as it came. Envoy applies no header mutation to a
+        streamed piece, but clears its route cache only for an answer that has one."""
+        return ProcessingResponse(request_body=BodyResponse(response=CommonResponse(
+            header_mutation=self._mutation(None), clear_route_cache=True)), dynamic_metadata=self.metadata())
+
+    def trailers_answer(self) -> ProcessingResponse:
+        """STREAMED, a body ended by trailers: the destination comes with the trailers' answer."""
+        return ProcessingResponse(request_trailers=TrailersResponse(), dynamic_metadata=self.metadata())
+
+    def streamed_answer(self, data: bytes, end_of_stream: bool) -> ProcessingResponse:
+        """FULL_DUPLEX_STREAMED without a headers message (our bootstrap): the whole body as one
+        streamed piece, with the route's metadata, which ORIGINAL_DST reads when the request reaches
+        the router; no route-cache refresh (Envoy passes the data on first, and refuses to clear a
+        route cache once the headers reached the router: envoy_bootstrap.py routes it already)."""
+        answer = ProcessingResponse(dynamic_metadata=self.metadata())
+        piece = answer.request_body.response.body_mutation.streamed_response
+        piece.body = data
+        piece.end_of_stream = end_of_stream
+        return answer
+
+    def headers_answer(self, body_length: int) -> ProcessingResponse:
+        """FULL_DUPLEX_STREAMED: the held request headers, answered once the body has ended."""
+        # the length only when the body changed (a body passed on unchanged keeps the client's)
+        return ProcessingResponse(request_headers=HeadersResponse(response=CommonResponse(
+            header_mutation=self._mutation(body_length if self.body is not None else None),
+            clear_route_cache=True)), dynamic_metadata=self.metadata())
+
+
 def rate_limit_metadata(admission: Admission) -> list[tuple[str, str]]:
     """An admitted request's budget as metadata: the x-ratelimit-* values Envoy adds to the response
     (each under its header's name), and where the access log's output tokens are charged."""
@@ -119,12 +191,13 @@ def rate_limit_metadata(admission: Admission) -> list[tuple[str, str]]:
 
 def _decision(destination_header: str, pod: Pod, key: str, request_id: str, strategy: str,
               strip_usage: bool, traceparent: str | None = None,
-              limits: list[tuple[str, str]] | None = None) -> Struct:
+              limits: list[tuple[str, str]] | None = None, endpoints: str | None = None) -> Struct:
     """The routing decision as dynamic metadata: envoy.lb (the endpoint-picker protocol) and ours
     (with the span's traceparent, which the route sets on the request to the pod, and the rate-limit
     headers Envoy adds to the response)."""
     metadata = Struct()
-    metadata.fields[LB_METADATA_NAMESPACE].struct_value.fields[destination_header].string_value = pod.address
+    metadata.fields[LB_METADATA_NAMESPACE].struct_value.fields[destination_header].string_value = \
+        endpoints or pod.address
     ours = metadata.fields[GATEWAY_METADATA_NAMESPACE].struct_value.fields
     ours[KEY].string_value = key
     ours[POD].string_value = pod.name

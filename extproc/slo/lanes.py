@@ -1,7 +1,8 @@
 """slo, ours: as slo-least-load-pulling, among the GPU types comparative advantage gives the request's
-shape (slo/assignment.py: its lane); a full lane spills packed onto another type; a whole-pod shape
-shares a pod; a pod measurement says has room takes a request before it waits; one queue per lane
-(docs/slo-routing.md, "Why slo departs")."""
+shape (slo/assignment.py: its lane), packed (the fullest pod that fits) on a type the split also gives
+a whole-pod shape, so that shape finds an empty pod; a full lane spills packed onto another type; a
+whole-pod shape shares a pod; a pod measurement says has room takes a request before it waits; one
+queue per lane (docs/slo-routing.md, "Why slo departs")."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ class Lanes(Pulling):
         lane = frozenset(deployment_of(r.view.pod) for r in rows)
         spill = [r for r in everywhere if deployment_of(r.view.pod) not in lane
                  and 0.0 < r.utilization and r.utilization + r.consumption <= 1.0 + EPS]
-        return self.pull(request, sig, rows, now, queued, lane, spill)
+        pack = not lane.isdisjoint(self.state.whole_hosts(request.model))
+        return self.pull(request, sig, rows, now, queued, lane, spill, pack)
 
     def _assigned(self, request: Request, sig: Signature, rows: list[Row], now: float,
                   queued: bool) -> list[Row]:

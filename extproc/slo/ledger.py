@@ -35,6 +35,12 @@ class Ledger:
             if record.request is None or entries.pop(id(record.request), _MISSING) is _MISSING:
                 del entries[next(iter(entries))]  # not routed here: the oldest goes
 
+    def moved(self, request: object, chosen: Pod, served: Pod) -> None:
+        """The request was served by another pod than chosen: its consumption goes with it."""
+        entries = self.pods.get(chosen.key)
+        if entries and (consumption := entries.pop(id(request), _MISSING)) is not _MISSING:
+            self.routed(served, request, consumption)  # type: ignore[arg-type]
+
     def utilization(self, pod: Pod, running: int, fill: float) -> float:
         """Sum of the pod's in-flight consumptions. `running` (exact, across gateways) says how many;
         the newest that many recorded here are summed, requests this gateway did not see (another

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from extproc.openai import Request
+from extproc.profiling.selection import BUDGET_MARGIN
 from extproc.routing.framework import PodView
 from extproc.routing.outcome import Queued, Rejected
 from extproc.slo.model import PER_TOKEN, Signature
@@ -23,9 +24,11 @@ class Pulling(SloPolicy):
         return self.pull(request, sig, rows, now, queued)
 
     def pull(self, request: Request, sig: Signature, rows: list[Row], now: float, queued: bool,
-             lane: frozenset | None = None, spill: list[Row] | None = None) -> PodView | Queued | Rejected:
+             lane: frozenset | None = None, spill: list[Row] | None = None,
+             pack: bool = False) -> PodView | Queued | Rejected:
         """The least loaded that fits, else wait. `lane` (`slo`): the deployments the request may use,
-        `rows` narrowed to them; `spill`: other types' pods with room, packed when the lane is full."""
+        `rows` narrowed to them; `pack`: the fullest that fits instead; `spill`: other types' pods with
+        room, packed when the lane is full."""
         fits = fitting(rows)
         state = self.state
         queue_open = state.settings.max_queue > 0
@@ -34,6 +37,12 @@ class Pulling(SloPolicy):
             if queue.waiting(lane) if lane is not None else queue.length > 0:
                 return self._hold(request, sig, lane, now)  # no overtaking
         if fits:
+            if pack:
+                # `slo`, where its lane also serves a whole-pod shape: least load spread the short
+                # requests over every pod, so a long prompt never found an empty one and its prefill
+                # stalled the decodes it joined (slo-a10-l20 on issue 43's engine model: P99 TPOT 56 ms,
+                # packed 49 ms; docs/slo-routing.md, "Why slo departs").
+                return self.best(fits, lambda r: -(r.utilization + r.consumption))
             if queued and lane is None:
                 # a queued request: the most relaxed deployment, then the least load (AIBrix)
                 most = max(r.slack for r in fits)
@@ -84,10 +93,15 @@ class Pulling(SloPolicy):
 
 
 def _measured_room(r: Row) -> bool:
-    """The pod's learned speed says one more request keeps its TPOT well inside the target, and its
-    engine queues nothing."""
+    """The pod's learned speed says one more request keeps its TPOT well inside the target, its engine
+    queues nothing, and it holds at most BUDGET_MARGIN times the profile's budget: the profile kept a
+    budget at most 1/BUDGET_MARGIN of the largest that met the SLO, so up to there a run measured it,
+    and beyond it only the line speaks, fitted at the loads the pod has seen. A line that has seen no
+    slope yet (shape 0, the prior) calls any batch as fast as one request; trusted past the margin it
+    admitted 21x a budget and a P99 TPOT of 0.5 s against a 50 ms SLO (issue 43's engine model)."""
     v = r.view
     return (r.tpot_target is not None and v.speed is not None and v.queued <= 0
+            and r.utilization + r.consumption <= BUDGET_MARGIN + EPS
             and v.speed.tpot(v.running + 1) <= MEASURED_MARGIN * r.tpot_target)
 
 

@@ -18,6 +18,7 @@ class Split:
         self.mixes: dict[str, Mix] = {}
         self.assignments: dict[str, tuple[float, tuple, dict[Shape, frozenset[str]]]] = {}
         self.elsewhere = False  # True while the server's background task keeps the splits fresh
+        self._whole: dict[str, tuple[dict, frozenset[str]]] = {}  # model -> (the split, `whole_hosts`)
 
     def observe_arrival(self, model: str, sig: Signature, now: float) -> None:
         mix = self.mixes.get(model)
@@ -36,6 +37,28 @@ class Split:
             self.store(model, key, now, assign(table, pods, mix.rates(now) if mix else {}))
             cached = self.assignments[model]
         return cached[2].get(shape_of(sig), frozenset())
+
+    def whole_hosts(self, model: str, table: Mapping[str, DeploymentModel]) -> frozenset[str]:
+        """The deployments the current split gives a whole-pod shape (consumption 1: a long prompt a
+        pod serves only alone): `slo` packs their other requests so that such a shape finds an empty
+        pod. Worked out once per split."""
+        cached = self.assignments.get(model)
+        if cached is None:
+            return frozenset()
+        split = cached[2]
+        memo = self._whole.get(model)
+        if memo is not None and memo[0] is split:
+            return memo[1]
+        hosts = set()
+        for (prompt, output), deployments in split.items():
+            sig = Signature(2 ** prompt, 2 ** output)
+            for name in deployments:
+                dm = table.get(name)
+                c = dm.consumption(sig) if dm is not None else None
+                if c is not None and c >= 1.0 - 1e-9:  # DeploymentModel.consumption caps at 1
+                    hosts.add(name)
+        self._whole[model] = (split, frozenset(hosts))
+        return self._whole[model][1]
 
     def store(self, model: str, key: tuple, now: float, split: dict[Shape, frozenset[str]]) -> None:
         self.assignments[model] = (now, key, split)

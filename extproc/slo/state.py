@@ -82,6 +82,10 @@ class SloState:
         """The deployments the recent mix's split over these pods gives this shape (empty: no opinion)."""
         return self.split.assigned(model, self.table(model), sig, pods, now)
 
+    def whole_hosts(self, model: str) -> frozenset[str]:
+        """The deployments the split gives a shape that takes a whole pod (slo/split.py)."""
+        return self.split.whole_hosts(model, self.table(model))
+
     # -- the load model (slo/ledger.py) -----------------------------------------------------------
 
     def utilization(self, pod: Pod, running: int, fill: float) -> float:
@@ -99,6 +103,9 @@ class SloState:
         pod = chosen.pod
         self.ledger.routed(pod, request, self.consumption(request, pod, now) if self.table(request.model)
                            else None)
+
+    def post_serve(self, request: Request, chosen: Pod, served: Pod, now: float) -> None:
+        self.ledger.moved(request, chosen, served)
 
     def post_response(self, record: RequestRecord, now: float) -> None:
         self.ledger.ended(record)

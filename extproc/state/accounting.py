@@ -71,6 +71,18 @@ class Accounting:
         self._starts[id(request)] = (now, self.load.advance(pod.key, now, self.shared.running(pod.key)))
         self.view_cache.started(pod.key)
 
+    def post_serve(self, request: Request, chosen: Pod, served: Pod, now: float) -> None:
+        """A fallback served the request: its in-flight count moves from the pick to the server, and
+        its speed is measured against the server's load from now on."""
+        self.shared.add_running(chosen, -1)
+        self.view_cache.ended(chosen.key)
+        self.shared.add_running(served, 1)
+        self.view_cache.started(served.key)
+        self.load.advance(chosen.key, now, self.shared.running(chosen.key))
+        if id(request) in self._starts:
+            self._starts[id(request)] = (now, self.load.advance(served.key, now,
+                                                                self.shared.running(served.key)))
+
     def _health_changed(self, key: PodKey, healthy: bool, restarted: bool = False) -> None:
         """A pod left or rejoined routing (a response, scrape or probe): the cached view follows now.
         Back after its address refused connections, it is likely a new engine: re-measured from its

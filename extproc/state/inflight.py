@@ -35,6 +35,9 @@ class OpenRequests:
     def open(self, key: str, request: OpenRequest) -> None:
         self._open[key] = request
 
+    def get(self, key: str) -> OpenRequest | None:
+        return self._open.get(key)
+
     def close(self, key: str) -> OpenRequest | None:
         return self._open.pop(key, None)
 

@@ -14,10 +14,13 @@ from aiohttp import web
 
 def make_app(name: str) -> web.Application:
     seen: list[dict[str, str]] = []
+    bodies: list[str] = []  # what arrived, as it arrived: a body passed through must be the one sent
 
     async def generate(request: web.Request) -> web.StreamResponse:
-        body = json.loads(await request.read())  # bytes, as vLLM (Starlette) reads them: a BOM is skipped
+        raw = await request.read()
         seen.append(dict(request.headers))
+        bodies.append(raw.decode("utf-8", "replace"))
+        body = json.loads(raw)  # bytes, as vLLM (Starlette) reads them: a BOM is skipped
         tokens = int(body.get("max_tokens") or 3)
         headers = {"x-upstream": name}
         if not body.get("stream"):
@@ -46,7 +49,8 @@ def make_app(name: str) -> web.Application:
         return resp
 
     async def stats(_: web.Request) -> web.Response:
-        return web.json_response({"name": name, "requests": len(seen), "headers": seen[-1:]})
+        return web.json_response({"name": name, "requests": len(seen), "headers": seen[-1:],
+                                  "bodies": bodies[-1:]})
 
     app = web.Application(client_max_size=64 << 20)  # long prompts are part of what we test
     app.router.add_post("/v1/chat/completions", generate)

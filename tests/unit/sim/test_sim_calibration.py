@@ -54,10 +54,12 @@ def test_held_out_rows_meet_the_bar(results: list[cal.Result]) -> None:
     assert not failed, failed
 
 
-# The shared calibration.md points the model does not bring within 10 % yet, at the error they have now
-# (docs/fleet-simulation.md, "Engine model"): TTFT at low concurrency carries the API server's latency,
-# which differs from host to host while the model has one value for all; the A100 C=8 speed-up is 12 %
-# low. Listed so they are seen, and bounded so they cannot silently get worse.
+# The shared calibration.md points the model does not bring within 10 %, at the error they have now. Why
+# the replay's form does not (arithmetic from the sources' own figures, grids): data/calibration/README.md,
+# "Shared points outside 10 %". RTX 4090 TTFT: C = 8 and C = 48 need a delay outside the engine that grows
+# convexly with the streams (medians: >= 7.8 ms per stream between them, yet <= 32.5 ms in all at C = 8;
+# checked by the next test); the replay's is linear and shared by both hosts. A100 C=8 speed-up: reachable
+# only with prefill MFU >= 0.8. Listed so they are seen, and bounded so they cannot silently get worse.
 KNOWN_GAPS = {
     "musgrave-c8-speedup": 0.15,
     "mr4090-c4-ttft-mean": 0.35,
@@ -75,6 +77,43 @@ def test_shared_calibration_points(results: list[cal.Result]) -> None:
         assert abs(r.error) <= limit, f"{r.measurement.id}: {r.error:+.1%} (limit {limit:.0%})"
     within = [r for r in shared if r.measurement.id not in KNOWN_GAPS]
     assert {r.measurement.figure for r in within} >= {"decode_rate", "output_throughput"}
+
+
+# The source's p99 TTFT at C = 48 (mushfiqrahman.dev, same table as the CSV's rows; the CSV holds no p99).
+RTX4090_C48_P99_TTFT_S = 1.483
+
+
+def test_the_rtx4090_ttft_gap_is_in_the_sources_own_figures(rows: list[cal.Measurement]) -> None:
+    """The arithmetic of data/calibration/README.md, "Shared points outside 10 %", from the CSV and the
+    presets' datasheet peaks: no API-server delay a + b x streams in flight (the replay's form) gives
+    the RTX 4090 host's median TTFT at both C = 8 and C = 48, whatever the engine's efficiencies."""
+    from extproc.sim.gpus import get_gpu
+    from extproc.sim.models import get_model
+
+    by_id = {m.id: m for m in rows}
+    w8, w48 = by_id["mr4090-c8-ttft-median"].workload, by_id["mr4090-c48-ttft-median"].workload
+    gpu, model = get_gpu(w48.gpu), get_model(w48.model)
+    # C = 8: half the requests had TTFT <= the median, most sent after the start with 7 others in
+    # flight; each needs at least its prefill at the full tensor peak.
+    assert w8.num_prompts / 2 > w8.concurrency  # the median is not the start burst's
+    prefill_floor = model.flops_per_token * w8.input_tokens / gpu.flops_per_s
+    outside_8 = by_id["mr4090-c8-ttft-median"].value / 1000 - prefill_floor  # at most
+    # C = 48: half had TTFT >= the median; after the start one arrives per few steps, so the engine holds
+    # it for two steps at most, each no longer than the start burst's full-budget steps, which end
+    # before the p99.
+    budget = cal.vllm_serve_defaults(w48.gpu).max_num_batched_tokens
+    assert w48.num_prompts / 2 > w48.concurrency
+    burst_steps = w48.concurrency * w48.input_tokens // budget
+    req_s = by_id["mr4090-c48-tput"].value / w48.output_tokens
+    latency = w48.concurrency / req_s  # Little's law
+    per_token = (latency - by_id["mr4090-c48-ttft-mean"].value / 1000) / (w48.output_tokens - 1)
+    assert req_s * per_token * w48.input_tokens < budget / 2  # arrivals per step fit the budget
+    outside_48 = by_id["mr4090-c48-ttft-median"].value / 1000 - 2 * RTX4090_C48_P99_TTFT_S / burst_steps
+    slope = (outside_48 - outside_8) / ((w48.concurrency - 1) - (w8.concurrency - 1))
+    intercept = outside_8 - (w8.concurrency - 1) * slope
+    assert slope > 0.005 and intercept < 0, (slope, intercept)
+    readme = (cal.DEFAULT_CSV.parent / "README.md").read_text(encoding="utf-8")
+    assert "Shared points outside 10 %" in readme and "test_the_rtx4090_ttft_gap_is_in_the_sources" in readme
 
 
 def test_fitted_efficiencies_stay_within_physical_bounds() -> None:

@@ -1,6 +1,7 @@
 """`slo`, our default SLO rule, on hand-built pools: each shape goes to the GPU types comparative
-advantage gives it, so a shape that needs a whole pod finds one while chat is spread; a full lane spills
-packed; a whole-pod shape shares a pod rather than wait for one to empty; lanes do not block each other."""
+advantage gives it, so a shape that needs a whole pod finds one while chat is spread (packed where a
+whole-pod shape shares its type); a full lane spills packed; a whole-pod shape shares a pod rather
+than wait for one to empty; lanes do not block each other."""
 
 from __future__ import annotations
 
@@ -155,3 +156,40 @@ def test_full_by_the_profiles_but_not_by_measurement_routes_instead_of_waiting(s
     assert s["slo"].pick(req(CHAT), measured, 2.0).pod.name == "small0"
     queueing = [PodView(v.pod, running=v.running, speed=v.speed, queued=1.0) for v in measured]
     assert type(s["slo"].pick(req(CHAT), queueing, 2.0)) is Queued  # the engine already queues: no room whatever the line says
+
+
+def test_a_speed_line_that_never_saw_the_load_does_not_admit_past_what_the_profile_measured(slo):
+    from extproc.profiling.selection import BUDGET_MARGIN
+    from extproc.state.speed import Speed
+
+    s, _ = slo
+
+    def tpot_profile(name: str, chat: tuple[float, float]):
+        raw = {"gpu": name, "cost": 1.0, "tputs": [[chat[0], 0.0]] * 2, "e2e": [[chat[1], 1.0]] * 2,
+               "indexes": [[8, 256], [128, 4096]], "slos": {"percentile": 99, "tpot": 0.05}, "created": 1.0}
+        return parse_profile(raw)
+
+    s["slo"].policy.state.set_profiles("m", {"small": tpot_profile("small", (10.0, 0.2)),
+                                              "big": tpot_profile("big", (10.0, 0.2))})
+    # A line fitted before any slope was seen (shape 0: the prior) calls every batch as fast as one
+    # request: on its word alone a pod would take requests without end (issue 43's engine model:
+    # 21x the profile's budget, P99 TPOT 0.5 s against a 50 ms SLO).
+    flat = Speed(base=0.01, shape=0.0, saturated=1000.0, batch=256)
+    per_pod = 2 * BUDGET_MARGIN  # chat holds 0.5 of a pod: BUDGET_MARGIN budgets, beyond the measured
+    within = [PodView(v.pod, running=v.running, speed=flat)
+              for v in views(small0=per_pod - 1, small1=per_pod - 1, big0=per_pod - 1, big1=per_pod - 1)]
+    assert type(s["slo"].pick(req(CHAT), within, 2.0)) is not Queued  # past the budget, inside the margin
+    beyond = [PodView(v.pod, running=v.running, speed=flat)
+              for v in views(small0=5 * per_pod, small1=5 * per_pod, big0=5 * per_pod, big1=5 * per_pod)]
+    assert type(s["slo"].pick(req(CHAT), beyond, 2.0)) is Queued
+
+
+def test_a_lane_both_shapes_share_is_packed_so_a_long_prompt_finds_an_empty_pod(slo):
+    s, table = slo
+    table.set_profiles("m", {"big": BIG})  # one type: chat and code share its lane
+    # chat joins the pod that already has chat (0.25 + 0.25), not the empty one: spread over both, a
+    # code request (a pod's worth) would find no empty pod and its prefill would stall chat's decodes
+    assert s["slo"].pick(req(CHAT), views(big0=1), 2.0).pod.name == "big0"
+    assert s["slo"].pick(req(CODE), views(big0=2), 2.0).pod.name == "big1"
+    assert table.whole_hosts("m") == frozenset({"big"})
+    # with small pods beside them, code has big to itself and chat small: chat is spread (above)
