@@ -158,38 +158,60 @@ def _tokens(b: int, precision: int) -> float:
 
 
 BURST_SIGMAS = 2.0  # the latest window counts as a change only this many Poisson sigmas above the average
+BURST_WINDOWS = 2  # ... and only when the window before it was above that line too (trace_rates says why)
+
+
+def _reading(w: TraceWindow) -> dict[tuple[int, int, int], float]:
+    """One window's requests/s per cell, scaled up by arrivals/completions when requests arrive faster
+    than they finish (completions are capped by the fleet's capacity; arrivals are not)."""
+    scale = max(1.0, w.arrived / w.completed) if w.completed else 1.0
+    return {(i, o, w.precision): n * scale / w.interval for (i, o), n in w.counts.items()}
 
 
 def trace_rates(
     windows: Iterable[TraceWindow], now: float, window_seconds: float = DEFAULT_WINDOW_SECONDS
 ) -> list[Demand]:
-    """Per-cell requests/s at `now`: the average over the window, or, when the latest window shows a
-    burst, max(average, latest) per cell with the total held to the latest total.
+    """Per-cell requests/s at `now`: the average over the window (over the part of it the trace covers,
+    when the trace is younger), or, when the latest windows show a burst, max(average, latest) per cell
+    with the total held to the latest total.
 
     The latest window counts only if it ended within two intervals of `now` (the newest one may not be
     written yet). Its rate is scaled up by arrivals/completions when requests arrive faster than they
     finish, so an overloaded fleet (completions capped by capacity) still scales up at once. It is a
     burst when its requests exceed what the average predicts for one window by more than BURST_SIGMAS
     Poisson standard deviations: a steady load read as max(average, latest) (AIBrix's rule) over-reads
-    itself by about a tenth, every re-plan, and the plan buys that tenth."""
+    itself by about a tenth, every re-plan, and the plan buys that tenth. The window before it must
+    exceed that too (BURST_WINDOWS): one window above 2 sigma is a false alarm in about 1 of 40
+    re-plans of a steady load, and the autoscaler holds every count it is asked for through its
+    scale-down stabilization (300 s, 30 re-plans), so single-window alarms would have the fleet run the
+    maximum of its own noise; two in a row come about once in 2,000 re-plans, and a real burst is read
+    one interval (10 s) later, well within the minute a replica takes to start."""
     recent = [w for w in windows if now - window_seconds < w.end <= now + 1e-9]
     if not recent:
         return []
+    newest = sorted(recent, key=lambda w: w.end, reverse=True)[:BURST_WINDOWS]
+    latest = newest[0]
+    fresh = latest.end >= now - 2 * latest.interval  # else the trace has been silent since
+    # Over the time the windows cover: a trace younger than the window (the model's first minutes, or
+    # its first requests after a silence longer than the window) is not diluted by time it never saw.
+    # It ends at the newest window while that one is current (the window in progress is not written yet).
+    first = min(recent, key=lambda w: w.end)
+    covered = min(window_seconds, (latest.end if fresh else now) - (first.end - first.interval))
     average: dict[tuple[int, int, int], float] = {}
     for w in recent:
         for (i, o), n in w.counts.items():
             key = (i, o, w.precision)
-            average[key] = average.get(key, 0.0) + n / window_seconds
-    latest = max(recent, key=lambda w: w.end)
+            average[key] = average.get(key, 0.0) + n / covered
     current: dict[tuple[int, int, int], float] = {}
-    if latest.end >= now - 2 * latest.interval and latest.completed:
-        scale = max(1.0, latest.arrived / latest.completed)
-        current = {
-            (i, o, latest.precision): n * scale / latest.interval for (i, o), n in latest.counts.items()
-        }
+    if fresh and latest.completed:
+        current = _reading(latest)
     mean_total = math.fsum(average.values())
     expected = mean_total * latest.interval  # requests one window holds at the average rate
-    burst = math.fsum(current.values()) * latest.interval > expected + BURST_SIGMAS * math.sqrt(expected)
+    above = expected + BURST_SIGMAS * math.sqrt(expected)
+    # every one of the newest windows, back to back, above the line
+    burst = bool(current) and len(newest) == BURST_WINDOWS and all(
+        w.end == latest.end - k * latest.interval and math.fsum(_reading(w).values()) * w.interval > above
+        for k, w in enumerate(newest))
     if not burst:
         rates = average
     else:

@@ -79,12 +79,24 @@ def window(end: int, counts: dict[str, int], arrived: int | None = None) -> obje
 
 
 def test_rate_is_max_of_window_average_and_latest() -> None:
-    # 24 windows of 10 s: "70:30" steady at 2/window; "100:60" only in the latest window (a burst)
-    ws = [window(1000 + 10 * k, {"70:30": 2}) for k in range(1, 24)]
-    ws.append(window(1240, {"70:30": 2, "100:60": 30}))
-    rates = {(round(d.input_tokens), round(d.output_tokens)): d.rps for d in trace_rates(ws, now=1241)}
+    # 24 windows of 10 s: "70:30" steady at 2/window; "100:60" only in the newest two (a burst)
+    ws = [window(1000 + 10 * k, {"70:30": 2}) for k in range(1, 23)]
+    ws += [window(1230, {"70:30": 2, "100:60": 30}), window(1240, {"70:30": 2, "100:60": 30})]
+    rates = {(round(d.input_tokens), round(d.output_tokens)): d.rps for d in trace_rates(ws, now=1240)}
     assert rates[(128, 8)] == pytest.approx(0.2)  # 48 / 240 s == 2 / 10 s
     assert rates[(1024, 64)] == pytest.approx(3.0)  # the latest 10 s wins at once (30 / 10 s)
+
+
+def test_one_window_above_the_line_is_not_a_burst() -> None:
+    """A burst is two windows in a row above the average's 2 sigmas: one alone is a steady load's noise
+    about once in 40 re-plans, and the autoscaler would hold what it asked for 300 s."""
+    ws = [window(1000 + 10 * k, {"70:30": 2}) for k in range(1, 24)]
+    ws.append(window(1240, {"70:30": 2, "100:60": 30}))
+    rates = {(round(d.input_tokens), round(d.output_tokens)): d.rps for d in trace_rates(ws, now=1240)}
+    assert rates == {(128, 8): pytest.approx(0.2), (1024, 64): pytest.approx(30 / 240)}  # the average
+    ws[-3] = window(1220, {"70:30": 2, "100:60": 30})  # not back to back with the newest: still no burst
+    rates = {(round(d.input_tokens), round(d.output_tokens)): d.rps for d in trace_rates(ws, now=1240)}
+    assert rates[(1024, 64)] == pytest.approx(60 / 240)
 
 
 def test_a_steady_load_is_read_as_its_average() -> None:
@@ -95,21 +107,37 @@ def test_a_steady_load_is_read_as_its_average() -> None:
     ws.append(window(1240, {"70:30": 118}))  # +1.8 sigma over the average
     [d] = trace_rates(ws, now=1241)
     assert d.rps == pytest.approx((sum(counts[:-1]) + 118) / 240)
-    ws[-1] = window(1240, {"70:30": 125})  # +2.5 sigma: a burst, read at once
+    ws[-1] = window(1240, {"70:30": 125})  # +2.5 sigma, but the window before was not: noise
+    [d] = trace_rates(ws, now=1241)
+    assert d.rps == pytest.approx((sum(counts[:-1]) + 125) / 240)
+    ws[-2] = window(1230, {"70:30": 125})  # two in a row: a burst, read at once
     [d] = trace_rates(ws, now=1241)
     assert d.rps == pytest.approx(12.5)
 
 
 def test_decays_slowly_after_a_burst() -> None:
-    ws = [window(1010, {"100:60": 30})]
-    rates = trace_rates(ws, now=1100)  # the burst is no longer the latest window: only the average
-    assert rates == [Demand(1024, 64, pytest.approx(30 / 240))]
-    assert trace_rates(ws, now=1010 + 240) == []  # out of the window
+    ws = [window(1000 + 10 * k, {"70:30": 10}) for k in range(1, 25)]
+    ws += [window(1250, {"70:30": 10, "100:60": 30}), window(1260, {"70:30": 10, "100:60": 30})]
+    rates = {(round(d.input_tokens), round(d.output_tokens)): d.rps for d in trace_rates(ws, now=1300)}
+    # the burst is no longer the newest window (none since 1260): only the average, 1070-1260's windows
+    assert rates == {(128, 8): pytest.approx(200 / 240), (1024, 64): pytest.approx(60 / 240)}
+    assert (1024, 64) not in {(round(d.input_tokens), round(d.output_tokens))
+                              for d in trace_rates(ws, now=1260 + 240)}  # out of the window
+
+
+def test_a_trace_younger_than_the_window_is_averaged_over_what_it_covers() -> None:
+    """The model's first minute (or its first requests after a silence longer than the window): its
+    rate is what those windows saw, not diluted by time before them, so no burst is needed to read it."""
+    ws = [window(1010, {"70:30": 100}), window(1020, {"70:30": 110}), window(1030, {"70:30": 90})]
+    [d] = trace_rates(ws, now=1030)
+    assert d.rps == pytest.approx(300 / 30)
+    [d] = trace_rates(ws, now=1060)  # silence since: counted
+    assert d.rps == pytest.approx(300 / 60)
 
 
 def test_latest_window_scales_by_arrivals_when_completions_lag() -> None:
-    ws = [window(1010, {"70:30": 10}, arrived=40)]  # overloaded: 40 arrived, 10 finished
-    [d] = trace_rates(ws, now=1011)
+    ws = [window(1000, {"70:30": 10}, arrived=40), window(1010, {"70:30": 10}, arrived=40)]
+    [d] = trace_rates(ws, now=1011)  # overloaded: 40 arrived, 10 finished, two windows in a row
     assert d.rps == pytest.approx(4.0)
 
 
