@@ -192,12 +192,7 @@ class Gateway:
         ready pod. `queued`: the request is leaving the waiting room (extproc.slo.room). With the data
         plane's subset hint (`request.endpoint_subset`), only the pods at those addresses are eligible."""
         now = self.clock()
-        # Unhealthy pods are left out, unless that leaves none: a health signal must never cause a
-        # total outage.
-        candidates = self.view_cache.routable(request.model, self.pool.ready_pods(request.model), now)
-        subset = request.endpoint_subset
-        if subset is not None:
-            candidates = [v for v in candidates if in_subset(v.pod.address, subset)]
+        candidates = self._eligible(request, now)
         if not candidates:
             return None
         chosen = profile.pick(request, candidates, now, queued)
@@ -208,6 +203,16 @@ class Gateway:
         self.open.open(key, OpenRequest(request, chosen.pod, profile.name, request_id, now))
         return Routed(chosen.pod, key)
 
+    def _eligible(self, request: Request, now: float) -> list[PodView]:
+        """The pods a pick may choose from: the routable ones (unhealthy pods left out, unless that
+        leaves none: a health signal must never cause a total outage), within the data plane's subset
+        hint when it sent one."""
+        candidates = self.view_cache.routable(request.model, self.pool.ready_pods(request.model), now)
+        subset = request.endpoint_subset
+        if subset is not None:
+            candidates = [v for v in candidates if in_subset(v.pod.address, subset)]
+        return candidates
+
     def fallbacks(self, request: Request, profile: Profile, first: Pod) -> list[Pod]:
         """The next-best pods after `first` by the same strategy, for the protocol's ordered endpoint
         list (gateway.fallback_endpoints - 1 of them): each picked from the eligible pods not yet
@@ -217,9 +222,7 @@ class Gateway:
         if n <= 0:
             return []
         now = self.clock()
-        routable = self.view_cache.routable(request.model, self.pool.ready_pods(request.model), now)
-        subset = request.endpoint_subset
-        eligible = [v for v in routable if subset is None or in_subset(v.pod.address, subset)]
+        eligible = self._eligible(request, now)
         # A picker with state of its own (round robin) names what follows its pick without moving;
         # the others are asked again, over what is left.
         following = getattr(getattr(profile, "picker", None), "following", None)
