@@ -12,16 +12,19 @@ re-plan reads the last `span_s` of them and keeps one factor per deployment on i
     fifth a step), so the plan gives that type less of the mix and more replicas of the others;
   * attainment at `recover` (99.5 %) or above: it grows back by a tenth, up to 1; beyond 1 (up to
     `ceiling`, twice the benchmark) only while the type's P99 TPOT is at most `headroom` (0.8) of the
-    SLO, by sqrt(that room) a step (a tenth to a quarter): the profile undercounts it (a coarse rate
-    grid, gen-profile's "kept up" rule on long answers), and its replicas show room the plan can use.
-    Never beyond 1 for a profile with `concurrency_admitted`: the SLO router holds each pod at that
-    budget, so the room its P99 shows is room the router will not fill.
+    SLO and the router refused none of the model's requests, by sqrt(that room) a step (a tenth to a quarter):
+    the profile undercounts it (a coarse rate grid, gen-profile's "kept up" rule on long answers, a
+    budget kept at half the largest that passed), and its replicas show room the plan can use. A
+    profile with `concurrency_admitted` up to BUDGET_MARGIN: the most the SLO router admits per pod.
 
 It moves only on evidence: `min_requests` in the span, and never in the first `span_s` it watches a
 deployment (a fleet just started, or just handed to the optimizer, is not the plan's doing). After a
-change a deployment's factor, or the plan's counts, it waits `settle_s` and reads only windows that
-ended since, so it sees the fleet the change produced (the autoscaler and provisioning take that long),
-not a fleet in transition. Only a TPOT SLO is read this way.
+change that adds replicas (a factor cut, or the deployment's count rising) it waits `settle_s` and reads
+only windows that ended since, so it sees the fleet the change produced (the autoscaler and provisioning
+take that long), not a fleet in transition. After one that removes replicas (a factor raised) it reads
+the windows that ended since the change and no settle: a smaller fleet serves at once, and what it
+refuses then is the change's doing (waiting `settle_s` there kept a raised factor through a whole burst
+it was refusing); it raises again only `settle_s` after its last move. Only a TPOT SLO is read this way.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dataclasses import dataclass, field, replace
 
 from extproc.gpu_profiles import GpuProfile
 from extproc.optimizer.workload import TraceWindow
+from extproc.profiling.selection import BUDGET_MARGIN
 from extproc.tracing.window import tpot_of_bucket
 
 MAX_STEP_UP = 1.25  # growth per step with room: sqrt(room), between a tenth and a quarter
@@ -39,9 +43,9 @@ MAX_STEP_UP = 1.25  # growth per step with room: sqrt(room), between a tenth and
 # a fifth; gain = that cap over a shortfall of 4 points (96 %), the most a fleet that nearly keeps the SLO
 # misses by, so smaller misses take proportionally smaller steps.
 GAIN = 5.0
-# The most a profile without admitted budgets (gen-profile's one-replica rule) may be raised: the ratio
-# gen-profile keeps between the largest passing budget and the one kept (BUDGET_MARGIN, 2). A profile
-# with `concurrency_admitted` is never raised (ceiling_of).
+# The most a profile may be raised: the ratio gen-profile keeps between the largest passing budget and
+# the one kept (BUDGET_MARGIN, 2); for a profile with `concurrency_admitted` never above BUDGET_MARGIN,
+# the most the SLO router admits per pod (ceiling_of).
 CEILING = 2.0
 
 
@@ -79,6 +83,8 @@ class Feedback:
     gain: float = GAIN  # factor x (1 - gain x shortfall), at least x0.8: 97 % attainment -> x0.9
     factors: dict[str, float] = field(default_factory=dict)  # deployment -> factor on its throughput
     changed: dict[str, float] = field(default_factory=dict)  # deployment -> when its factor last moved
+    # deployment -> the windows it reads end after this: its factor's last move, plus settle_s for a cut
+    read_from: dict[str, float] = field(default_factory=dict)
     first_seen: dict[str, float] = field(default_factory=dict)  # deployment -> its first reading
     outcomes: dict[str, Outcome] = field(default_factory=dict)  # the last reading, for the dashboard
 
@@ -86,17 +92,20 @@ class Feedback:
         return self.factors.get(deployment, 1.0)
 
     def update(self, windows: Iterable[TraceWindow], now: float, profiles: Sequence[GpuProfile],
-               fleet_changed: float = -math.inf) -> None:
+               grew: Mapping[str, float] | None = None) -> None:
         """One re-plan's reading. `now` and window ends are unix seconds; profiles name deployments.
-        `fleet_changed`: when the counts the optimizer reports last changed; windows before that
-        plus `settle_s` are a fleet in transition (replicas starting, others draining), not the plan."""
+        `grew`: per deployment, when the count the optimizer reports for it last rose; its windows
+        before that plus `settle_s` are a deployment in transition (replicas starting), not the plan.
+        Only its own: another deployment's added replicas take load off it, they cannot make it miss."""
         windows = list(windows)
+        # when the router refused anything in the span, no type shows spare room (below)
+        refusing = any(any(w.rejected.values()) for w in windows if now - self.span_s < w.end <= now)
         for p in profiles:
             slo = p.slos.get("tpot")
             if not slo:
                 continue
-            since = max(now - self.span_s, self.changed.get(p.gpu, -math.inf) + self.settle_s,
-                        fleet_changed + self.settle_s)
+            since = max(now - self.span_s, self.read_from.get(p.gpu, -math.inf),
+                        (grew or {}).get(p.gpu, -math.inf) + self.settle_s)
             seen = outcome(windows, p.gpu, since, now, slo)
             self.outcomes[p.gpu] = seen
             first = self.first_seen.setdefault(p.gpu, now)
@@ -105,9 +114,12 @@ class Feedback:
             old = self.factor(p.gpu)
             if seen.attainment < self.target:
                 new = max(self.floor, old * max(0.8, 1.0 - self.gain * (self.target - seen.attainment)))
-            elif seen.attainment >= self.recover:
-                # back to the benchmark; beyond it only while the P99 shows room (the profile undercounts)
-                room = self.headroom * slo / max(seen.p99_s, 1e-6)  # > 1: its P99 is well inside
+            elif seen.attainment >= self.recover and now >= self.changed.get(p.gpu, -math.inf) + self.settle_s:
+                # back to the benchmark; beyond it only while the P99 shows room (> 1: well inside; the
+                # profile undercounts). Not while the router refuses any of the model's requests: the
+                # fleet is short, and the P99 of what it admitted is the router's doing (it holds each
+                # pod's batch at its budget), not spare capacity; the refusal may name another type.
+                room = self.headroom * slo / max(seen.p99_s, 1e-6) if not refusing else 0.0
                 step = min(MAX_STEP_UP, math.sqrt(room)) if room >= 1.0 else 1.1
                 new = max(old, min(self.ceiling_of(p) if room >= 1.0 else 1.0, old * max(1.1, step)))
             else:
@@ -115,12 +127,13 @@ class Feedback:
             if new != old:
                 self.factors[p.gpu] = new
                 self.changed[p.gpu] = now
+                self.read_from[p.gpu] = now + (self.settle_s if new < old else 0.0)
 
     def ceiling_of(self, p: GpuProfile) -> float:
-        """A profile measured at the budget the SLO router enforces (`concurrency_admitted`) is what a
-        replica serves behind it: planning above it counts on requests the router will not admit (they
-        queue, and are rejected at their deadline). Only a profile without it may read more."""
-        return 1.0 if p.concurrency_admitted is not None else self.ceiling
+        """A profile measured at a budget (`concurrency_admitted`) may read at most what the SLO router
+        admits beyond it: BUDGET_MARGIN times the budget, and only while the pod's measured speed shows
+        room (slo/pulling.py). Planning above that counts on requests the router will not admit."""
+        return min(self.ceiling, BUDGET_MARGIN) if p.concurrency_admitted is not None else self.ceiling
 
     def apply(self, profiles: Sequence[GpuProfile]) -> list[GpuProfile]:
         """The profiles with each deployment's factor on what its replicas serve."""

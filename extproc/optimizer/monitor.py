@@ -34,7 +34,7 @@ class ModelState:
     planned_at: float | None = None  # the last re-plan that produced a plan, or found no load to plan for
     history: deque[tuple[float, dict[str, int]]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     feedback: Feedback = field(default_factory=Feedback)  # how each type kept the SLO: the plan's correction
-    changed_at: float = float("-inf")  # when what the deployments report last changed
+    grew_at: dict[str, float] = field(default_factory=dict)  # deployment -> when its count last rose
 
     @property
     def has_load(self) -> bool:
@@ -61,8 +61,8 @@ class ModelState:
         self.error = error
         self.updated = now
         counts = {k: self.reported(k) for k in sorted(self.deployments)}
-        if self.history and self.history[-1][1] != counts:
-            self.changed_at = now
+        if self.history:
+            self.grew_at.update((k, now) for k, n in counts.items() if n > self.history[-1][1].get(k, 0))
         self.history.append((now, counts))
 
 

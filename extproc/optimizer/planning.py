@@ -50,17 +50,17 @@ def plan_model(state: ModelState, windows: Sequence[TraceWindow], now: float, wi
     Updates the state's feedback; the caller applies the result (`ModelState.apply`)."""
     running = {k: state.reported(k) for k in state.deployments}  # near-ties keep these
     return replan(windows, now, window_s, profiles, running, state.feedback,
-                  PlanSettings.of(policy, limits_of(state)), state.changed_at)
+                  PlanSettings.of(policy, limits_of(state)), state.grew_at)
 
 
 def replan(windows: Sequence[TraceWindow], now: float, window_s: float, profiles: Sequence[GpuProfile],
            current: Mapping[str, int], feedback: Feedback | None,
-           settings: PlanSettings = PlanSettings(), fleet_changed: float = float("-inf")) -> Replan:
-    """`current`: the replicas each deployment reports now (near-ties keep them); `fleet_changed`: when
-    they last changed (the feedback waits for the fleet to settle)."""
+           settings: PlanSettings = PlanSettings(), grew: Mapping[str, float] | None = None) -> Replan:
+    """`current`: the replicas each deployment reports now (near-ties keep them); `grew`: when each
+    last rose (the feedback waits for that deployment's added replicas to serve)."""
     demands = trace_rates(windows, now, window_s)
     if feedback is not None:
-        feedback.update(windows, now, profiles, fleet_changed)
+        feedback.update(windows, now, profiles, grew)
         profiles = feedback.apply(profiles)
     return plan_demands(demands, profiles, current, settings)
 

@@ -12,6 +12,7 @@ from extproc.gpu_profiles import parse_profile
 from extproc.optimizer.feedback import Feedback, outcome, scaled
 from extproc.optimizer.planning import PlanSettings, replan
 from extproc.optimizer.workload import WorkloadError, parse_trace
+from extproc.profiling.selection import BUDGET_MARGIN
 from extproc.tracing.window import TPOT_KEY, TraceRecorder, tpot_bucket, tpot_of_bucket
 
 EPOCH = 1_700_000_000
@@ -101,7 +102,7 @@ def test_a_factor_recovers_and_goes_beyond_the_profile_only_with_room() -> None:
     p = profile("a10", 2.0, 1.0)
     room = windows({"a10": [0.020]}, EPOCH + 100, 8)        # P99 20 ms of a 50 ms SLO
     tight = windows({"a10": [0.030] * 49 + [0.045]}, EPOCH + 100, 8)  # all within, P99 45 ms
-    fb = Feedback(factors={"a10": 0.5}, changed={"a10": EPOCH}, first_seen={"a10": EPOCH - 500})
+    fb = Feedback(factors={"a10": 0.5}, read_from={"a10": EPOCH + 90}, first_seen={"a10": EPOCH - 500})
     fb.update(tight, EPOCH + 180, [p])
     assert fb.factor("a10") == pytest.approx(0.55)  # back toward the benchmark either way
     fb = Feedback(first_seen={"a10": EPOCH - 500})
@@ -114,18 +115,35 @@ def test_a_factor_recovers_and_goes_beyond_the_profile_only_with_room() -> None:
     assert fb.factor("a10") == 2.0  # never above twice the benchmark
 
 
-def test_a_profile_measured_at_the_routers_budget_never_plans_above_it() -> None:
-    # concurrency_admitted: the SLO router admits that many per pod, so a replica cannot serve more
-    # than the profile says however much room its P99 shows; planning above it queues and rejects
+def test_a_profile_measured_at_the_routers_budget_plans_at_most_what_the_router_admits() -> None:
+    # concurrency_admitted: the SLO router admits up to BUDGET_MARGIN x that budget per pod while the
+    # pod's speed shows room, so the feedback may raise it that far and no further, whatever the ceiling
     p = parse_profile({"gpu": "a10", "cost": 1.0, "tputs": [[2.0] * 2] * 2, "tputs_admitted": [[3.0] * 2] * 2,
                        "concurrency_admitted": [[4] * 2] * 2, "indexes": [[16, 1024], [128, 4096]],
                        "e2e": [[1.0] * 2] * 2, "slos": {"percentile": 99, "tpot": 0.05}, "created": 1.0})
     room = windows({"a10": [0.020]}, EPOCH + 100, 8)
-    fb = Feedback(factors={"a10": 0.8}, first_seen={"a10": EPOCH - 500})
+    fb = Feedback(factors={"a10": 1.9}, first_seen={"a10": EPOCH - 500}, ceiling=5.0)
     fb.update(room, EPOCH + 180, [p])
-    assert fb.factor("a10") == 1.0  # back to the benchmark, not beyond
-    fb.update(room, EPOCH + 400, [p])
-    assert fb.factor("a10") == 1.0
+    assert fb.factor("a10") == BUDGET_MARGIN
+    assert Feedback(ceiling=1.5).ceiling_of(p) == 1.5  # a lower configured ceiling still holds
+
+
+def test_a_raised_factor_is_judged_at_once_a_cut_one_after_the_fleet_settles() -> None:
+    # a raise removes replicas, which serves at once: what the smaller fleet refuses is the raise's doing
+    p = profile("a10", 2.0, 1.0)
+    late = windows({"a10": [0.09]}, EPOCH + 20, 8)  # every request late, in windows after the change
+    fb = Feedback(factors={"a10": 1.5}, read_from={"a10": EPOCH}, first_seen={"a10": EPOCH - 500})
+    fb.update(late, EPOCH + 100, [p])
+    assert fb.factor("a10") == pytest.approx(1.2)  # cut at once, by at most a fifth
+    assert fb.read_from["a10"] == EPOCH + 100 + fb.settle_s  # a cut adds replicas: they settle first
+    fb.update(late, EPOCH + 110, [p])
+    assert fb.factor("a10") == pytest.approx(1.2)  # nothing read until then
+    fb = Feedback(factors={"a10": 1.5}, first_seen={"a10": EPOCH - 500})
+    fb.update(late, EPOCH + 100, [p], grew={"l20": EPOCH + 50})
+    assert fb.factor("a10") == pytest.approx(1.2)  # another deployment's added replicas: no settle here
+    fb = Feedback(factors={"a10": 1.5}, first_seen={"a10": EPOCH - 500})
+    fb.update(late, EPOCH + 100, [p], grew={"a10": EPOCH + 50})
+    assert fb.factor("a10") == 1.5  # its own replicas added at +50 are still starting: not the plan's doing
 
 
 def test_few_requests_or_no_tpot_slo_leave_the_factor_alone() -> None:
@@ -194,3 +212,25 @@ def test_the_dashboard_shows_what_the_gateways_observed_beside_the_plan() -> Non
                                "p99_tpot_s": pytest.approx(0.06, rel=0.02)}
     assert row["factor"] == pytest.approx(0.8)
     assert "P99 TPOT ms" in render_page(dashboard_data(state, {"default/a10": p}, EPOCH + 120))
+
+
+def test_no_raise_while_the_router_refuses_any_of_the_models_requests() -> None:
+    # the P99 of what the router admitted shows room because the router held each pod at its budget:
+    # with refusals in the span that room is the router's doing, not spare capacity
+    p = profile("a10", 2.0, 1.0)
+    rec = TraceRecorder()
+    out = []
+    for k in range(8):
+        t = EPOCH + 100 + 10 * k + 5
+        for _ in range(100):
+            rec.arrived("m", t)
+            rec.completed("m", 200, 100, t, "a10", 0.020)  # P99 20 ms of 50: room
+        if k == 3:
+            rec.rejected("m", ["l20"], t)  # one refusal, another type's: a10 keeps 100 % attainment
+        out += [parse_trace(int(key.rsplit("_", 1)[1]), json.loads(raw)) for key, raw in rec.due(t + 10)]
+    fb = Feedback(first_seen={"a10": EPOCH - 500})
+    fb.update(out, EPOCH + 180, [p])
+    assert fb.outcomes["a10"].attainment == 1.0
+    assert fb.factor("a10") == 1.0
+    fb.update(out[:3] + out[4:], EPOCH + 180, [p])  # the same windows without the refusal
+    assert fb.factor("a10") == pytest.approx(1.25)

@@ -59,7 +59,7 @@ async def test_the_service_and_the_loop_plan_the_same(policy: PlanPolicy) -> Non
                                                 max_replicas=CAPS[d]) for d in CAPS])
     service = OptimizerService(source, store, redis, ServiceSettings(interval=10, window_seconds=240,
                                                                      policy=policy), clock=lambda: EPOCH)
-    plans = []
+    plans, cheap_factors = [], []
     for t in range(10, 610, 10):
         for key, value in windows(t):
             loop.redis[key] = value
@@ -72,9 +72,10 @@ async def test_the_service_and_the_loop_plan_the_same(policy: PlanPolicy) -> Non
         assert theirs == ours, t
         assert {k.split("/")[1]: f for k, f in state.feedback.factors.items()} == loop.state.feedback.factors
         plans.append(ours)
+        cheap_factors.append(loop.state.feedback.factor("cheap"))
     # what makes the comparison worth something: the cap bound the plan, and the feedback moved
     assert any(p and p["cheap"] == CAPS["cheap"] and p["dear"] > 0 for p in plans)
-    assert loop.state.feedback.factor("cheap") < 1.0
+    assert min(cheap_factors) < 1.0
     assert len({tuple(sorted(p.items())) for p in plans if p}) >= 3
 
 
