@@ -14,7 +14,9 @@ re-plan reads the last `span_s` of them and keeps one factor per deployment on i
     `ceiling`, twice the benchmark) only while the type's P99 TPOT is at most `headroom` (0.8) of the
     SLO and the router refused none of the model's requests, by sqrt(that room) a step (a tenth to a quarter):
     the profile undercounts it (a coarse rate grid, gen-profile's "kept up" rule on long answers, a
-    budget kept at half the largest that passed), and its replicas show room the plan can use. A
+    budget kept at half the largest that passed), and its replicas show room the plan can use; while
+    the router refuses any, a factor above 1 goes back toward it (by a fifth a step; the refusal may be
+    charged to another type, whose factor the rule above cuts, but the raise made the fleet short). A
     profile with `concurrency_admitted` up to BUDGET_MARGIN: the most the SLO router admits per pod.
 
 It moves only on evidence: `min_requests` in the span, and never in the first `span_s` it watches a
@@ -114,6 +116,8 @@ class Feedback:
             old = self.factor(p.gpu)
             if seen.attainment < self.target:
                 new = max(self.floor, old * max(0.8, 1.0 - self.gain * (self.target - seen.attainment)))
+            elif refusing and old > 1.0:
+                new = max(1.0, old * 0.8)  # a raise beyond the benchmark holds only while nothing is refused
             elif seen.attainment >= self.recover and now >= self.changed.get(p.gpu, -math.inf) + self.settle_s:
                 # back to the benchmark; beyond it only while the P99 shows room (> 1: well inside; the
                 # profile undercounts). Not while the router refuses any of the model's requests: the

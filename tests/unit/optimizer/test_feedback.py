@@ -234,3 +234,6 @@ def test_no_raise_while_the_router_refuses_any_of_the_models_requests() -> None:
     assert fb.factor("a10") == 1.0
     fb.update(out[:3] + out[4:], EPOCH + 180, [p])  # the same windows without the refusal
     assert fb.factor("a10") == pytest.approx(1.25)
+    fb = Feedback(factors={"a10": 1.5}, first_seen={"a10": EPOCH - 500})
+    fb.update(out, EPOCH + 180, [p])  # a raised type, and a refusal: the raise goes back toward 1
+    assert fb.factor("a10") == pytest.approx(1.2)
