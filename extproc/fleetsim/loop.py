@@ -36,6 +36,7 @@ from extproc.routing.framework import waiting_for
 from extproc.routing.outcome import Outcome, Queued, Rejected, Routed
 from extproc.sim.prefix import block_hashes
 from extproc.sim.sequences import CapacityError, SeqState, SimRequest
+from extproc.state.record import TOKENS_FROM_USAGE, RequestEnd
 
 if TYPE_CHECKING:
     from extproc.routing.framework import Held, VirtualRoom
@@ -321,9 +322,9 @@ class FleetRun:
         if self.rooms[arrival.gateway] is not None:
             self.push(now, DISPATCH, arrival.gateway)  # capacity may have freed: the queue goes next
         if key is not None:
-            self.gws[arrival.gateway].gateway.complete(
-                key, status=code, output_tokens=out, token_source="usage", ttfb_s=ttfb,
-                e2e_s=now - arrival.time, aborted=status == FAILED and code == 0)
+            self.gws[arrival.gateway].gateway.complete(key, RequestEnd(
+                code, output_tokens=out, token_source=TOKENS_FROM_USAGE, ttfb_s=ttfb,
+                e2e_s=now - arrival.time, aborted=status == FAILED and code == 0))
 
     # -- engine steps ----------------------------------------------------------------------------
 

@@ -55,6 +55,7 @@ from extproc.routing.session_affinity import MAX_SESSION_KEY_BYTES
 from extproc.server import attributes, body, responses
 from extproc.server.gateway import Gateway
 from extproc.server.heap import HeapTrimmer
+from extproc.state.record import RequestEnd
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +230,7 @@ class Stream:
             if self._pool:  # the data plane held the stream for the whole request: it has ended
                 # (Envoy may close it or reset it at the end: the response's status says it was used)
                 if self._status:
-                    self._gw.complete(self._decision.key, status=self._status)
+                    self._gw.complete(self._decision.key, RequestEnd(self._status))
                 else:  # no response at all: Envoy may never have used the decision
                     self._gw.abort(self._decision.key)
             elif cancelled:

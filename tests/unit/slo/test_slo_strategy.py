@@ -21,6 +21,7 @@ from extproc.server.processor import Stream
 from extproc.server.traces import TraceHooks
 from extproc.slo.live_room import RetryLater, SloRoom
 from extproc.slo.waiting import SLO_WAITING
+from extproc.state.record import RequestEnd
 from extproc.tracing.window import TraceRecorder
 
 
@@ -183,7 +184,7 @@ def test_queued_request_is_dispatched_when_a_completion_frees_capacity():
         assert not task.done()
         # a new arrival queues behind it, it does not overtake
         assert type(gw.route(req(), profile_, "r4")) is Queued
-        gw.complete(d1.key, status=200, prompt_tokens=128, output_tokens=8)
+        gw.complete(d1.key, RequestEnd(200, prompt_tokens=128, output_tokens=8))
         decision = await asyncio.wait_for(task, 5)
         assert decision.pod.name == "fast0" and room.state.queues.length("m") == 0
         assert len(gw.open) == 2
@@ -207,7 +208,7 @@ def test_most_urgent_is_dispatched_first():
         entries[1][2].entry.key = "other"
         tasks = {rid: asyncio.create_task(admitted_wait(room, r, p, rid, e)) for rid, r, e in entries}
         await poll(lambda: room.state.queues.length("m") == 2)
-        gw.complete(d1.key, status=200, prompt_tokens=128, output_tokens=8)
+        gw.complete(d1.key, RequestEnd(200, prompt_tokens=128, output_tokens=8))
         await poll(lambda: any(t.done() for t in tasks.values()))
         assert tasks["urgent"].done() and not tasks["relaxed"].done()
         tasks["relaxed"].cancel()
