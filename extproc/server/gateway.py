@@ -32,7 +32,7 @@ from extproc.server.metrics import PodMetricsCollector
 from extproc.state.accounting import Accounting, PodFigures
 from extproc.state.inflight import OpenRequest, OpenRequests
 from extproc.state.reconcile import Reconciler
-from extproc.state.record import ABORTED, PodView, RequestEnd, RequestRecord
+from extproc.state.record import PodView, RequestEnd, RequestRecord
 from extproc.state.shared import LocalState, SharedState
 from extproc.state.speed import Speed
 from extproc.telemetry.engine_metrics import EngineSample
@@ -262,7 +262,7 @@ class Gateway:
         """The routing stream was cancelled: Envoy may never have used the decision."""
         entry = self.open.close(key)
         if entry is not None:
-            self._finish(entry, ABORTED)
+            self._finish(entry, RequestEnd.released())
 
     def complete(self, key: str, end: RequestEnd) -> None:
         """A request's access-log record arrived: release it and teach every post-response hook."""
@@ -354,7 +354,7 @@ class Gateway:
             if self.open.close(request_key) is not None:
                 log.warning("request %s on %s: the engine no longer holds it (its access-log "
                             "record is lost), released", entry.request_id, entry.pod.name)
-                self._finish(entry, ABORTED)
+                self._finish(entry, RequestEnd.released())
                 released += 1
         return released
 
@@ -386,7 +386,7 @@ class Gateway:
         for _, entry in self.open.expired(deadline):
             log.warning("request %s on %s: no access-log record after %gs, released", entry.request_id,
                         entry.pod.name, self.config.request_timeout_seconds)
-            self._finish(entry, ABORTED)
+            self._finish(entry, RequestEnd.released())
             n += 1
         self.expired_requests.inc(n)
         if n:

@@ -22,11 +22,14 @@ TOKENS_COUNTED = "counted"
 TOKENS_UNKNOWN = "unknown"
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class RequestEnd:
     """How a routed request ended, as Envoy's access-log record says (server/access_log.py; the fleet
     simulation's engine and a pool's response headers say the same): one value from the parser to
-    `Gateway.complete`, which adds what it knows of the request and hands its hooks a RequestRecord."""
+    `Gateway.complete`, which adds what it knows of the request and hands its hooks a RequestRecord.
+    Made once per record and never changed; not frozen, because a frozen dataclass's __init__ cost
+    ~0.8 µs more per record (docs/benchmarks.md, issue 42).
+    """
 
     status: int                       # HTTP status sent to the client; 0 when none was (aborted early)
     prompt_tokens: int | None = None  # None: not reported (the request's own estimate stands)
@@ -38,10 +41,12 @@ class RequestEnd:
     aborted: bool = False             # the client went away, or the stream was reset mid-body
     upstream: str = ""                # the pod as Envoy reached it ("host:port"): credits a peer's record
 
+    @classmethod
+    def released(cls) -> RequestEnd:
+        """No record at all: the routing stream was cancelled before Envoy used the decision, or the
+        record never came (the engine's count, or the timeout, said the request was gone)."""
+        return cls(0, aborted=True)
 
-# Released without a record: the routing stream cancelled before Envoy used the decision, or a record
-# that never came (the engine's count, or the timeout, said the request was gone). No status.
-ABORTED = RequestEnd(0, aborted=True)
 
 
 @dataclass(slots=True, frozen=True)
