@@ -10,6 +10,7 @@ import pytest
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, HttpHeaders, ProcessingRequest
 
+from extproc import admission
 from extproc.config import ConfigError, parse
 from extproc.gpu_profiles import parse_profile
 from extproc.openai import Request
@@ -156,9 +157,9 @@ def gateway(max_queue: int = 4, max_wait: float = 5.0) -> tuple[Gateway, SloRoom
 
 
 async def admitted_wait(room: SloRoom, request, profile_, request_id: str, queued: Queued):
-    """What the stream does with a Queued outcome (extproc.admission): admit, then wait or a 429."""
-    admitted = room.admit(queued)
-    if type(admitted) is not Queued:
+    """What the stream does with a Queued outcome: admission, then wait or a 429."""
+    admitted = admission.admit(queued, room)
+    if isinstance(admitted, Rejected):
         raise room.reject(request.model, admitted)
     return await room.wait(request, profile_, request_id, admitted)
 
@@ -290,4 +291,25 @@ def test_stream_waits_then_gets_429_with_retry_after():
         assert imm.status.code == 429 and headers["retry-after"] == "1"
         assert json.loads(imm.body)["error"]["code"] == "slo_breached"
         assert stream.finished
+    asyncio.run(main())
+
+
+def test_stream_matches_admission_full_room_429_and_no_room_500():
+    async def main():
+        gw, room = gateway(max_queue=1)
+        p = gw.profile(None, "m")
+        gw.route(req(), p, "r1")
+        gw.route(req(), p, "r2")  # both pods busy: the next requests are held back
+        first = Stream(gw, {SLO_WAITING: room})
+        first.handle(_headers())
+        assert first.handle(_body()) is None and first.queued  # admitted: the queue holds one
+        second = Stream(gw, {SLO_WAITING: room})
+        second.handle(_headers())
+        imm = second.handle(_body()).immediate_response  # refused by the room at once, no wait
+        assert imm.status.code == 429 and json.loads(imm.body)["error"]["code"] == "queue_full"
+        assert not second.queued and second.finished
+        lost = Stream(gw, {})  # a strategy that holds requests back, and nobody built its room
+        lost.handle(_headers())
+        imm = lost.handle(_body()).immediate_response
+        assert imm.status.code == 500 and json.loads(imm.body)["error"]["type"] == "server_error"
     asyncio.run(main())
