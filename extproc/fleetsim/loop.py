@@ -207,9 +207,9 @@ class FleetRun:
                     break  # only background ticks left
                 if t > stop_at:
                     break
-                handler = one_off.get(kind)
-                if handler is not None:
-                    handler(arg)
+                change = one_off.get(kind)
+                if change is not None:
+                    change(arg)
                     continue
                 if ticks[kind](arg, t):
                     break
