@@ -105,7 +105,34 @@ def circuit_breakers(o: BootstrapOptions) -> dict[str, Any]:
 
 
 def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
-    no_route = {"status": 503, "body": {"inline_string": "no destination was chosen for this request"}}
+    """The whole bootstrap: Envoy's admin port, the connection cap, the clients' listener (its HTTP
+    connection manager) and the clusters (the pods by the gateway's choice, the gateway, fail-open)."""
+    key = lb_key(o)  # one object in the route and the cluster: the rendered YAML names it once
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": o.admin_port}}},
+        # Each connection may buffer a long prompt; cap connections so memory stays bounded.
+        "overload_manager": {"resource_monitors": [{
+            "name": "envoy.resource_monitors.global_downstream_max_connections",
+            "typed_config": {
+                "@type": TYPE + "envoy.extensions.resource_monitors.downstream_connections.v3"
+                                ".DownstreamConnectionsConfig",
+                "max_active_downstream_connections": o.max_connections}}]},
+        "static_resources": {
+            "listeners": [{
+                "name": "gateway",
+                "address": {"socket_address": {"address": o.listen_address, "port_value": o.listen_port}},
+                "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": http_connection_manager(o, key)}]}],
+            }],
+            "clusters": [model_cluster(o, key), extproc_cluster(o), *fail_open_clusters(o)],
+        },
+    }
+
+
+def processing_modes(o: BootstrapOptions) -> tuple[dict[str, str], dict[str, str]]:
+    """What ext_proc sends the gateway: (one message, and the route override that keeps the headers)."""
     # A request with a body: one message (the body, the headers routing reads as attributes). Trailers
     # are not sent (they would be a second message), nor is anything of the response: Envoy closes
     # the stream once the request is routed, and the response streams from the pod without the
@@ -122,7 +149,12 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                    "response_body_mode": "NONE", "response_trailer_mode": "SKIP"}
     # Without a known body: the headers too (HTTP/2 headers + trailers without a body: a 400).
     two_messages = {**one_message, "request_header_mode": "SEND", "request_trailer_mode": "SEND"}
-    ext_proc = {
+    return one_message, two_messages
+
+
+def ext_proc_filter(o: BootstrapOptions, one_message: dict[str, str]) -> dict[str, Any]:
+    """The ext_proc filter's config: the gateway's cluster, its timeouts, the metadata it may set."""
+    return {
         "@type": TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
         "grpc_service": {"envoy_grpc": {"cluster_name": EXTPROC_CLUSTER},
                          "timeout": f"{max(30, o.message_timeout_seconds)}s"},  # > the SLO queue's wait
@@ -135,30 +167,34 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         "allow_mode_override": True,  # STREAMED bodies are asked for buffered (server/body.py)
         "request_attributes": list(attributes.ATTRIBUTES),
     }
-    keep_headers = {"envoy.filters.http.ext_proc": {
-        "@type": TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
-        "overrides": {"processing_mode": two_messages}}}
-    lb_key = {"key": LB_METADATA_NAMESPACE, "path": [{"key": o.destination_header}]}
-    tally = {"@type": TYPE + "envoy.extensions.filters.http.lua.v3.Lua",
-             "default_source_code": {"inline_string": tally_script()}}
-    # Once per request, the finished request's status, timings and the tally's metadata go to the
-    # gateway (batched every access_log_flush_seconds).
-    access_log_service = {"name": "envoy.access_loggers.http_grpc", "typed_config": {
+
+
+def access_log_service(o: BootstrapOptions) -> dict[str, Any]:
+    """Once per request, the finished request's status, timings and the tally's metadata go to the
+    gateway (batched every access_log_flush_seconds)."""
+    return {"name": "envoy.access_loggers.http_grpc", "typed_config": {
         "@type": TYPE + "envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
         "common_config": {
             "log_name": "extproc", "transport_api_version": "V3",
             "grpc_service": {"envoy_grpc": {"cluster_name": EXTPROC_CLUSTER}},
             "buffer_flush_interval": f"{o.access_log_flush_seconds}s",
             "buffer_size_bytes": 65536}}}
-    # The routing decision's headers, added by Envoy from the gateway's metadata (absent → not added).
-    decision_headers = [
+
+
+def decision_headers() -> list[dict[str, Any]]:
+    """The routing decision's response headers, added by Envoy from the gateway's metadata (absent: not
+    added)."""
+    return [
         {"header": {"key": header, "value": f"%DYNAMIC_METADATA({GATEWAY_METADATA_NAMESPACE}:{key})%"},
          "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}
         for header, key in ((TARGET_POD_HEADER, POD), (STRATEGY_HEADER, STRATEGY),
                             (ROUTED_REQUEST_ID_HEADER, REQUEST_ID), *((h, h) for h in RATE_LIMIT_HEADERS))]
-    # Envoy's own replies in the OpenAI shape too: upstream failures (connect refused, reset, timeout),
-    # bodies over its buffer, and the rest (the gateway unreachable, no destination). The gateway's own
-    # ImmediateResponses carry the `answered` marker in their metadata and pass untouched.
+
+
+def local_reply_mappers() -> list[dict[str, Any]]:
+    """Envoy's own replies in the OpenAI shape too: upstream failures (connect refused, reset, timeout),
+    bodies over its buffer, and the rest (the gateway unreachable, no destination). The gateway's own
+    ImmediateResponses carry the `answered` marker in their metadata and pass untouched."""
     not_answered = {"metadata_filter": {"match_if_key_not_found": True, "matcher": {
         "filter": GATEWAY_METADATA_NAMESPACE, "path": [{"key": ANSWERED_KEY}],
         "value": {"present_match": False}}}}
@@ -170,7 +206,7 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         {"status_code_filter": {"comparison": {"op": "EQ", "value": {
             "default_value": 500, "runtime_key": "extproc.gateway_down"}}}},
         not_answered]}}
-    mappers = [
+    return [
         # No gateway answered (restarting, or unreachable): a retryable 503, at once.
         {**_openai_reply(gateway_down, "service_unavailable", "gateway_unavailable",
                          "the routing gateway is unavailable; retry shortly"),
@@ -187,7 +223,16 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         _openai_reply(not_answered, "gateway_error", "%RESPONSE_CODE_DETAILS%",
                       "the gateway could not process this request"),
     ]
-    to_pods = {
+
+
+def lb_key(o: BootstrapOptions) -> dict[str, Any]:
+    """Where the gateway's choice sits: the destination header's key in the envoy.lb metadata."""
+    return {"key": LB_METADATA_NAMESPACE, "path": [{"key": o.destination_header}]}
+
+
+def to_pods(o: BootstrapOptions) -> dict[str, Any]:
+    """The route to the pod the gateway chose; the pod gets the destination header from that choice."""
+    return {
         "route": {"cluster": MODEL_CLUSTER, "timeout": "0s", "idle_timeout": f"{o.idle_timeout_seconds}s"},
         "request_headers_to_add": [{"header": {
             "key": o.destination_header,
@@ -199,7 +244,59 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
                         "value": f"%DYNAMIC_METADATA({GATEWAY_METADATA_NAMESPACE}:{TRACEPARENT})%"},
              "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}],
         "request_headers_to_remove": [h for h in CLIENT_DESTINATION_HEADERS if h != o.destination_header]}
-    hcm = {
+
+
+def routes(o: BootstrapOptions, two_messages: dict[str, str], key: dict[str, Any]) -> list[dict[str, Any]]:
+    """In order: chosen (to the pod), fail-open, a body still coming, anything else (the headers too)."""
+    no_route = {"status": 503, "body": {"inline_string": "no destination was chosen for this request"}}
+    keep_headers = {"envoy.filters.http.ext_proc": {
+        "@type": TYPE + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
+        "overrides": {"processing_mode": two_messages}}}
+    pods = to_pods(o)
+    return [
+        # The gateway chose (its metadata; routes are matched again once it answers). The pod
+        # gets the destination header from that choice, never a client's.
+        {"match": {"prefix": "/", "dynamic_metadata": [{
+            "filter": LB_METADATA_NAMESPACE, "path": key["path"],
+            "value": {"present_match": True}}]}, **pods},
+        *fail_open_routes(o),
+        # Not yet: a body is coming (content-length > 0), so is the one message. A full-duplex
+        # body goes on behind the route already (Envoy passes its data on before it could clear
+        # a route cache): ORIGINAL_DST reads the gateway's metadata when the buffered request
+        # reaches the router, and finds no host without it.
+        {"match": {"prefix": "/", "headers": [{"name": "content-length", "string_match": {
+            "safe_regex": {"regex": "[0-9]*[1-9][0-9]*"}}}]},
+         **(pods if o.request_body_mode == "FULL_DUPLEX_STREAMED"
+            else {"direct_response": no_route})},
+        # Not yet, and no body known to be coming: the gateway gets the headers too.
+        {"match": {"prefix": "/"}, "direct_response": no_route,
+         "typed_per_filter_config": keep_headers},
+    ]
+
+
+def http_filters(o: BootstrapOptions, one_message: dict[str, str]) -> list[dict[str, Any]]:
+    """ext_proc (the gateway), fail-open's model reader, the buffer, the token tally, the router."""
+    tally = {"@type": TYPE + "envoy.extensions.filters.http.lua.v3.Lua",
+             "default_source_code": {"inline_string": tally_script()}}
+    return [
+        {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc_filter(o, one_message)},
+        *([MODEL_TO_METADATA] if o.fail_open else []),
+        # Holds the request headers back from the router while ext_proc buffers the body (without a
+        # headers message, ext_proc itself lets them through at once).
+        {"name": "envoy.filters.http.buffer", "typed_config": {
+            "@type": TYPE + "envoy.extensions.filters.http.buffer.v3.Buffer",
+            "max_request_bytes": BUFFER_LIMIT_BYTES}},
+        {"name": "envoy.filters.http.lua", "typed_config": tally},
+        {"name": "envoy.filters.http.router",
+         "typed_config": {"@type": TYPE + "envoy.extensions.filters.http.router.v3.Router"}},
+    ]
+
+
+def http_connection_manager(o: BootstrapOptions, key: dict[str, Any]) -> dict[str, Any]:
+    """The clients' listener: edge-proxy settings, OpenAI-shaped local replies, access logs, the routes
+    and the filter chain."""
+    one_message, two_messages = processing_modes(o)
+    return {
         "@type": TYPE + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "gateway",
         "codec_type": "AUTO",
@@ -209,78 +306,30 @@ def bootstrap(o: BootstrapOptions) -> dict[str, Any]:
         "use_remote_address": True,
         "normalize_path": True,
         "merge_slashes": True,
-        "local_reply_config": {"mappers": mappers},
+        "local_reply_config": {"mappers": local_reply_mappers()},
         "max_request_headers_kb": ENVOY_MAX_REQUEST_HEADERS_KB,
         "access_log": [{"name": "envoy.access_loggers.stdout", "typed_config": {
             "@type": TYPE + "envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
             "log_format": {"text_format_source": {"inline_string": ACCESS_LOG_FORMAT}}}},
-            access_log_service],
+            access_log_service(o)],
         "route_config": {"name": "gateway", "virtual_hosts": [{
             "name": "models", "domains": ["*"],
-            "response_headers_to_add": decision_headers,
-            "routes": [
-                # The gateway chose (its metadata; routes are matched again once it answers). The pod
-                # gets the destination header from that choice, never a client's.
-                {"match": {"prefix": "/", "dynamic_metadata": [{
-                    "filter": LB_METADATA_NAMESPACE, "path": lb_key["path"],
-                    "value": {"present_match": True}}]}, **to_pods},
-                *fail_open_routes(o),
-                # Not yet: a body is coming (content-length > 0), so is the one message. A full-duplex
-                # body goes on behind the route already (Envoy passes its data on before it could clear
-                # a route cache): ORIGINAL_DST reads the gateway's metadata when the buffered request
-                # reaches the router, and finds no host without it.
-                {"match": {"prefix": "/", "headers": [{"name": "content-length", "string_match": {
-                    "safe_regex": {"regex": "[0-9]*[1-9][0-9]*"}}}]},
-                 **(to_pods if o.request_body_mode == "FULL_DUPLEX_STREAMED"
-                    else {"direct_response": no_route})},
-                # Not yet, and no body known to be coming: the gateway gets the headers too.
-                {"match": {"prefix": "/"}, "direct_response": no_route,
-                 "typed_per_filter_config": keep_headers},
-            ]}]},
-        "http_filters": [
-            {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
-            *([MODEL_TO_METADATA] if o.fail_open else []),
-            # Holds the request headers back from the router while ext_proc buffers the body (without a
-            # headers message, ext_proc itself lets them through at once).
-            {"name": "envoy.filters.http.buffer", "typed_config": {
-                "@type": TYPE + "envoy.extensions.filters.http.buffer.v3.Buffer",
-                "max_request_bytes": BUFFER_LIMIT_BYTES}},
-            {"name": "envoy.filters.http.lua", "typed_config": tally},
-            {"name": "envoy.filters.http.router",
-             "typed_config": {"@type": TYPE + "envoy.extensions.filters.http.router.v3.Router"}},
-        ],
+            "response_headers_to_add": decision_headers(),
+            "routes": routes(o, two_messages, key)}]},
+        "http_filters": http_filters(o, one_message),
     }
+
+
+def model_cluster(o: BootstrapOptions, key: dict[str, Any]) -> dict[str, Any]:
+    """The pods: ORIGINAL_DST, following the gateway's choice in the envoy.lb metadata."""
     return {
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": o.admin_port}}},
-        # Each connection may buffer a long prompt; cap connections so memory stays bounded.
-        "overload_manager": {"resource_monitors": [{
-            "name": "envoy.resource_monitors.global_downstream_max_connections",
-            "typed_config": {
-                "@type": TYPE + "envoy.extensions.resource_monitors.downstream_connections.v3"
-                                ".DownstreamConnectionsConfig",
-                "max_active_downstream_connections": o.max_connections}}]},
-        "static_resources": {
-            "listeners": [{
-                "name": "gateway",
-                "address": {"socket_address": {"address": o.listen_address, "port_value": o.listen_port}},
-                "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
-                "filter_chains": [{"filters": [{
-                    "name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
-            }],
-            "clusters": [
-                {
-                    "name": MODEL_CLUSTER,
-                    "type": "ORIGINAL_DST",
-                    "lb_policy": "CLUSTER_PROVIDED",
-                    "connect_timeout": f"{o.upstream_connect_timeout_seconds}s",
-                    "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
-                    "circuit_breakers": circuit_breakers(o),
-                    "original_dst_lb_config": {"metadata_key": lb_key},
-                },
-                extproc_cluster(o),
-                *fail_open_clusters(o),
-            ],
-        },
+        "name": MODEL_CLUSTER,
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": f"{o.upstream_connect_timeout_seconds}s",
+        "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
+        "circuit_breakers": circuit_breakers(o),
+        "original_dst_lb_config": {"metadata_key": key},
     }
 
 

@@ -28,16 +28,18 @@ from extproc.fleetsim.fleet import Replica, build_replicas
 from extproc.fleetsim.gateways import build_gateways, gateway_config
 from extproc.fleetsim.result import BUCKET_S, FAILED, NAN, OK, PENDING, REJECTED, Clock, ProgressFn, RunResult
 from extproc.fleetsim.scenario import Autoscale, Scenario
+from extproc.fleetsim.shared import SimSharedState
 from extproc.fleetsim.slo_profiles import load_slo_profiles, virtual_profile
 from extproc.gpu_profiles import GpuProfile
 from extproc.openai import CHARS_PER_TOKEN, Request
 from extproc.routing.framework import waiting_for
-from extproc.routing.outcome import Queued, Rejected, Routed
+from extproc.routing.outcome import Outcome, Queued, Rejected, Routed
 from extproc.sim.prefix import block_hashes
 from extproc.sim.sequences import CapacityError, SeqState, SimRequest
+from extproc.state.record import TOKENS_FROM_USAGE, RequestEnd
 
 if TYPE_CHECKING:
-    from extproc.slo.queue import Entry
+    from extproc.routing.framework import Held, VirtualRoom
 
 STEP, SCRAPE, REFRESH, SYNC, LOSS, EXPIRE, DISPATCH, REPLAN, PROVISIONED, RETIRE = range(10)
 
@@ -130,14 +132,17 @@ class FleetRun:
             r.alive = k < first
         return groups
 
-    def _rooms(self) -> list[admission.Room | None]:
-        """Each gateway's waiting room, run in virtual time, for a strategy that holds requests back."""
-        rooms: list[admission.Room | None] = []
+    def _rooms(self) -> list[VirtualRoom[int] | None]:
+        """Each gateway's waiting room, run in virtual time, for a strategy that holds requests back: its
+        payload is the arrival's index."""
+        rooms: list[VirtualRoom[int] | None] = []
         for g, p in zip(self.gws, self.profiles):
             waiting = waiting_for(p.name)
-            if waiting is not None:  # its profiles measured on the engine model
-                load_slo_profiles(self.scenario, g.gateway, self.replicas, self.given)
-            rooms.append(waiting.virtual(g.gateway.router.state) if waiting is not None else None)
+            if waiting is None:
+                rooms.append(None)
+                continue
+            load_slo_profiles(self.scenario, g.gateway, self.replicas, self.given)  # on the engine model
+            rooms.append(waiting.virtual(g.gateway.router.state))
         return rooms
 
     def _result(self, name: str) -> RunResult:
@@ -202,9 +207,9 @@ class FleetRun:
                     break  # only background ticks left
                 if t > stop_at:
                     break
-                handler = one_off.get(kind)
-                if handler is not None:
-                    handler(arg)
+                change = one_off.get(kind)
+                if change is not None:
+                    change(arg)
                     continue
                 if ticks[kind](arg, t):
                     break
@@ -229,7 +234,7 @@ class FleetRun:
         res.end_time = self.clock.now
         return res
 
-    # -- arrivals and admission (extproc.admission.Answers) ------------------------------------------
+    # -- arrivals and admission (extproc.admission) ---------------------------------------------------
 
     def on_arrival(self) -> None:
         arrivals = self.arrivals
@@ -242,22 +247,22 @@ class FleetRun:
         request = Request(self.model, "/v1/chat/completions", stream=True, prompt_tokens=a.prompt_tokens,
                           max_tokens=self.scenario.streams[a.stream].max_tokens, prompt=text)
         outcome = self.gws[a.gateway].gateway.route(request, self.profiles[a.gateway], str(i))
-        admission.answer(outcome, self.rooms[a.gateway], self, (i, request, text, t), payload=i)
+        if isinstance(outcome, Queued):
+            outcome.entry.payload = i  # for the room's dispatch and expiry to name the arrival
+        self.admitted(i, request, text, t, admission.admit(outcome, self.rooms[a.gateway]))
 
-    def routed(self, decision: Routed, ctx: tuple) -> None:
-        i, _, text, t = ctx
-        self.start(i, decision, text, t)
-
-    def no_pod(self, ctx: tuple) -> None:
-        self.reject(ctx[0])  # no routable pod: the client gets a 503 from the gateway
-
-    def waits(self, queued: Queued, ctx: tuple) -> None:
-        i, request, text, _ = ctx
-        self.queued[i] = (request, text)
-        self.push(queued.entry.deadline, EXPIRE, self.arrivals[i].gateway)
-
-    def refused(self, rejected: Rejected, ctx: tuple) -> None:
-        self.refuse(ctx[0], rejected)  # a 429: slo_breached, queue_full
+    def admitted(self, i: int, request: Request, text: str, t: float, outcome: Outcome) -> None:
+        """What admission made of arrival `i`: an engine, the waiting room, or a refusal."""
+        match outcome:
+            case Routed():
+                self.start(i, outcome, text, t)
+            case None:
+                self.reject(i)  # no routable pod: the client gets a 503 from the gateway
+            case Queued():
+                self.queued[i] = (request, text)
+                self.push(outcome.entry.deadline, EXPIRE, self.arrivals[i].gateway)
+            case Rejected():
+                self.refuse(i, outcome)  # a 429: slo_breached, queue_full
 
     def refuse(self, i: int, rejected: Rejected) -> None:
         """A 429: the arrival's gateway tells its hooks (the optimizer's traces count it), as live."""
@@ -269,10 +274,7 @@ class FleetRun:
         if self.warmup <= self.arrivals[i].time < self.duration:
             self.misses[2] += 1
 
-    def start(self, i: int, decision: Routed | None, text: str, t: float) -> None:
-        if decision is None:
-            self.reject(i)  # no routable pod: the client gets a 503 from the gateway
-            return
+    def start(self, i: int, decision: Routed, text: str, t: float) -> None:
         a = self.arrivals[i]
         r = self.by_address[decision.pod.address]
         res = self.res
@@ -303,11 +305,12 @@ class FleetRun:
         ttfb = None
         if seq is not None and seq.first_token_time is not None:
             ttfb = seq.first_token_time - arrival.time
-            if status == OK:
+            finish = seq.finish_time
+            if status == OK and finish is not None:  # (an OK sequence has always finished)
                 res.ttft[i] = ttfb
-                res.e2e[i] = seq.finish_time - arrival.time  # type: ignore[operator]
+                res.e2e[i] = finish - arrival.time
                 if out > 1:
-                    res.tpot[i] = (seq.finish_time - seq.first_token_time) / (out - 1)  # type: ignore[operator]
+                    res.tpot[i] = (finish - seq.first_token_time) / (out - 1)
                     if measured and res.tpot[i] > self.slo_tpot:
                         misses[0] += 1
                 if measured and ttfb > self.slo_ttft:
@@ -319,9 +322,9 @@ class FleetRun:
         if self.rooms[arrival.gateway] is not None:
             self.push(now, DISPATCH, arrival.gateway)  # capacity may have freed: the queue goes next
         if key is not None:
-            self.gws[arrival.gateway].gateway.complete(
-                key, status=code, output_tokens=out, token_source="usage", ttfb_s=ttfb,
-                e2e_s=now - arrival.time, aborted=status == FAILED and code == 0)
+            self.gws[arrival.gateway].gateway.complete(key, RequestEnd(
+                code, output_tokens=out, token_source=TOKENS_FROM_USAGE, ttfb_s=ttfb,
+                e2e_s=now - arrival.time, aborted=status == FAILED and code == 0))
 
     # -- engine steps ----------------------------------------------------------------------------
 
@@ -361,26 +364,28 @@ class FleetRun:
     # -- the waiting rooms (slo/room.py, in virtual time) ------------------------------------------
 
     def on_expire(self, g: int, t: float) -> None:
-        for entry, rejected in self.rooms[g].expire(self.model, t):  # type: ignore[union-attr]
-            self.queued.pop(entry.payload)  # type: ignore[arg-type]
-            self.refuse(entry.payload, rejected)  # type: ignore[arg-type]  (a 429: SLO breached)
+        room = self.rooms[g]
+        if room is not None:  # (only a gateway with a room queues, and so schedules an expiry)
+            for entry, rejected in room.expire(self.model, t):
+                self.queued.pop(entry.payload)
+                self.refuse(entry.payload, rejected)  # a 429: SLO breached
         self.push(t, DISPATCH, g)
 
     def on_dispatch(self, g: int, t: float) -> None:
         """The waiting room dispatches, as the live one does (extproc.slo.room)."""
         room, model = self.rooms[g], self.model
-        if room is None or not room.queues.length(model):  # type: ignore[attr-defined]
+        if room is None or not room.length(model):
             return
         gateway, profile, queued = self.gws[g].gateway, self.profiles[g], self.queued
 
-        def route(entry: Entry) -> object:
-            request, _ = queued[entry.payload]  # type: ignore[index]
+        def route(entry: Held[int]) -> Outcome:
+            request, _ = queued[entry.payload]
             return gateway.route(request, profile, str(entry.payload), queued=True)
 
-        for entry, result in room.dispatch(model, t, route):  # type: ignore[attr-defined]
+        for entry, result in room.dispatch(model, t, route):
             i = entry.payload
-            _, text = queued.pop(i)  # type: ignore[arg-type]
-            admission.answer(result, room, self, (i, None, text, t))  # type: ignore[arg-type]
+            request, text = queued.pop(i)
+            self.admitted(i, request, text, t, admission.admit(result, room))
 
     # -- background ticks (rescheduled on their period) -------------------------------------------
 
@@ -413,13 +418,15 @@ class FleetRun:
         self.res.capacity_estimates.append((t, row))
 
     def on_sync(self, g: int, t: float) -> bool:
-        if self.gateways > 1:
-            self.gws[g].shared.sync(t)  # type: ignore[attr-defined]
+        shared = self.gws[g].shared
+        if isinstance(shared, SimSharedState):  # several gateways: the Redis-like sync
+            shared.sync(t)
         self.gws[g].gateway.sample_busy()
         return False
 
     def on_replan(self, _: int, t: float) -> bool:
-        self.scaler.replan(t)  # type: ignore[union-attr]
+        if self.scaler is not None:  # (scheduled only with --optimizer)
+            self.scaler.replan(t)
         return False
 
     # -- fleet changes ---------------------------------------------------------------------------
@@ -441,10 +448,12 @@ class FleetRun:
         self.reconfigure()
 
     def on_provisioned(self, index: int) -> None:
-        self.scaler.provisioned(self.replicas[index])  # type: ignore[union-attr]
+        if self.scaler is not None:  # (a replica is provisioned only with --optimizer)
+            self.scaler.provisioned(self.replicas[index])
 
     def on_retire(self, index: int) -> None:
-        self.scaler.drained(self.replicas[index])  # type: ignore[union-attr]
+        if self.scaler is not None:  # (a replica drains only with --optimizer)
+            self.scaler.drained(self.replicas[index])
 
     def reconfigure(self) -> None:
         """The fleet changed: every gateway gets the new pod list, as from discovery."""

@@ -78,6 +78,7 @@ def decision_times(pod_counts: tuple[int, ...] = (10, 100, 1000), decisions: int
     default, `speed`)."""
     from extproc.openai import Request
     from extproc.perf.stack import strategy_for_bench
+    from extproc.state.record import RequestEnd
 
     name = strategy or strategy_for_bench()
     rng = random.Random(1)
@@ -113,14 +114,14 @@ def decision_times(pod_counts: tuple[int, ...] = (10, 100, 1000), decisions: int
                 tpot = GPUS[pod.gpu] * (1.0 + SLOWDOWN * gw.shared.running(pod.key))
                 ttfb = 0.05 + rng.random() * 0.1
                 t = time.perf_counter_ns()
-                gw.complete(key, status=200, output_tokens=out_tokens, token_source="usage",
-                            ttfb_s=ttfb, e2e_s=ttfb + tpot * (out_tokens - 1))
+                gw.complete(key, RequestEnd(200, output_tokens=out_tokens, token_source="usage",
+                                            ttfb_s=ttfb, e2e_s=ttfb + tpot * (out_tokens - 1)))
                 if i >= keep:
                     completions.append((time.perf_counter_ns() - t) / 1e3)
             if i % REFRESH_EVERY == 0:
                 gw.refresh()
         while in_flight:
-            gw.complete(in_flight.popleft()[0], status=200, output_tokens=1)
+            gw.complete(in_flight.popleft()[0], RequestEnd(200, output_tokens=1))
         if provider is not None:
             provider.shutdown()
         out[str(n)] = median(samples)

@@ -26,6 +26,15 @@ from extproc.server.attributes import FILTER
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Stream, decode
 
+try:  # the finished request as one value (since issue 42); earlier checkouts took keywords
+    from extproc.state.record import RequestEnd
+
+    def complete(gw: Gateway, key: str) -> None:
+        gw.complete(key, RequestEnd(200))
+except ImportError:
+    def complete(gw: Gateway, key: str) -> None:
+        gw.complete(key, status=200)  # type: ignore[call-arg]
+
 
 def one_message() -> bytes:
     body = json.dumps({"model": "m", "max_tokens": 16,
@@ -46,7 +55,7 @@ def main(n: int) -> None:
         stream = Stream(gw)
         stream.handle(decode(data)).SerializeToString()
         stream.close(False)
-        gw.complete(stream.decision.key, status=200)
+        complete(gw, stream.decision.key)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,8 @@ def _processor(limits: dict[str, Any] | None, redis_url: str | None) -> Any:
 
 
 async def _run(requests: int, rounds: int, redis_url: str | None) -> dict[str, float]:
+    from extproc.state.record import RequestEnd
+
     messages = _messages()
     names = [n for n in VARIANTS if redis_url or n != "on, Redis"]
     processors = {n: _processor(VARIANTS[n], redis_url if n == "on, Redis" else None) for n in names}
@@ -80,7 +82,7 @@ async def _run(requests: int, rounds: int, redis_url: str | None) -> dict[str, f
                 replies = [r async for r in proc.Process(stream(), None)]
                 samples[name].append((time.perf_counter_ns() - t) / 1e3)
                 key = replies[-1].dynamic_metadata.fields["extproc"].struct_value.fields["key"].string_value
-                gw.complete(key, status=200, output_tokens=64)  # counts stay bounded
+                gw.complete(key, RequestEnd(200, output_tokens=64))  # counts stay bounded
     check = {n: _check_alone(processors[n]._gw.limiter) for n in names if n != "on, Redis"}
     for proc in processors.values():
         await proc._gw.limiter.close()

@@ -65,6 +65,7 @@ def run(requests: int = 1_000_000, every: int = 50_000, pods: int = 16,
     from extproc.config import parse
     from extproc.server.gateway import Gateway
     from extproc.server.processor import Stream
+    from extproc.state.record import RequestEnd
 
     gw = Gateway(parse({"models": {MODEL: {"pods": [
         {"name": f"pod-{i}", "address": f"10.0.{i // 256}.{i % 256}:8000"} for i in range(pods)]}}}, {}))
@@ -82,7 +83,8 @@ def run(requests: int = 1_000_000, every: int = 50_000, pods: int = 16,
         decision = stream.decision
         if decision is not None:
             curve.routed += 1
-            gw.complete(decision.key, status=200, output_tokens=rng.randint(1, 512), token_source="usage")
+            gw.complete(decision.key, RequestEnd(200, output_tokens=rng.randint(1, 512),
+                                                 token_source="usage"))
         if i % every == 0:
             curve.requests.append(i)
             curve.rss.append(rss_bytes())

@@ -14,11 +14,11 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from extproc.openai import Request
+from extproc.openai import OpenAIError, Request
 from extproc.pool.pod import Pod
-from extproc.routing.outcome import Queued, Rejected
+from extproc.routing.outcome import Queued, Rejected, Routed
 from extproc.routing.params import Params, declare
 from extproc.routing.settings import RoutingSettings
 from extproc.routing.store import RoutingState
@@ -212,6 +212,48 @@ class BuildContext:
 Factory = Callable[[BuildContext], Profile]
 
 
+P = TypeVar("P")  # what the owner of a wait keeps on each held request (its payload)
+R = TypeVar("R")
+
+
+class WaitingRoom(Protocol):
+    """Where a request its strategy held back waits: the room admits it (Queued) or refuses it
+    (Rejected: the room is full). extproc.admission asks it; a Routed or no-pod outcome never gets here."""
+
+    def admit(self, queued: Queued) -> Queued | Rejected: ...
+
+
+class LiveRoom(WaitingRoom, Protocol):
+    """A waiting room on a live gateway (an asyncio shell): the stream awaits its request's dispatch."""
+
+    async def wait(self, request: Request, profile: Profile, request_id: str, queued: Queued) -> Routed: ...
+
+    def reject(self, model: str, rejected: Rejected) -> OpenAIError:
+        """The refusal counted, told to the gateway's hooks, and answered (a 429 to raise)."""
+        ...
+
+
+class Held(Protocol[P]):
+    """A request in a waiting room as its owner sees it: the payload the owner put on it."""
+
+    payload: P
+
+
+class VirtualRoom(WaitingRoom, Protocol[P]):
+    """A waiting room in virtual time (the fleet simulation), whose owner keeps a P on each request and
+    drives dispatch and expiry from its own event loop."""
+
+    def length(self, model: str) -> int: ...
+
+    def dispatch(self, model: str, now: float, route: Callable[[Held[P]], R]) -> Sequence[tuple[Held[P], R]]:
+        """Re-route the waiting requests of `model` while they fit; those that left, with `route`'s answer."""
+        ...
+
+    def expire(self, model: str, now: float) -> Sequence[tuple[Held[P], Rejected]]:
+        """Those whose deadline passed by `now`, removed and refused."""
+        ...
+
+
 @dataclass(frozen=True, eq=False)
 class Waiting:
     """What a strategy that holds requests back (its pick returns Queued or Rejected) brings with it,
@@ -221,8 +263,8 @@ class Waiting:
     that keeps its learned state fresh off the request path. Built lazily: routing does no I/O."""
 
     name: str                                     # names the background task: "<name>-profiles"
-    live: Callable[[Any], Any]                    # gateway -> room (admit, wait, reject: admission.Room)
-    virtual: Callable[[RoutingState], Any]        # the gateway's learned state -> the pure room
+    live: Callable[[Any], LiveRoom]               # the gateway (server.gateway.Gateway) -> its room
+    virtual: Callable[[RoutingState], VirtualRoom[Any]]  # the gateway's learned state -> the pure room
     refresh: Callable[[Any, Any], Any] | None = None  # (gateway, Redis URL or RedisTarget) -> coroutine
 
 

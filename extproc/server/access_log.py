@@ -20,7 +20,7 @@ from extproc.envoy_contract import (
     TALLY_NAMESPACE,
 )
 from extproc.server.gateway import Gateway
-from extproc.state.record import TOKENS_UNKNOWN
+from extproc.state.record import TOKENS_UNKNOWN, RequestEnd
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +75,14 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):
             limit = ours.fields.get(RATE_LIMIT_TOKENS)
             self._gw.limiter.charge(budget.string_value, int(limit.string_value or 0) if limit else 0,
                                     output_tokens)
-        self._gw.complete(
-            key.string_value, status=status,
-            prompt_tokens=_number(fields, "prompt_tokens"), output_tokens=output_tokens,
-            token_source=source.string_value if source is not None else TOKENS_UNKNOWN,
-            ttfb_s=_seconds(common.time_to_first_upstream_rx_byte)
+        self._gw.complete(key.string_value, RequestEnd(
+            status, _number(fields, "prompt_tokens"), output_tokens,
+            source.string_value if source is not None else TOKENS_UNKNOWN,
+            _seconds(common.time_to_first_upstream_rx_byte)
             if common.HasField("time_to_first_upstream_rx_byte") else None,
-            e2e_s=_seconds(common.time_to_last_downstream_tx_byte)
+            _seconds(common.time_to_last_downstream_tx_byte)
             if common.HasField("time_to_last_downstream_tx_byte") else None,
-            connect_failure=bool(connect_failure), aborted=bool(aborted),
-            upstream=_address(upstream))
+            bool(connect_failure), bool(aborted), _address(upstream)))
 
 
 def _address(socket_address) -> str:

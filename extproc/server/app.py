@@ -10,7 +10,9 @@ import os
 import signal
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from aiohttp import web
@@ -44,6 +46,10 @@ from extproc.state.shared import LocalState, SharedState
 from extproc.state.workers import WorkerState
 from extproc.telemetry.health import PodHealth
 from extproc.telemetry.scraper import HealthProber, MetricsScraper
+
+if TYPE_CHECKING:
+    from extproc.server.otel import RequestSpans
+    from extproc.state.redis_connect import RedisTarget
 
 log = logging.getLogger(__name__)
 
@@ -108,14 +114,59 @@ class ConfigWatcher:
                 log.exception("config watch failed")
 
 
+@dataclass(slots=True, eq=False)
+class Assembly:
+    """One `extproc serve` process's parts, wired together (`assemble`): nothing bound, nothing started."""
+
+    path: Path
+    config: config_mod.Config
+    redis_url: str | None  # resolved by the loader (EXTPROC_REDIS_URL, redis.url, REDIS_HOST ...)
+    redis: RedisTarget | str | None  # how to reach it: one instance, a cluster, a sentinel
+    gateway: Gateway
+    shared: SharedState
+    scraper: MetricsScraper
+    prober: HealthProber
+    limiter: RateLimiter
+    limit_store: RedisStore | None
+    parser_pool: ProcessPoolExecutor
+    heap: HeapTrimmer
+    server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    serving: bool = False  # the admin port's answer: from the start until the drain begins
+
+
+@dataclass(slots=True, eq=False)
+class Running:
+    """What `start` set going, for `drain` to stop."""
+
+    health_services: HealthServices
+    admin: web.AppRunner
+    watcher: asyncio.Task
+    background: list[asyncio.Task]
+    otel: tuple[RequestSpans, Any] | None
+
+
 async def run_server(config_path: str, *, port: int, admin_port: int, host: str = "127.0.0.1",
                      admin_host: str = "127.0.0.1", stop: asyncio.Event | None = None,
                      tls: TlsSettings | None = None, worker: WorkerSpec | None = None) -> None:
-    path = Path(config_path)
+    parts = assemble(Path(config_path), worker)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    running = await start(parts, port=port, admin_port=admin_port, host=host, admin_host=admin_host,
+                          tls=tls, worker=worker)
+    await stop.wait()
+    await drain(parts, running)
+
+
+def assemble(path: Path, worker: WorkerSpec | None = None) -> Assembly:
+    """The config loaded (ConfigError: refused) and every part built: shared state, scraping, rate limits,
+    the gateway and its collectors, the body parser's worker process, the gRPC services."""
     config = config_mod.load(path)
     registry = CollectorRegistry()
-    redis_url = config.redis_url  # resolved by the loader (EXTPROC_REDIS_URL, redis.url, REDIS_HOST ...)
-    redis = config.redis_target or redis_url  # how to reach it: one instance, a cluster, a sentinel
+    redis_url = config.redis_url
+    redis = config.redis_target or redis_url
     shared: SharedState
     if redis_url:
         from extproc.state.redis_sync import RedisState  # the Redis client loads only when used
@@ -149,10 +200,6 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     parser_pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
                                       initializer=children.arm, initargs=(os.getpid(),))
     parser_pool.submit(parse_body, "/", b"{}", None)  # start the worker now, not on the first long prompt
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
 
     # so_reuseport off: a second server on a taken port must fail, not silently share it.
     # The buffered request body arrives as one message: lift gRPC's 4 MiB default above Envoy's buffer.
@@ -172,17 +219,28 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(AccessLogService(gateway), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    return Assembly(path, config, redis_url, redis, gateway, shared, scraper, prober, limiter, limit_store,
+                    parser_pool, heap, server, health_servicer)
+
+
+async def start(parts: Assembly, *, port: int, admin_port: int, host: str = "127.0.0.1",
+                admin_host: str = "127.0.0.1", tls: TlsSettings | None = None,
+                worker: WorkerSpec | None = None) -> Running:
+    """Bind the ext_proc port (OSError: taken), serve health, the admin port and gRPC, then start the
+    background work: discovery, config reloads, scraping and probing, readiness, the rate-limit store's
+    connection, the waiting strategies' refresh, traces."""
+    gateway, server, redis_url, redis = parts.gateway, parts.server, parts.redis_url, parts.redis
     # TLS (mTLS with a client CA) when configured; the certificate follows its files (server/tls.py)
     bound = (server.add_secure_port(f"{host}:{port}", ReloadingCredentials(tls).server_credentials())
              if tls else server.add_insecure_port(f"{host}:{port}"))
     if bound == 0:
         raise OSError(f"cannot bind the ext_proc port {host}:{port}")
-    serving = True
-    health_services = HealthServices(health_servicer, gateway)  # the protocol's liveness, readiness
+    parts.serving = True
+    health_services = HealthServices(parts.health, gateway)  # the protocol's liveness, readiness
     await health_services.start()
 
     # shutdown_timeout: aiohttp waits up to 60 s by default for admin handlers in flight at shutdown
-    admin = web.AppRunner(admin_app(gateway, lambda: serving), access_log=None,
+    admin = web.AppRunner(admin_app(gateway, lambda: parts.serving), access_log=None,
                           shutdown_timeout=ADMIN_SHUTDOWN_SECONDS)
     await admin.setup()
     if worker is not None:  # only the supervisor reads it, and serves the workers' sum on the admin port
@@ -190,16 +248,16 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     else:
         await web.TCPSite(admin, admin_host, admin_port).start()
     await server.start()
-    discovery, overlay = start_discovery(gateway, config)
-    watcher = asyncio.create_task(ConfigWatcher(path, gateway, gateway.registry, overlay).run())
-    background = loops.start(gateway, scraper, prober, heap)
+    discovery, overlay = start_discovery(gateway, parts.config)
+    watcher = asyncio.create_task(ConfigWatcher(parts.path, gateway, gateway.registry, overlay).run())
+    background = loops.start(gateway, parts.scraper, parts.prober, parts.heap)
     background.append(asyncio.create_task(loops.every(lambda: REFRESH_SECONDS, health_services.refresh,
                                                       "readiness"), name="readiness"))
-    heap.freeze_start()  # what the start allocated is never scanned again by the trims' collections
+    parts.heap.freeze_start()  # what the start allocated is never scanned again by the trims' collections
     if discovery is not None:
         background.append(discovery)
-    if limit_store is not None:  # connected before the first request needs it
-        background.append(asyncio.create_task(limit_store.start(), name="ratelimit-connect"))
+    if parts.limit_store is not None:  # connected before the first request needs it
+        background.append(asyncio.create_task(parts.limit_store.start(), name="ratelimit-connect"))
     # what strategies that hold requests back keep fresh off the request path (the slo* family: profiles
     # from files named in routing.slo.profiles and Redis aibrix:profile_*, every 10 s; the split)
     for waiting in waitings():
@@ -209,20 +267,26 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     otel = otel_from_env(os.environ)
     if otel is not None:
         gateway.add_spans(otel[0])
-    if config.tracing:
+    if parts.config.tracing:
         if redis_url:
             background.append(asyncio.create_task(run_tracing(gateway, redis), name="traces"))
         else:
             log.warning("%s is set but no Redis is configured: no request traces", environment.TRACING_FLAG)
     log.info("ext_proc on %s:%d, admin on http://%s:%d, strategy %s", host, port, admin_host,
              admin_port, gateway.config.default_strategy)
+    return Running(health_services, admin, watcher, background, otel)
 
-    await stop.wait()
-    serving = False
+
+async def drain(parts: Assembly, running: Running) -> None:
+    """NOT_SERVING for the drain notice, then refuse new streams and let the open ones finish (up to the
+    drain timeout), then stop the background work, the clients, the parser and the admin server."""
+    gateway, server = parts.gateway, parts.server
+    loop = asyncio.get_running_loop()
+    parts.serving = False
     log.info("draining: NOT_SERVING for %gs before refusing new streams",
              gateway.config.drain_notice_seconds)
-    await health_services.drain()
-    watcher.cancel()
+    await running.health_services.drain()
+    running.watcher.cancel()
     await asyncio.sleep(gateway.config.drain_notice_seconds)
     log.info("refusing new streams; %d open, waiting up to %gs", gateway.open_streams,
              gateway.config.drain_timeout_seconds)
@@ -242,17 +306,18 @@ async def run_server(config_path: str, *, port: int, admin_port: int, host: str 
     await server.stop(None)
     await stopping
     log.info("gRPC server stopped; stopping background tasks, clients and the admin server")
+    background = running.background
     for task in background:
         task.cancel()
     await asyncio.gather(*background, return_exceptions=True)
-    await scraper.close()
-    await prober.close()
-    await limiter.close()
-    await shared.close()
-    parser_pool.shutdown(wait=False, cancel_futures=True)
-    if otel is not None:  # the last spans out, bounded (the SDK's export timeout), off the loop
-        await asyncio.to_thread(otel[1].shutdown)
-    await admin.cleanup()
+    await parts.scraper.close()
+    await parts.prober.close()
+    await parts.limiter.close()
+    await parts.shared.close()
+    parts.parser_pool.shutdown(wait=False, cancel_futures=True)
+    if running.otel is not None:  # the last spans out, bounded (the SDK's export timeout), off the loop
+        await asyncio.to_thread(running.otel[1].shutdown)
+    await running.admin.cleanup()
     faulthandler.cancel_dump_traceback_later()
     log.info("stopped; %d routed requests had no access-log record yet", len(gateway.open))
 

@@ -32,7 +32,7 @@ from extproc.server.metrics import PodMetricsCollector
 from extproc.state.accounting import Accounting, PodFigures
 from extproc.state.inflight import OpenRequest, OpenRequests
 from extproc.state.reconcile import Reconciler
-from extproc.state.record import PodView, RequestRecord
+from extproc.state.record import PodView, RequestEnd, RequestRecord
 from extproc.state.shared import LocalState, SharedState
 from extproc.state.speed import Speed
 from extproc.telemetry.engine_metrics import EngineSample
@@ -262,28 +262,23 @@ class Gateway:
         """The routing stream was cancelled: Envoy may never have used the decision."""
         entry = self.open.close(key)
         if entry is not None:
-            self._finish(entry, status=0, aborted=True)
+            self._finish(entry, RequestEnd.released())
 
-    def complete(self, key: str, *, status: int, prompt_tokens: int | None = None,
-                 output_tokens: int | None = None, token_source: str = "unknown",
-                 ttfb_s: float | None = None, e2e_s: float | None = None, connect_failure: bool = False,
-                 aborted: bool = False, upstream: str = "") -> None:
+    def complete(self, key: str, end: RequestEnd) -> None:
         """A request's access-log record arrived: release it and teach every post-response hook."""
         entry = self.open.close(key)
         if entry is not None:
-            self._finish(entry, status=status, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                         token_source=token_source, ttfb_s=ttfb_s, e2e_s=e2e_s,
-                         connect_failure=connect_failure, aborted=aborted)
+            self._finish(entry, end)
             return
         self.unmatched_records.inc()
         # Routed by another gateway process behind the same Envoy: it releases its count when this
         # reaches it (through Redis). The tokens are credited here, once.
         owner = key.rpartition(".")[0]
-        if owner and owner != self.origin and self.shared.forward(owner, key, status):
+        if owner and owner != self.origin and self.shared.forward(owner, key, end.status):
             self.peer_records.labels("sent").inc()
-        pod = self.pool.pod_at(upstream) if upstream else None
+        pod = self.pool.pod_at(end.upstream) if end.upstream else None
         if pod is not None:
-            self.accounting.credit(pod, output_tokens)
+            self.accounting.credit(pod, end.output_tokens)
 
     def release_forwarded(self) -> int:
         """Release this process's requests whose records another gateway received and passed on.
@@ -292,27 +287,27 @@ class Gateway:
         for key, status in self.shared.take_forwarded():
             entry = self.open.close(key)
             if entry is not None:
-                self._finish(entry, status=status)
+                self._finish(entry, RequestEnd(status))
                 n += 1
         if n:
             self.peer_records.labels("released").inc(n)
         return n
 
-    def _finish(self, entry: OpenRequest, *, status: int, prompt_tokens: int | None = None,
-                output_tokens: int | None = None, token_source: str = "unknown",
-                ttfb_s: float | None = None, e2e_s: float | None = None, connect_failure: bool = False,
-                aborted: bool = False) -> None:
+    def _finish(self, entry: OpenRequest, end: RequestEnd) -> None:
+        """The request's end, with what this gateway knows of it, as every post-response hook's record."""
         now = self.clock()
+        e2e_s, prompt_tokens, request = end.e2e_s, end.prompt_tokens, entry.request
         entry.ended = now if e2e_s is None else min(now, entry.started + e2e_s)
         record = RequestRecord(
-            request_id=entry.request_id, model=entry.request.model, pod=entry.pod, strategy=entry.strategy,
-            status=status, prompt_tokens=prompt_tokens if prompt_tokens is not None
-            else entry.request.prompt_tokens, output_tokens=output_tokens, token_source=token_source,
-            ttfb_s=ttfb_s, e2e_s=e2e_s if e2e_s is not None else now - entry.started,
-            connect_failure=connect_failure, aborted=aborted, stream=entry.request.stream,
-            request=entry.request)
+            request_id=entry.request_id, model=request.model, pod=entry.pod, strategy=entry.strategy,
+            status=end.status, prompt_tokens=prompt_tokens if prompt_tokens is not None
+            else request.prompt_tokens, output_tokens=end.output_tokens, token_source=end.token_source,
+            ttfb_s=end.ttfb_s, e2e_s=e2e_s if e2e_s is not None else now - entry.started,
+            connect_failure=end.connect_failure, aborted=end.aborted, stream=request.stream,
+            request=request)
         self.hooks.post_response(record, now)
-        self.count(entry.request.model, entry.pod.name, entry.strategy, "aborted" if aborted else str(status))
+        self.count(request.model, entry.pod.name, entry.strategy,
+                   "aborted" if end.aborted else str(end.status))
 
     def count(self, model: str, pod: str, strategy: str, code: str) -> None:
         self.requests_total.labels(model, pod, strategy, code).inc()
@@ -359,7 +354,7 @@ class Gateway:
             if self.open.close(request_key) is not None:
                 log.warning("request %s on %s: the engine no longer holds it (its access-log "
                             "record is lost), released", entry.request_id, entry.pod.name)
-                self._finish(entry, status=0, aborted=True)
+                self._finish(entry, RequestEnd.released())
                 released += 1
         return released
 
@@ -391,7 +386,7 @@ class Gateway:
         for _, entry in self.open.expired(deadline):
             log.warning("request %s on %s: no access-log record after %gs, released", entry.request_id,
                         entry.pod.name, self.config.request_timeout_seconds)
-            self._finish(entry, status=0, aborted=True)
+            self._finish(entry, RequestEnd.released())
             n += 1
         self.expired_requests.inc(n)
         if n:

@@ -25,7 +25,6 @@ import uuid
 from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import replace
-from typing import Any
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
@@ -50,12 +49,13 @@ from extproc.envoy_contract import (
 from extproc.openai import OpenAIError, Request
 from extproc.ratelimit import Admission
 from extproc.routing import StrategySpec, StrategySpecError, strategy_names
-from extproc.routing.framework import UnknownStrategy, Waiting, waiting_for, waitings
+from extproc.routing.framework import LiveRoom, UnknownStrategy, Waiting, waiting_for, waitings
 from extproc.routing.outcome import Queued, Rejected, Routed
 from extproc.routing.session_affinity import MAX_SESSION_KEY_BYTES
 from extproc.server import attributes, body, responses
 from extproc.server.gateway import Gateway
 from extproc.server.heap import HeapTrimmer
+from extproc.state.record import RequestEnd
 
 log = logging.getLogger(__name__)
 
@@ -127,10 +127,10 @@ class Stream:
                  "_one_message", "_traceparent", "_authorization", "_limiting", "_admission",
                  "_body", "_pool", "_subset", "_status", "_response_mode")
 
-    def __init__(self, gateway: Gateway, rooms: Mapping[Waiting, Any] | None = None) -> None:
+    def __init__(self, gateway: Gateway, rooms: Mapping[Waiting, LiveRoom] | None = None) -> None:
         self._gw = gateway
         self._rooms = rooms or {}  # where a request its strategy holds back waits (none: a 500)
-        self._room: Any = None  # the room of this request's strategy, once it held the request back
+        self._room: LiveRoom | None = None  # the room of this request's strategy, once it held it back
         self._path = ""
         self._strategy = ""
         self._spec: StrategySpec | None = None
@@ -230,7 +230,7 @@ class Stream:
             if self._pool:  # the data plane held the stream for the whole request: it has ended
                 # (Envoy may close it or reset it at the end: the response's status says it was used)
                 if self._status:
-                    self._gw.complete(self._decision.key, status=self._status)
+                    self._gw.complete(self._decision.key, RequestEnd(self._status))
                 else:  # no response at all: Envoy may never have used the decision
                     self._gw.abort(self._decision.key)
             elif cancelled:
@@ -414,30 +414,24 @@ class Stream:
         gw = self._gw
         profile = gw.profile(self._spec, request.model)
         outcome = gw.route(request, profile, self._request_id)
-        if outcome.__class__ is not Routed:
-            self._room = self._rooms.get(waiting_for(profile.name))  # type: ignore[arg-type]
-        try:
-            return admission.answer(outcome, self._room, self, (request, profile, body, end_of_stream))
-        except admission.NoRoom:
-            raise OpenAIError(500, "no waiting room for a held-back request", type="server_error") from None
-
-    # -- admission's answers (extproc.admission.Answers) -----------------------------------------
-
-    def routed(self, decision: Routed, ctx: tuple) -> ProcessingResponse:
-        request, _, body, end_of_stream = ctx
-        return self._routed(decision, request, body, end_of_stream)
-
-    def no_pod(self, ctx: tuple) -> ProcessingResponse:
-        request, _, body, end_of_stream = ctx
-        return self._routed(None, request, body, end_of_stream)
-
-    def waits(self, queued: Queued, ctx: tuple) -> None:
-        # slo-least-load-pulling, slo: Process awaits wait_queued() (no reply yet)
-        request, profile, body, end_of_stream = ctx
-        self._queued = (request, profile, queued, body, end_of_stream)
-
-    def refused(self, rejected: Rejected, ctx: tuple) -> ProcessingResponse:
-        raise self._room.reject(ctx[0].model, rejected)
+        room = None
+        if outcome.__class__ is not Routed:  # admission: the strategy's waiting room, if it held it back
+            waiting = waiting_for(profile.name)
+            room = self._room = self._rooms.get(waiting) if waiting is not None else None
+            try:
+                outcome = admission.admit(outcome, room)
+            except admission.NoRoom:
+                raise OpenAIError(500, "no waiting room for a held-back request",
+                                  type="server_error") from None
+        match outcome:
+            case Routed() | None:  # None: no ready pod (a 503)
+                return self._routed(outcome, request, body, end_of_stream)
+            case Queued():  # slo-least-load-pulling, slo: Process awaits wait_queued() (no reply yet)
+                self._queued = (request, profile, outcome, body, end_of_stream)
+                return None
+            case Rejected():  # a 429: the strategy's, or the room's (full)
+                assert room is not None  # admission refuses a held-back request only with a room
+                raise room.reject(request.model, outcome)
 
     @property
     def queued(self) -> bool:
@@ -524,7 +518,7 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
     """The gRPC face of the gateway: one ext_proc stream per HTTP request."""
 
     def __init__(self, gateway: Gateway, parser_pool: Executor | None = None,
-                 rooms: Mapping[Waiting, Any] | None = None, heap: HeapTrimmer | None = None) -> None:
+                 rooms: Mapping[Waiting, LiveRoom] | None = None, heap: HeapTrimmer | None = None) -> None:
         self._gw = gateway
         self._pool = parser_pool
         self.heap = heap if heap is not None else HeapTrimmer()

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from extproc.openai import OpenAIError
 from extproc.routing.outcome import Outcome, Queued, Rejected, Routed
-from extproc.slo.queue import REJECT_FULL, Entry
+from extproc.slo.queue import REJECT_FULL, Entry, Queues
 from extproc.slo.room import Room
 from extproc.slo.state import SloState, learned
 
@@ -99,6 +99,13 @@ class SloRoom:
         router = self._gw.router
         return learned(router.state.store) if router is not None else None
 
+    def _queues(self) -> Queues:
+        """The SLO queues of a request held back: its slo* strategy was built, and its state with it."""
+        state = self.state
+        if state is None:
+            raise RuntimeError("a request was held back before any SLO strategy was built")
+        return state.queues
+
     # -- the request path -------------------------------------------------------------------------
 
     def reject(self, model: str, rejected: Rejected) -> RetryLater:
@@ -110,13 +117,13 @@ class SloRoom:
     def admit(self, queued: Queued) -> Queued | Rejected:
         """The held-back request joins its model's queue (Rejected: the queue is full). The stream
         awaits `wait` next, in the same turn of the loop: nothing dispatches before its waiter is set."""
-        return Room(self.state.queues).admit(queued)  # type: ignore[union-attr]  (Queued: an slo* strategy was built)
+        return Room(self._queues()).admit(queued)
 
     async def wait(self, request: Request, profile: Profile, request_id: str, queued: Queued) -> Routed:
         """Wait, admitted, for the request's dispatch; raises RetryLater (or the 503 of no ready pod).
         Cancellation leaves the queue."""
-        state = self.state
-        entry: Entry = queued.entry
+        queues = self._queues()
+        entry: Entry[_Waiter] = queued.entry
         model = request.model
         loop = asyncio.get_running_loop()
         waiter = _Waiter(request, profile, request_id, loop.create_future())
@@ -142,16 +149,17 @@ class SloRoom:
         finally:
             if waiter.timer is not None:
                 waiter.timer.cancel()
-            if state.queues.remove(entry):
+            if queues.remove(entry):
                 self._length(model)
             self.queue_wait.labels(model, outcome).observe(max(0.0, self._gw.clock() - entry.arrival))
 
-    def _breach(self, entry: Entry) -> None:
+    def _breach(self, entry: Entry[_Waiter]) -> None:
         state = self.state
         if state is None:
             return
-        waiter: _Waiter = entry.payload  # type: ignore[assignment]
-        rejected = Room(state.queues).breach(entry)
+        waiter = entry.payload
+        room: Room[_Waiter] = Room(state.queues)
+        rejected = room.breach(entry)
         if rejected is None or waiter.future.done():
             return
         self._length(entry.model)
@@ -164,8 +172,8 @@ class SloRoom:
         if state is None:
             return 0
 
-        def route(entry: Entry) -> Outcome | Exception:
-            w: _Waiter = entry.payload  # type: ignore[assignment]
+        def route(entry: Entry[_Waiter]) -> Outcome | Exception:
+            w = entry.payload
             try:
                 if self._gw.spans is not None:  # the span opened by this routing records the wait
                     self._gw.spans.waited(w.request, max(0.0, self._gw.clock() - entry.arrival))
@@ -174,11 +182,11 @@ class SloRoom:
                 log.exception("slo dispatch failed")
                 return exc
 
-        left = Room(state.queues).dispatch(model, self._gw.clock(), route,
-                                           skip=lambda e: e.payload.future.done())  # type: ignore[union-attr]
+        room: Room[_Waiter] = Room(state.queues)
+        left = room.dispatch(model, self._gw.clock(), route, skip=lambda e: e.payload.future.done())
         for entry, result in left:
-            fut = entry.payload.future  # type: ignore[union-attr]
-            if type(result) is Rejected:
+            fut = entry.payload.future
+            if isinstance(result, Rejected):
                 fut.set_exception(self.reject(model, result))
             elif isinstance(result, Exception):
                 fut.set_exception(result)

@@ -14,13 +14,16 @@ import itertools
 from collections import deque
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 REJECT_FULL = "queue_full"
 REJECT_BREACHED = "slo_breached"
 
+P = TypeVar("P")  # what the owner of the wait keeps on the entry
+
 
 @dataclass(slots=True, eq=False)
-class Entry:
+class Entry(Generic[P]):
     model: str
     key: Hashable        # the signature's cell: requests of one shape keep their arrival order
     arrival: float
@@ -28,12 +31,13 @@ class Entry:
     scale: float         # 1 for seconds metrics, output tokens for per-token ones
     deadline: float      # past this the SLO is breached: the request is rejected
     retry_after: float = 1.0  # seconds suggested to a rejected client (Retry-After)
-    payload: object = None    # the server's (the waiting stream's future)
     seq: int = 0
     # True (AIBrix's rule): a head that does not fit stops the dispatch, nobody overtakes it. False
     # (`slo`): the key is the set of deployments the request may use, and only its own lane waits.
     blocks_all: bool = True
     deployments: frozenset[str] = frozenset()  # those that could serve it in time (a refusal is theirs)
+    # the owner's, set once the room admits it (the live stream's waiter, the simulation's arrival index)
+    payload: P = field(init=False, repr=False)
 
     def urgency(self, now: float) -> float:
         return (now - self.arrival) / self.scale - self.slack

@@ -12,16 +12,18 @@ Entries whose deadline has passed leave as breached.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
-from extproc.routing.outcome import Outcome, Queued, Rejected
+from extproc.routing.outcome import Queued, Rejected
 from extproc.slo.queue import REJECT_BREACHED, REJECT_FULL, Entry, Full, Queues
 
-# (entry, what its dispatch came to): the route's outcome, or whatever `route` returned in its place
-# (the live shell returns the exception of a failed route, so a bug costs one request, not the queue).
-Left = tuple[Entry, object]
+P = TypeVar("P")  # what the room's owner keeps on each entry (extproc.slo.queue.Entry.payload)
+R = TypeVar("R")  # what the owner's `route` returns: the outcome, or (live) the exception of a failed route
 
 
-class Room:
+class Room(Generic[P]):
+    """`Room[P]`: the owner's payloads are P (the live shell's waiters, the simulation's arrival indices)."""
+
     __slots__ = ("queues",)
 
     def __init__(self, queues: Queues) -> None:
@@ -36,13 +38,18 @@ class Room:
             return Rejected(REJECT_FULL, entry.retry_after, entry.deployments)
         return queued
 
-    def dispatch(self, model: str, now: float, route: Callable[[Entry], Outcome | Exception],
-                 skip: Callable[[Entry], bool] = lambda e: False) -> list[Left]:
+    def length(self, model: str) -> int:
+        """How many requests of `model` wait."""
+        return self.queues.length(model)
+
+    def dispatch(self, model: str, now: float, route: Callable[[Entry[P]], R],
+                 skip: Callable[[Entry[P]], bool] = lambda e: False) -> list[tuple[Entry[P], R]]:
         """Route queued requests of `model` while they fit: `route(entry)` re-routes the entry's request
         as queued; `skip(entry)` drops entries nobody waits for any more. Returns the entries that left
-        the queue, in dispatch order, with their outcomes (Routed, Rejected, or None: no ready pod)."""
+        the queue, in dispatch order, with what `route` returned for each (Routed, Rejected, None: no
+        ready pod; or whatever the owner's `route` returns in place of an outcome)."""
         queue = self.queues.of(model)
-        out: list[Left] = []
+        out: list[tuple[Entry[P], R]] = []
         stuck: set = set()  # lanes whose head did not fit (`slo`): their requests wait, others go on
         while queue.length:
             entry = queue.most_urgent(now, stuck)
@@ -61,16 +68,20 @@ class Room:
             out.append((entry, result))
         return out
 
-    def breach(self, entry: Entry) -> Rejected | None:
+    def breach(self, entry: Entry[P]) -> Rejected | None:
         """The entry's deadline passed while it waited: it leaves, refused (None: it had left already)."""
         if not self.queues.remove(entry):
             return None
         return Rejected(REJECT_BREACHED, entry.retry_after, entry.deployments)
 
-    def expire(self, model: str, now: float) -> list[tuple[Entry, Rejected]]:
+    def expire(self, model: str, now: float) -> list[tuple[Entry[P], Rejected]]:
         """Every entry of `model` whose deadline has passed by `now`, removed and refused."""
-        gone = self.queues.of(model).breached(now)
-        return [(entry, self.breach(entry)) for entry in gone]  # type: ignore[misc]  (each was queued)
+        out = []
+        for entry in self.queues.of(model).breached(now):
+            rejected = self.breach(entry)
+            if rejected is not None:  # always: each was queued
+                out.append((entry, rejected))
+        return out
 
 
 __all__ = ["REJECT_BREACHED", "REJECT_FULL", "Room"]

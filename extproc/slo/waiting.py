@@ -13,15 +13,16 @@ from extproc.slo.state import SloState, learned
 
 if TYPE_CHECKING:
     from extproc.routing import RoutingState
+    from extproc.slo.live_room import SloRoom
 
 
-def _live(gateway: Any) -> Any:
+def _live(gateway: Any) -> SloRoom:
     from extproc.slo.live_room import SloRoom  # prometheus and asyncio: only where a gateway runs
 
     return SloRoom(gateway)
 
 
-def _virtual(store: RoutingState) -> Room:
+def _virtual(store: RoutingState) -> Room[Any]:
     state: SloState = learned(store.store)  # type: ignore[assignment]  (built with the strategy)
     return Room(state.queues)
 

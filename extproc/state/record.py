@@ -1,6 +1,7 @@
 """The records routing and the gateway's learners pass between them: `PodView` (one pod as one decision
-sees it), `Snapshot` (a model's views between rebuilds) and `RequestRecord` (one finished request, the
-post-response hooks' input). Both routing and accounting import them; they import neither."""
+sees it), `Snapshot` (a model's views between rebuilds), `RequestEnd` (how a request ended, as Envoy's
+access log reports it) and `RequestRecord` (one finished request, the post-response hooks' input). Both
+routing and accounting import them; they import neither."""
 
 from __future__ import annotations
 
@@ -19,6 +20,33 @@ if TYPE_CHECKING:
 TOKENS_FROM_USAGE = "usage"
 TOKENS_COUNTED = "counted"
 TOKENS_UNKNOWN = "unknown"
+
+
+@dataclass(slots=True)
+class RequestEnd:
+    """How a routed request ended, as Envoy's access-log record says (server/access_log.py; the fleet
+    simulation's engine and a pool's response headers say the same): one value from the parser to
+    `Gateway.complete`, which adds what it knows of the request and hands its hooks a RequestRecord.
+    Made once per record and never changed; not frozen, because a frozen dataclass's __init__ cost
+    ~0.8 µs more per record (docs/benchmarks.md, issue 42).
+    """
+
+    status: int                       # HTTP status sent to the client; 0 when none was (aborted early)
+    prompt_tokens: int | None = None  # None: not reported (the request's own estimate stands)
+    output_tokens: int | None = None  # None when unknown: adds nothing to capacity
+    token_source: str = TOKENS_UNKNOWN
+    ttfb_s: float | None = None       # routing decision to the first response byte from the pod
+    e2e_s: float | None = None        # to the last byte sent to the client; None: the gateway's own clock
+    connect_failure: bool = False     # the pod refused or reset the connection before answering
+    aborted: bool = False             # the client went away, or the stream was reset mid-body
+    upstream: str = ""                # the pod as Envoy reached it ("host:port"): credits a peer's record
+
+    @classmethod
+    def released(cls) -> RequestEnd:
+        """No record at all: the routing stream was cancelled before Envoy used the decision, or the
+        record never came (the engine's count, or the timeout, said the request was gone)."""
+        return cls(0, aborted=True)
+
 
 
 @dataclass(slots=True, frozen=True)

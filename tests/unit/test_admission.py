@@ -1,5 +1,5 @@
-"""extproc.admission: one table from a route's outcome to the caller's answer, and the registry's
-Waiting that supplies the room, so the gateway's shells name no strategy."""
+"""extproc.admission: a route's outcome, once admitted, as a value the caller matches on, and the
+registry's Waiting that supplies the room, so the gateway's shells name no strategy."""
 
 from __future__ import annotations
 
@@ -13,11 +13,8 @@ from extproc import admission
 from extproc.pool.pod import Pod
 from extproc.routing.framework import waiting_for, waitings
 from extproc.routing.outcome import Queued, Rejected, Routed
-from extproc.slo.queue import REJECT_FULL
-
-
-class Entry:
-    payload: object = None
+from extproc.slo.queue import REJECT_FULL, Entry, Queues
+from extproc.slo.room import Room
 
 
 class FakeRoom:
@@ -34,43 +31,45 @@ class FakeRoom:
         return queued
 
 
-class Answers:
-    def routed(self, decision, ctx):  # noqa: ANN001, ANN201
-        return ("routed", decision.pod.name, ctx)
-
-    def no_pod(self, ctx):  # noqa: ANN001, ANN201
-        return ("no_pod", ctx)
-
-    def waits(self, queued, ctx):  # noqa: ANN001, ANN201
-        return ("waits", queued.entry.payload, ctx)
-
-    def refused(self, rejected, ctx):  # noqa: ANN001, ANN201
-        return ("refused", rejected.reason, ctx)
+def entry() -> Entry[int]:
+    return Entry("m", "k", 0.0, 1.0, 1.0, 5.0)
 
 
-def test_each_outcome_gets_its_answer():
+def test_routed_no_pod_and_a_strategys_refusal_pass_through_unchanged():
     room = FakeRoom(room_for=1)
     routed = Routed(Pod("m", "p0", "10.0.0.1:8000"), "k1")
-    assert admission.answer(routed, room, Answers(), 7) == ("routed", "p0", 7)
-    assert admission.answer(None, room, Answers(), 7) == ("no_pod", 7)
-    refused = admission.answer(Rejected("slo_breached", 1.0), room, Answers(), 7)
-    assert refused == ("refused", "slo_breached", 7)
+    refused = Rejected("slo_breached", 1.0)
+    assert admission.admit(routed, room) is routed
+    assert admission.admit(None, room) is None
+    assert admission.admit(refused, room) is refused
     assert room.admitted == []  # only a held-back request reaches the room
+    assert admission.admit(routed, None) is routed and admission.admit(None, None) is None  # no room needed
 
 
-def test_a_queued_request_is_admitted_with_its_payload_until_the_room_is_full():
+def test_a_queued_request_waits_until_the_room_is_full():
     room = FakeRoom(room_for=1)
-    first, second = Queued(Entry()), Queued(Entry())
-    assert admission.answer(first, room, Answers(), "a", payload=3) == ("waits", 3, "a")
+    first, second = Queued(entry()), Queued(entry())
+    assert admission.admit(first, room) is first
     assert room.admitted == [first]
-    assert admission.answer(second, room, Answers(), "b", payload=4) == ("refused", REJECT_FULL, "b")
+    refused = admission.admit(second, room)
+    assert isinstance(refused, Rejected) and refused.reason == REJECT_FULL
+
+
+def test_the_pure_room_keeps_its_owners_payload():
+    room: Room[int] = Room(Queues(max_length=1))
+    first, second = Queued(entry()), Queued(entry())
+    first.entry.payload = 7
+    assert admission.admit(first, room) is first and room.length("m") == 1
+    assert isinstance(admission.admit(second, room), Rejected)  # the queue holds one
+    (left, rejected), = room.expire("m", 6.0)  # past its deadline
+    assert left.payload == 7 and rejected.reason == "slo_breached" and room.length("m") == 0
 
 
 def test_a_held_back_request_without_a_room_is_a_bug():
     with pytest.raises(admission.NoRoom):
-        admission.answer(Queued(Entry()), None, Answers(), None)
+        admission.admit(Queued(entry()), None)
     with pytest.raises(admission.NoRoom):
-        admission.answer(Rejected("slo_breached", 1.0), None, Answers(), None)
+        admission.admit(Rejected("slo_breached", 1.0), None)
 
 
 def test_the_slo_family_registers_one_shared_waiting():

@@ -15,6 +15,7 @@ from extproc.fleetsim.loop import Clock
 from extproc.openai import Request
 from extproc.routing import strategy_names
 from extproc.server.gateway import Gateway
+from extproc.state.record import RequestEnd
 from extproc.telemetry.engine_metrics import EngineSample
 
 
@@ -57,5 +58,5 @@ def test_live_and_simulated_gateways_pick_the_same_pods(tmp_path, scenario, stra
         if open_ and rng.random() < 0.6:  # an access-log record arrives for both
             ka, kb = open_.pop(rng.randrange(len(open_)))
             tokens = rng.randint(1, 500)
-            live.complete(ka, status=200, output_tokens=tokens)
-            sim.gateway.complete(kb, status=200, output_tokens=tokens)
+            live.complete(ka, RequestEnd(200, output_tokens=tokens))
+            sim.gateway.complete(kb, RequestEnd(200, output_tokens=tokens))

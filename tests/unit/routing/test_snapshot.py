@@ -15,7 +15,7 @@ from extproc.routing.load_balance import LoadBalanceScorer
 from extproc.routing.settings import LoadBalanceSettings
 from extproc.routing.snapshot import derived
 from extproc.server.gateway import Gateway
-from extproc.state.record import Snapshot
+from extproc.state.record import RequestEnd, Snapshot
 from extproc.state.speed import Speed
 from tests.unit.routing.support import REQ
 
@@ -89,7 +89,7 @@ def test_a_pod_leaving_routing_is_left_out_at_once_not_at_the_next_rebuild():
     request = REQ.__class__(model="m", path="/v1/chat/completions")
     first = gw.route(request, profile, "r0")
     assert first is not None
-    gw.complete(first.key, status=0, connect_failure=True)  # its engine refused the connection
+    gw.complete(first.key, RequestEnd(0, connect_failure=True))  # its engine refused the connection
     picked = {gw.route(request, profile, f"r{i}").pod.name for i in range(1, 30)}  # type: ignore[union-attr]
     assert first.pod.name not in picked and len(picked) == 2
     gw.accounting.health.observe_scrape(first.pod.key, ok=True, connect_refused=False, now=now[0])

@@ -25,6 +25,7 @@ from extproc.config import parse
 from extproc.server.attributes import FILTER
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Stream
+from extproc.state.record import RequestEnd
 
 PODS = [{"name": f"p{i}", "address": f"10.0.0.{i + 1}:8000"} for i in range(4)]
 CONFIG = {"models": {"m": {"pods": PODS}}, "gateway": {"max_body_bytes": 1000},
@@ -374,8 +375,8 @@ def test_counts_balance_on_every_path(mode, ours, size, big, trailers, cut, serv
             break
     s.close(cancelled)
     if s.decision is not None:  # our bootstrap: the access-log record comes, maybe after a reset
-        gw.complete(s.decision.key, status=200)
-        gw.complete(s.decision.key, status=200)  # twice: the second finds nothing
+        gw.complete(s.decision.key, RequestEnd(200))
+        gw.complete(s.decision.key, RequestEnd(200))  # twice: the second finds nothing
     assert all(n == 0 for n in running(gw).values()) and len(gw.open) == 0
 
 

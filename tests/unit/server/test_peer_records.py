@@ -8,6 +8,7 @@ from extproc.config import parse
 from extproc.openai import Request
 from extproc.server.gateway import Gateway
 from extproc.state.accounting import Accounting
+from extproc.state.record import RequestEnd
 from extproc.state.shared import LocalState
 
 RAW = {"models": {"m": {"pods": [{"name": "a", "address": "10.0.0.1:8000"}]}}}
@@ -50,7 +51,7 @@ def test_a_record_received_by_the_other_gateway_releases_the_routing_gateways_co
                          f"r{i}") for i in range(3)]
     pod = decisions[0].pod
     for d in decisions:  # Envoy's log stream goes to b
-        b.complete(d.key, status=200, output_tokens=10, upstream=pod.address)
+        b.complete(d.key, RequestEnd(200, output_tokens=10, upstream=pod.address))
     assert a.accounting.shared.running(pod.key) == 3  # not yet passed on
     assert a.release_forwarded() == 3
     assert a.accounting.shared.running(pod.key) == 0 and len(a.open) == 0
@@ -64,13 +65,13 @@ def test_own_late_records_are_not_forwarded():
     hub = Mailboxes()
     a = gateway(hub)
     d = a.route(Request("m", "/v1/chat/completions"), a.profile("least-request", "m"), "r")
-    a.complete(d.key, status=200, output_tokens=4, upstream=d.pod.address)
-    a.complete(d.key, status=200, output_tokens=4, upstream=d.pod.address)  # a duplicate: unmatched
+    a.complete(d.key, RequestEnd(200, output_tokens=4, upstream=d.pod.address))
+    a.complete(d.key, RequestEnd(200, output_tokens=4, upstream=d.pod.address))  # a duplicate: unmatched
     assert hub.boxes[a.origin] == [] and a.peer_records.labels("sent")._value.get() == 0
 
 
 def test_without_redis_nothing_is_forwarded():
     a, b = Gateway(parse(RAW, env={})), Gateway(parse(RAW, env={}))
     d = a.route(Request("m", "/v1/chat/completions"), a.profile("least-request", "m"), "r")
-    b.complete(d.key, status=200, output_tokens=4, upstream=d.pod.address)
+    b.complete(d.key, RequestEnd(200, output_tokens=4, upstream=d.pod.address))
     assert a.release_forwarded() == 0 and b.accounting.output_tokens[d.pod.key] == 4

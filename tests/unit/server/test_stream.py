@@ -17,6 +17,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
 from extproc.config import ConfigError, parse
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor, Stream
+from extproc.state.record import RequestEnd
 
 CONFIG = {"models": {
     "m": {"pods": [{"name": "p0", "address": "10.0.0.1:8000"}, {"name": "p1", "address": "10.0.0.2:8000"}]},
@@ -59,7 +60,7 @@ def running(gw: Gateway) -> int:
 
 
 def finish(gw: Gateway, s: Stream, status: int = 200, tokens: int | None = 5) -> None:
-    gw.complete(s.decision.key, status=status, output_tokens=tokens, token_source="usage")
+    gw.complete(s.decision.key, RequestEnd(status, output_tokens=tokens, token_source="usage"))
 
 
 def test_routes_and_sets_destination_header_and_metadata(gw: Gateway):
@@ -157,7 +158,7 @@ def test_a_record_that_never_comes_expires(gw: Gateway):
 
 
 def test_a_record_from_before_a_restart_still_credits_the_pod(gw: Gateway):
-    gw.complete("unknown-key", status=200, output_tokens=7, upstream="10.0.0.2:8000")
+    gw.complete("unknown-key", RequestEnd(200, output_tokens=7, upstream="10.0.0.2:8000"))
     assert gw.accounting.output_tokens[("m", "p1", "10.0.0.2:8000")] == 7
     assert running(gw) == 0
 

@@ -10,6 +10,7 @@ import pytest
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, HttpHeaders, ProcessingRequest
 
+from extproc import admission
 from extproc.config import ConfigError, parse
 from extproc.gpu_profiles import parse_profile
 from extproc.openai import Request
@@ -21,6 +22,7 @@ from extproc.server.processor import Stream
 from extproc.server.traces import TraceHooks
 from extproc.slo.live_room import RetryLater, SloRoom
 from extproc.slo.waiting import SLO_WAITING
+from extproc.state.record import RequestEnd
 from extproc.tracing.window import TraceRecorder
 
 
@@ -155,9 +157,9 @@ def gateway(max_queue: int = 4, max_wait: float = 5.0) -> tuple[Gateway, SloRoom
 
 
 async def admitted_wait(room: SloRoom, request, profile_, request_id: str, queued: Queued):
-    """What the stream does with a Queued outcome (extproc.admission): admit, then wait or a 429."""
-    admitted = room.admit(queued)
-    if type(admitted) is not Queued:
+    """What the stream does with a Queued outcome: admission, then wait or a 429."""
+    admitted = admission.admit(queued, room)
+    if isinstance(admitted, Rejected):
         raise room.reject(request.model, admitted)
     return await room.wait(request, profile_, request_id, admitted)
 
@@ -183,7 +185,7 @@ def test_queued_request_is_dispatched_when_a_completion_frees_capacity():
         assert not task.done()
         # a new arrival queues behind it, it does not overtake
         assert type(gw.route(req(), profile_, "r4")) is Queued
-        gw.complete(d1.key, status=200, prompt_tokens=128, output_tokens=8)
+        gw.complete(d1.key, RequestEnd(200, prompt_tokens=128, output_tokens=8))
         decision = await asyncio.wait_for(task, 5)
         assert decision.pod.name == "fast0" and room.state.queues.length("m") == 0
         assert len(gw.open) == 2
@@ -207,7 +209,7 @@ def test_most_urgent_is_dispatched_first():
         entries[1][2].entry.key = "other"
         tasks = {rid: asyncio.create_task(admitted_wait(room, r, p, rid, e)) for rid, r, e in entries}
         await poll(lambda: room.state.queues.length("m") == 2)
-        gw.complete(d1.key, status=200, prompt_tokens=128, output_tokens=8)
+        gw.complete(d1.key, RequestEnd(200, prompt_tokens=128, output_tokens=8))
         await poll(lambda: any(t.done() for t in tasks.values()))
         assert tasks["urgent"].done() and not tasks["relaxed"].done()
         tasks["relaxed"].cancel()
@@ -289,4 +291,25 @@ def test_stream_waits_then_gets_429_with_retry_after():
         assert imm.status.code == 429 and headers["retry-after"] == "1"
         assert json.loads(imm.body)["error"]["code"] == "slo_breached"
         assert stream.finished
+    asyncio.run(main())
+
+
+def test_stream_matches_admission_full_room_429_and_no_room_500():
+    async def main():
+        gw, room = gateway(max_queue=1)
+        p = gw.profile(None, "m")
+        gw.route(req(), p, "r1")
+        gw.route(req(), p, "r2")  # both pods busy: the next requests are held back
+        first = Stream(gw, {SLO_WAITING: room})
+        first.handle(_headers())
+        assert first.handle(_body()) is None and first.queued  # admitted: the queue holds one
+        second = Stream(gw, {SLO_WAITING: room})
+        second.handle(_headers())
+        imm = second.handle(_body()).immediate_response  # refused by the room at once, no wait
+        assert imm.status.code == 429 and json.loads(imm.body)["error"]["code"] == "queue_full"
+        assert not second.queued and second.finished
+        lost = Stream(gw, {})  # a strategy that holds requests back, and nobody built its room
+        lost.handle(_headers())
+        imm = lost.handle(_body()).immediate_response
+        assert imm.status.code == 500 and json.loads(imm.body)["error"]["type"] == "server_error"
     asyncio.run(main())

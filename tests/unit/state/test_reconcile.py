@@ -7,6 +7,7 @@ from extproc.openai import Request
 from extproc.server.gateway import Gateway
 from extproc.state.accounting import Accounting
 from extproc.state.reconcile import Reconciler
+from extproc.state.record import RequestEnd
 from extproc.state.shared import LocalState
 from extproc.telemetry.engine_metrics import EngineSample
 from extproc.telemetry.health import PodHealth
@@ -106,7 +107,7 @@ def test_the_gateway_releases_what_the_engine_no_longer_holds_and_credits_a_late
     assert len(gw.open) == 0
     assert gw.released_requests.labels("engine_count")._value.get() == 10
     # A record that does arrive late finds nothing open: its tokens are credited, once, no decrement.
-    gw.complete(decisions[0].key, status=200, output_tokens=7, upstream=pod.address)
+    gw.complete(decisions[0].key, RequestEnd(200, output_tokens=7, upstream=pod.address))
     assert gw.accounting.output_tokens[pod.key] == 7
     assert gw.accounting.shared.running(pod.key) == 0
 
@@ -182,7 +183,7 @@ def test_under_continuing_load_requests_routed_just_before_the_scrape_do_not_hid
     for scrape in range(4):
         clock.now += 1.0
         for k in real:  # last second's requests finished: their records came
-            gw.complete(k, status=200, output_tokens=5, upstream="10.0.0.1:8000")
+            gw.complete(k, RequestEnd(200, output_tokens=5, upstream="10.0.0.1:8000"))
         real = []
         for _ in range(20):  # each client's next request, routed over the last 0.4 s
             clock.now += 0.02
@@ -224,7 +225,7 @@ def test_short_requests_whose_records_come_after_the_scrape_are_not_phantoms():
         gw.reconcile(key, sample(0, clock.now, sent=sent))  # the engine idle: all three had ended
         clock.now += 0.03
         for k in keys:
-            gw.complete(k, status=200, output_tokens=4, e2e_s=0.005, upstream="10.0.0.1:8000")
+            gw.complete(k, RequestEnd(200, output_tokens=4, e2e_s=0.005, upstream="10.0.0.1:8000"))
         clock.now += 0.5
     assert gw.released_requests.labels("engine_count")._value.get() == 0
     assert gw.accounting.shared.running(key) == 0
