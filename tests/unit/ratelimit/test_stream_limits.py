@@ -30,7 +30,7 @@ async def send(gw: Gateway, body=CHAT, key: str | None = "sk-a"):
 
     if gw not in PROCESSORS:
         PROCESSORS[gw] = Processor(gw)
-    replies = [r async for r in PROCESSORS[gw].Process(envoy(), None)]
+    replies = [r async for r in PROCESSORS[gw].replies(envoy())]
     return replies[-1]
 
 

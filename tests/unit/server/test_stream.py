@@ -234,7 +234,7 @@ async def test_processor_cancelled_before_routing_leaves_nothing_in_flight(gw: G
         await asyncio.Event().wait()  # the client never sends its body; Envoy will cancel the stream
 
     async def consume():
-        async for _ in Processor(gw).Process(envoy(), None):
+        async for _ in Processor(gw).replies(envoy()):
             pass
 
     task = asyncio.create_task(consume())
@@ -255,7 +255,7 @@ async def test_processor_closes_its_side_once_routed(gw: Gateway):
         yield req_body(CHAT)
         raise AssertionError("the processor must not wait for more messages once routed")
 
-    replies = [r async for r in Processor(gw).Process(envoy(), None)]
+    replies = [r async for r in Processor(gw).replies(envoy())]
     assert len(replies) == 2 and gw.open_streams == 0
     assert in_flight(gw) == 1  # until its access-log record arrives
 

@@ -106,7 +106,7 @@ def test_client_gone_while_queued_leaves_the_queue(tmp_path):
                 yield m
 
         async def consume():
-            async for reply in Processor(gw).Process(requests(), None):
+            async for reply in Processor(gw).replies(requests()):
                 replies.append(reply)
 
         task = asyncio.create_task(consume())
