@@ -50,7 +50,7 @@ from extproc.envoy_contract import (
 )
 from extproc.openai import OpenAIError, Request
 from extproc.ratelimit import Admission
-from extproc.routing import StrategySpec, StrategySpecError, strategy_names
+from extproc.routing import Profile, StrategySpec, StrategySpecError, strategy_names
 from extproc.routing.framework import UnknownStrategy, Waiting, waiting_for, waitings
 from extproc.routing.outcome import Queued, Rejected, Routed
 from extproc.routing.session_affinity import MAX_SESSION_KEY_BYTES
@@ -425,12 +425,12 @@ class Stream:
     # -- admission's answers (extproc.admission.Answers) -----------------------------------------
 
     def routed(self, decision: Routed, ctx: tuple) -> ProcessingResponse:
-        request, _, body, end_of_stream = ctx
-        return self._routed(decision, request, body, end_of_stream)
+        request, profile, body, end_of_stream = ctx
+        return self._routed(decision, request, body, end_of_stream, profile)
 
     def no_pod(self, ctx: tuple) -> ProcessingResponse:
-        request, _, body, end_of_stream = ctx
-        return self._routed(None, request, body, end_of_stream)
+        request, profile, body, end_of_stream = ctx
+        return self._routed(None, request, body, end_of_stream, profile)
 
     def waits(self, queued: Queued, ctx: tuple) -> None:
         # slo-least-load-pulling, slo: Process awaits wait_queued() (no reply yet)
@@ -450,7 +450,7 @@ class Stream:
         self._queued = None
         try:
             routed = await self._room.wait(request, profile, self._request_id, queued)  # type: ignore[union-attr]
-            return self._routed(routed, request, body, end_of_stream)
+            return self._routed(routed, request, body, end_of_stream, profile)
         except OpenAIError as err:
             return self._reject(err)
         except Exception:
@@ -458,7 +458,7 @@ class Stream:
             return self._reject(OpenAIError(500, "internal gateway error", type="server_error"))
 
     def _routed(self, decision: Routed | None, request: Request, body: bytes,
-                end_of_stream: bool) -> ProcessingResponse:
+                end_of_stream: bool, profile: Profile) -> ProcessingResponse:
         gw = self._gw
         if decision is None:
             if self._subset is not None:  # the protocol's 503: none of the subset is eligible
@@ -469,7 +469,7 @@ class Stream:
         self._decision = decision
         self._done = True
         if self._pool or self._body is not None:
-            return self._routed_by_protocol(decision, request, body, end_of_stream)
+            return self._routed_by_protocol(decision, request, body, end_of_stream, profile)
         # One message: trailers are not sent to the gateway (and Envoy sets a new body's length).
         self._expect_trailers = not end_of_stream and not self._one_message
         new_body = openai.with_usage_requested(body, request) if gw.config.include_usage else None
@@ -482,15 +482,14 @@ class Stream:
         return responses.route(gw.config.destination_header, decision.pod, decision.key,
                                self._request_id, self._strategy, new_body, self._has_length, trace, limits)
 
-    def _routed_by_protocol(self, decision: Routed, request: Request, raw: bytes,
-                            end_of_stream: bool) -> ProcessingResponse | list[ProcessingResponse]:
+    def _routed_by_protocol(self, decision: Routed, request: Request, raw: bytes, end_of_stream: bool,
+                            profile: Profile) -> ProcessingResponse | list[ProcessingResponse]:
         """The endpoint-picker protocol's answer: to a pool's data plane, the pick and its next-best
-        pods, in order, as the destination header and the envoy.lb value (one string); in the shape
-        the body mode needs."""
+        pods by the profile that picked it, in order, as the destination header and the envoy.lb
+        value (one string); in the shape the body mode needs."""
         gw = self._gw
         endpoints = decision.pod.address
         if self._pool:
-            profile = gw.profile(self._spec, request.model)
             fallbacks = gw.fallbacks(request, profile, decision.pod)
             endpoints = ",".join([endpoints, *(p.address for p in fallbacks)])
         pieces = self._body
