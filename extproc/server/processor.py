@@ -20,10 +20,9 @@ Stream.handle is synchronous and does no I/O, so it is unit-testable over a fake
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any
@@ -538,35 +537,6 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
         """gRPC's entry (a coroutine: grpc.aio's read/write API, which costs less per message than
         its request iterator and reply generator; a pool's stream is 4 messages in and 3 out)."""
         await self.serve(context.read, context.write)
-
-    async def replies(self, messages: AsyncIterable[ProcessingRequest]) -> AsyncIterator[ProcessingResponse]:
-        """In process (tests): the replies to a message sequence, each as the stream writes it."""
-        it = messages.__aiter__()
-        written: asyncio.Queue = asyncio.Queue()
-        ended = object()
-
-        async def read() -> Any:
-            try:
-                return await it.__anext__()
-            except StopAsyncIteration:
-                return grpc.aio.EOF
-
-        async def run() -> None:
-            try:
-                await self.serve(read, written.put)
-            finally:
-                written.put_nowait(ended)
-
-        task = asyncio.create_task(run())
-        try:
-            while (reply := await written.get()) is not ended:
-                yield reply
-            await task  # its error, if it failed
-        finally:
-            if not task.done():  # the consumer went away (cancelled): so does the stream
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
 
     async def serve(self, read: Callable[[], Awaitable[Any]],
                     write: Callable[[ProcessingResponse], Awaitable[None]]) -> None:

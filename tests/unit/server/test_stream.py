@@ -17,6 +17,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
 from extproc.config import ConfigError, parse
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor, Stream
+from tests.support.ext_proc import stream_replies
 
 CONFIG = {"models": {
     "m": {"pods": [{"name": "p0", "address": "10.0.0.1:8000"}, {"name": "p1", "address": "10.0.0.2:8000"}]},
@@ -234,7 +235,7 @@ async def test_processor_cancelled_before_routing_leaves_nothing_in_flight(gw: G
         await asyncio.Event().wait()  # the client never sends its body; Envoy will cancel the stream
 
     async def consume():
-        async for _ in Processor(gw).replies(envoy()):
+        async for _ in stream_replies(Processor(gw), envoy()):
             pass
 
     task = asyncio.create_task(consume())
@@ -255,7 +256,7 @@ async def test_processor_closes_its_side_once_routed(gw: Gateway):
         yield req_body(CHAT)
         raise AssertionError("the processor must not wait for more messages once routed")
 
-    replies = [r async for r in Processor(gw).replies(envoy())]
+    replies = [r async for r in stream_replies(Processor(gw), envoy())]
     assert len(replies) == 2 and gw.open_streams == 0
     assert in_flight(gw) == 1  # until its access-log record arrives
 
