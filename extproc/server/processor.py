@@ -534,8 +534,9 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
                                  "parsed in a worker process, off the event loop", registry=gateway.registry)
 
     async def Process(self, request_iterator, context):  # noqa: N802 (gRPC method name)
-        """gRPC's entry (a coroutine: grpc.aio's read/write API, which costs less per message than
-        its request iterator and reply generator; a pool's stream is 4 messages in and 3 out)."""
+        """gRPC's entry, a coroutine: grpc.aio's read/write API. Its request iterator and reply
+        generator wrap the same reads and writes in two more async-generator steps a message (a pool's
+        stream is 4 messages in and 3 out)."""
         await self.serve(context.read, context.write)
 
     async def serve(self, read: Callable[[], Awaitable[Any]],
