@@ -49,8 +49,9 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--stream-tokens", type=int, default=64, help="output tokens per streamed request")
     o.add_argument("--itl-ms", type=float, default=20.0, help="upstream pace: ms between tokens of a stream")
     o.add_argument("--paths", type=lambda t: tuple(t.split(",")), default=("direct", "envoy", "routed", "full"),
-                   help="subset of direct,envoy,routed,full,workers,tally,limited,duplex,pool (processes to "
-                        "start; duplex: full with a full-duplex body, pool: `extproc envoy-config --pool`)")
+                   help="subset of direct,envoy,routed,full,workers,tally,limited,duplex,pool,pool-floor "
+                        "(processes to start; duplex: full with a full-duplex body, pool: `extproc "
+                        "envoy-config --pool`, pool-floor: that Envoy with a fixed-answer picker)")
     o.add_argument("--stream-paths", type=lambda t: tuple(t.split(",")), default=("envoy", "full"),
                    help="paths of the streaming sweep, of envoy,routed,full,tally (tally: Envoy + the Lua "
                         "tally without a gateway: the Lua's share of (c); needs it in --paths too)")
@@ -60,7 +61,8 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--decisions", type=int, default=3000, help="routing decisions timed per pool size")
     o.add_argument("--baseline", type=Path, metavar="DIR",
                    help="a checkout of an earlier version (git worktree or `git archive`): its gateway and "
-                        "Envoy bootstrap run as path 'before' beside the others, JSON and streaming")
+                        "Envoy bootstrap run as path 'before' beside the others, JSON and streaming (and "
+                        "its picker behind the pool's Envoy as 'pool-before', with pool in --paths)")
     o.add_argument("--json", type=Path, help="write the summary (and every run) here")
     o.add_argument("--profile", type=Path, metavar="DIR",
                    help="py-spy the gateways during round 1's heaviest runs; collapsed stacks go to DIR")
@@ -149,6 +151,8 @@ def _overhead(args: argparse.Namespace) -> int:
     paths, stream_paths = args.paths, args.stream_paths
     if args.baseline is not None:
         paths, stream_paths = (*paths, "before"), (*stream_paths, "before")
+        if "pool" in paths:  # the pool path with the baseline's picker too
+            paths = (*paths, "pool-before")
     s = Settings(duration=args.duration, rounds=args.rounds, stream_rounds=args.stream_rounds,
                  concurrencies=args.concurrency, streams=args.streams, stream_tokens=args.stream_tokens,
                  itl_ms=args.itl_ms, paths=paths, stream_paths=stream_paths,

@@ -1,5 +1,5 @@
 """What the rate-limit check costs a request, in process: the gateway's whole request side (an ext_proc
-headers + body pair through `Processor.Process`, routing included) with limits off, on but with none
+headers + body pair through `Processor.serve`, routing included) with limits off, on but with none
 for the request's model or key, on in process, and on through Redis (`--redis-url`), side by side in rounds;
 the differences of the medians against the routing decision alone (`extproc.perf.decision`).
 
@@ -62,16 +62,28 @@ def _processor(limits: dict[str, Any] | None, redis_url: str | None) -> Any:
 
 
 async def _run(requests: int, rounds: int, redis_url: str | None) -> dict[str, float]:
+    import grpc
+
     from extproc.state.record import RequestEnd
 
     messages = _messages()
     names = [n for n in VARIANTS if redis_url or n != "on, Redis"]
     processors = {n: _processor(VARIANTS[n], redis_url if n == "on, Redis" else None) for n in names}
     samples: dict[str, list[float]] = {n: [] for n in names}
+    replies: list = []
 
-    async def stream():
-        for m in messages:
-            yield m
+    async def serve(proc: Any) -> None:
+        """One stream through Processor.serve, as gRPC drives it (its read/write API)."""
+        left = iter(messages)
+        replies.clear()
+
+        async def read():
+            return next(left, grpc.aio.EOF)
+
+        async def write(reply) -> None:
+            replies.append(reply)
+
+        await proc.serve(read, write)
 
     for _ in range(rounds):
         for name in names:
@@ -79,7 +91,7 @@ async def _run(requests: int, rounds: int, redis_url: str | None) -> dict[str, f
             gw = proc._gw
             for _ in range(requests):
                 t = time.perf_counter_ns()
-                replies = [r async for r in proc.Process(stream(), None)]
+                await serve(proc)
                 samples[name].append((time.perf_counter_ns() - t) / 1e3)
                 key = replies[-1].dynamic_metadata.fields["extproc"].struct_value.fields["key"].string_value
                 gw.complete(key, RequestEnd(200, output_tokens=64))  # counts stay bounded

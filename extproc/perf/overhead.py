@@ -88,7 +88,8 @@ def _cpu_snapshot(stack: Stack, path: BenchPath) -> dict[str, float]:
 
 def _measure(stack: Stack, path: BenchPath, load: int, drive: Callable[[], LoadResult],
              tally_timeout: float = 5.0) -> Run:
-    tally0 = metric_sum(path.gateway.metrics(), TALLY_METRIC) if path.gateway else 0.0
+    tally0 = (metric_sum(path.gateway.metrics(), TALLY_METRIC)
+              if path.gateway is not None and path.name in ACCESS_LOG_PATHS else 0.0)
     sent0 = stack.upstream_stats()["tokens"]
     cpu0 = _cpu_snapshot(stack, path)
     t0 = time.perf_counter()
@@ -209,9 +210,11 @@ def _cpu_per(run: Run) -> float:
 ACCESS_LOG_PATHS = ("full", "workers", "before", "limited", "duplex")  # the paths with the access log
 # (label prefix in the summary, path) of the paths through a gateway
 GATEWAY_PATHS = (("routed_", "routed"), ("", "full"), ("workers_", "workers"), ("before_", "before"),
-                 ("limited_", "limited"), ("duplex_", "duplex"), ("pool_", "pool"))
+                 ("limited_", "limited"), ("duplex_", "duplex"), ("pool_", "pool"),
+                 ("pool_before_", "pool-before"), ("pool_floor_", "pool-floor"))
 # Paths set beside the buffered full path ("full"), round by round: (label prefix, path)
-BODY_MODE_PATHS = (("duplex_", "duplex"), ("pool_", "pool"))
+BODY_MODE_PATHS = (("duplex_", "duplex"), ("pool_", "pool"), ("pool_before_", "pool-before"),
+                   ("pool_floor_", "pool-floor"))
 
 def summarize(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -220,7 +223,8 @@ def summarize(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any]:
         row: dict[str, float] = {}
         for label, path in (("upstream", "direct"), ("direct", "envoy"), ("routed", "routed"),
                             ("gateway", "full"), ("workers", "workers"), ("before", "before"),
-                            ("limited", "limited"), ("duplex", "duplex"), ("pool", "pool")):
+                            ("limited", "limited"), ("duplex", "duplex"), ("pool", "pool"),
+                            ("pool_before", "pool-before"), ("pool_floor", "pool-floor")):
             if key(path) in runs:
                 row[f"{label}_p50_ms"] = _med(runs[key(path)], "p50_ms")
                 row[f"{label}_p99_ms"] = _med(runs[key(path)], "p99_ms")

@@ -8,7 +8,8 @@ PATH_LABELS = (("upstream", "upstream, no proxy"), ("direct", "(a) Envoy alone")
                ("routed", "(b) Envoy + gateway routing"), ("gateway", "(c) full path"),
                ("workers", "(c) full path, --workers"), ("before", "(c) before (--baseline)"),
                ("limited", "(c) full path, rate limits on"), ("duplex", "(c) full path, full-duplex body"),
-               ("pool", "pool (envoy-config --pool)"))
+               ("pool", "pool (envoy-config --pool)"), ("pool_before", "pool, before (--baseline)"),
+               ("pool_floor", "pool, fixed-answer picker"))
 
 # (what, where in the summary, at least/at most, limit)
 TARGETS = (  # issue 20
@@ -50,7 +51,8 @@ def requests_table(summary: dict[str, Any], concurrencies: tuple[int, ...]) -> s
             if f"{key}_p50_ms" not in row:
                 continue
             added = {"routed": "routed_", "gateway": "", "workers": "workers_", "before": "before_",
-                     "limited": "limited_", "duplex": "duplex_", "pool": "pool_"}.get(key)
+                     "limited": "limited_", "duplex": "duplex_", "pool": "pool_",
+                     "pool_before": "pool_before_", "pool_floor": "pool_floor_"}.get(key)
             lines.append(
                 f"{label:30} {c:>4} {_f(row[f'{key}_p50_ms']):>8} {_f(row[f'{key}_p99_ms']):>8} "
                 f"{_f(row[f'{key}_rps'], 0):>8} "
@@ -81,7 +83,9 @@ def body_modes_table(summary: dict[str, Any], concurrencies: tuple[int, ...]) ->
     lines = []
     for c in concurrencies:
         row = summary.get(f"c{c}", {})
-        for label, name in (("duplex_", "full-duplex body"), ("pool_", "pool (envoy-config --pool)")):
+        for label, name in (("duplex_", "full-duplex body"), ("pool_", "pool (envoy-config --pool)"),
+                            ("pool_before_", "pool, before (--baseline)"),
+                            ("pool_floor_", "pool, fixed-answer picker")):
             if f"{label}vs_buffered_p50_ratio" in row:
                 lines.append(f"  c{c:<4} {name:28} p50 x{_f(row[f'{label}vs_buffered_p50_ratio'], 3)}  "
                              f"time per request (1/req/s) x{_f(row[f'{label}vs_buffered_rps_ratio'], 3)}  "

@@ -40,7 +40,8 @@ from extproc.localstack import VENV_BIN, Proc, free_port, free_ports, http_get, 
 from extproc.perf.load import Target
 
 MODEL = "bench"
-PATHS = ("direct", "envoy", "routed", "full", "workers", "tally", "before", "limited", "duplex", "pool")
+PATHS = ("direct", "envoy", "routed", "full", "workers", "tally", "before", "limited", "duplex", "pool",
+         "pool-before", "pool-floor")
 # The "limited" path's limits: high enough that every request is admitted, so it times the check alone.
 BENCH_RATE_LIMITS = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12}
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
@@ -193,13 +194,18 @@ class Stack:
             self.paths["duplex"] = BenchPath("duplex", Target(envoy_port), envoy, gateway)
         if "pool" in paths:  # Envoy as a gateway configures an InferencePool (`envoy-config --pool`)
             gateway, grpc_port = self._gateway("pool", address)
-            envoy_port = free_port()
-            options = BootstrapOptions(listen_port=envoy_port, listen_address="127.0.0.1",
-                                       admin_port=free_port(), extproc_port=grpc_port)
-            envoy = self._proc(start_envoy("envoy-pool", render_pool(options, PoolOptions(pods=(address,))),
-                                           self.log_dir))
-            envoy.wait_ready(lambda: port_open(envoy_port))
-            self.paths["pool"] = BenchPath("pool", Target(envoy_port), envoy, gateway)
+            self.paths["pool"] = self._pool_path("pool", address, grpc_port, gateway)
+        if "pool-before" in paths and self.baseline is not None:  # the same, the baseline's picker
+            gateway, grpc_port = self._gateway("pool-before", address, {"PYTHONPATH": str(self.baseline)})
+            self.paths["pool-before"] = self._pool_path("pool-before", address, grpc_port, gateway)
+        if "pool-floor" in paths:  # the same Envoy, a picker with fixed answers (extproc/perf/pool_floor.py)
+            grpc_port = free_port()
+            floor = self._proc(Proc("pool-floor", [sys.executable, "-m", "extproc.perf.pool_floor",
+                                                   "--port", str(grpc_port), "--endpoint", address],
+                                    self.log_dir))
+            floor.wait_ready(lambda: port_open(grpc_port))
+            self.paths["pool-floor"] = self._pool_path("pool-floor", address, grpc_port,
+                                                       Gateway(floor, admin_port=0))
         if "before" in paths and self.baseline is not None:
             env = {"PYTHONPATH": str(self.baseline)}  # its code first: the gateway and the generator
             gateway, grpc_port = self._gateway("before", address, env)
@@ -214,6 +220,16 @@ class Stack:
             envoy = self._proc(start_envoy("envoy-before", text, self.log_dir))
             envoy.wait_ready(lambda: port_open(envoy_port))
             self.paths["before"] = BenchPath("before", Target(envoy_port), envoy, gateway)
+
+    def _pool_path(self, name: str, address: str, grpc_port: int, gateway: Gateway) -> BenchPath:
+        """Envoy as `extproc envoy-config --pool` writes it, in front of this picker."""
+        envoy_port = free_port()
+        options = BootstrapOptions(listen_port=envoy_port, listen_address="127.0.0.1",
+                                   admin_port=free_port(), extproc_port=grpc_port)
+        envoy = self._proc(start_envoy(f"envoy-{name}", render_pool(options, PoolOptions(pods=(address,))),
+                                       self.log_dir))
+        envoy.wait_ready(lambda: port_open(envoy_port))
+        return BenchPath(name, Target(envoy_port), envoy, gateway)
 
     def _gateway(self, name: str, address: str, env: dict[str, str] | None = None,
                  workers: int = 1, rate_limits: dict | None = None) -> tuple[Gateway, int]:

@@ -68,6 +68,23 @@ def stream_tail(output_tokens: int, prompt_tokens: int, include_usage: bool) -> 
     return tail + _chunk(_DONE_EVENT) + b"0\r\n\r\n"
 
 
+def _dechunk(buf: bytes, start: int) -> tuple[bytes, int] | None:
+    """A chunked body from `start`: (the body, where the next request begins), or None while incomplete."""
+    parts, at = [], start
+    while True:
+        eol = buf.find(b"\r\n", at)
+        if eol < 0:
+            return None
+        size = int(buf[at:eol].split(b";", 1)[0], 16)
+        if size == 0:  # the last chunk, then trailers (none, or header lines) and an empty line
+            done = buf.find(b"\r\n\r\n", eol) if buf[eol + 2:eol + 4] != b"\r\n" else eol
+            return None if done < 0 else (b"".join(parts), done + 4)
+        if len(buf) < eol + 2 + size + 2:
+            return None
+        parts.append(buf[eol + 2:eol + 2 + size])
+        at = eol + 2 + size + 2
+
+
 class Stats:
     __slots__ = ("requests", "streams", "tokens", "late_sum", "late_max", "late_n")
 
@@ -120,15 +137,25 @@ class Upstream(asyncio.Protocol):
         if end < 0:
             return False
         head = self._buf[:end].decode("latin-1")
-        length = 0
+        length, chunked = 0, False
         for line in head.split("\r\n")[1:]:
             name, _, value = line.partition(":")
-            if name.strip().lower() == "content-length":
+            name = name.strip().lower()
+            if name == "content-length":
                 length = int(value)
-        if len(self._buf) < end + 4 + length:
-            return False
-        body = self._buf[end + 4:end + 4 + length]
-        self._buf = self._buf[end + 4 + length:]
+            elif name == "transfer-encoding":
+                chunked = "chunked" in value.lower()
+        if chunked:  # Envoy forwards a full-duplex (ext_proc) body chunked: the client's length is gone
+            read = _dechunk(self._buf, end + 4)
+            if read is None:
+                return False
+            body, rest = read
+            length = len(body)
+        else:
+            if len(self._buf) < end + 4 + length:
+                return False
+            body, rest = self._buf[end + 4:end + 4 + length], end + 4 + length
+        self._buf = self._buf[rest:]
         method, path = head.split(" ", 2)[:2]
         assert self._transport is not None
         if method == "GET":

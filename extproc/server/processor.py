@@ -22,9 +22,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import replace
+from typing import Any
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
@@ -48,7 +49,7 @@ from extproc.envoy_contract import (
 )
 from extproc.openai import OpenAIError, Request
 from extproc.ratelimit import Admission
-from extproc.routing import StrategySpec, StrategySpecError, strategy_names
+from extproc.routing import Profile, StrategySpec, StrategySpecError, strategy_names
 from extproc.routing.framework import LiveRoom, UnknownStrategy, Waiting, waiting_for, waitings
 from extproc.routing.outcome import Queued, Rejected, Routed
 from extproc.routing.session_affinity import MAX_SESSION_KEY_BYTES
@@ -425,7 +426,7 @@ class Stream:
                                   type="server_error") from None
         match outcome:
             case Routed() | None:  # None: no ready pod (a 503)
-                return self._routed(outcome, request, body, end_of_stream)
+                return self._routed(outcome, request, body, end_of_stream, profile)
             case Queued():  # slo-least-load-pulling, slo: Process awaits wait_queued() (no reply yet)
                 self._queued = (request, profile, outcome, body, end_of_stream)
                 return None
@@ -443,7 +444,7 @@ class Stream:
         self._queued = None
         try:
             routed = await self._room.wait(request, profile, self._request_id, queued)  # type: ignore[union-attr]
-            return self._routed(routed, request, body, end_of_stream)
+            return self._routed(routed, request, body, end_of_stream, profile)
         except OpenAIError as err:
             return self._reject(err)
         except Exception:
@@ -451,7 +452,7 @@ class Stream:
             return self._reject(OpenAIError(500, "internal gateway error", type="server_error"))
 
     def _routed(self, decision: Routed | None, request: Request, body: bytes,
-                end_of_stream: bool) -> ProcessingResponse:
+                end_of_stream: bool, profile: Profile) -> ProcessingResponse:
         gw = self._gw
         if decision is None:
             if self._subset is not None:  # the protocol's 503: none of the subset is eligible
@@ -462,7 +463,7 @@ class Stream:
         self._decision = decision
         self._done = True
         if self._pool or self._body is not None:
-            return self._routed_by_protocol(decision, request, body, end_of_stream)
+            return self._routed_by_protocol(decision, request, body, end_of_stream, profile)
         # One message: trailers are not sent to the gateway (and Envoy sets a new body's length).
         self._expect_trailers = not end_of_stream and not self._one_message
         new_body = openai.with_usage_requested(body, request) if gw.config.include_usage else None
@@ -475,15 +476,14 @@ class Stream:
         return responses.route(gw.config.destination_header, decision.pod, decision.key,
                                self._request_id, self._strategy, new_body, self._has_length, trace, limits)
 
-    def _routed_by_protocol(self, decision: Routed, request: Request, raw: bytes,
-                            end_of_stream: bool) -> ProcessingResponse | list[ProcessingResponse]:
+    def _routed_by_protocol(self, decision: Routed, request: Request, raw: bytes, end_of_stream: bool,
+                            profile: Profile) -> ProcessingResponse | list[ProcessingResponse]:
         """The endpoint-picker protocol's answer: to a pool's data plane, the pick and its next-best
-        pods, in order, as the destination header and the envoy.lb value (one string); in the shape
-        the body mode needs."""
+        pods by the profile that picked it, in order, as the destination header and the envoy.lb
+        value (one string); in the shape the body mode needs."""
         gw = self._gw
         endpoints = decision.pod.address
         if self._pool:
-            profile = gw.profile(self._spec, request.model)
             fallbacks = gw.fallbacks(request, profile, decision.pod)
             endpoints = ",".join([endpoints, *(p.address for p in fallbacks)])
         pieces = self._body
@@ -529,11 +529,20 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
                                  "parsed in a worker process, off the event loop", registry=gateway.registry)
 
     async def Process(self, request_iterator, context):  # noqa: N802 (gRPC method name)
+        """gRPC's entry, a coroutine: grpc.aio's read/write API. Its request iterator and reply
+        generator wrap the same reads and writes in two more async-generator steps a message (a pool's
+        stream is 4 messages in and 3 out)."""
+        await self.serve(context.read, context.write)
+
+    async def serve(self, read: Callable[[], Awaitable[Any]],
+                    write: Callable[[ProcessingResponse], Awaitable[None]]) -> None:
+        """One ext_proc stream: read until Envoy ends it (or the request is finished), write each reply."""
         stream = Stream(self._gw, self.rooms)
         self._gw.open_streams += 1
         cancelled, large = False, 0
+        eof = grpc.aio.EOF
         try:
-            async for msg in request_iterator:
+            while (msg := await read()) is not eof:
                 parsed = None
                 if self._pool is not None and stream.needs_offload(msg):
                     self.offloaded.inc()
@@ -547,9 +556,9 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
                     reply = await stream.wait_queued()
                 if reply.__class__ is list:  # a body that came in pieces: one answer per piece
                     for one in reply:  # type: ignore[union-attr]
-                        yield one
+                        await write(one)
                 elif reply is not None:  # None: a piece held until the body ends
-                    yield reply
+                    await write(reply)
                 if stream.finished:
                     # Close our side now: Envoy would otherwise hold this stream open for the whole
                     # response, and a gateway crash would then cut every running generation.

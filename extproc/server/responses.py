@@ -176,7 +176,8 @@ class Route:
 
     def headers_answer(self, body_length: int) -> ProcessingResponse:
         """FULL_DUPLEX_STREAMED: the held request headers, answered once the body has ended."""
-        # the length only when the body changed (a body passed on unchanged keeps the client's)
+        # the length only when the body changed; unchanged, it goes on without one: Envoy (1.40)
+        # drops a full-duplex body's content-length, forwards it chunked, and ignores a length set here
         return ProcessingResponse(request_headers=HeadersResponse(response=CommonResponse(
             header_mutation=self._mutation(body_length if self.body is not None else None),
             clear_route_cache=True)), dynamic_metadata=self.metadata())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import socket
 import threading
 
 import pytest
@@ -143,6 +144,36 @@ def test_streams_are_paced_counted_and_usage_is_seen_when_sent(live_upstream) ->
     assert result.usage_leaked == 0  # the client did not ask for usage, the upstream sent none
 
 
+def test_a_chunked_request_is_one_request_and_the_next_one_follows(live_upstream) -> None:
+    """Envoy forwards a full-duplex (ext_proc) body chunked: one request, one answer, and the
+    connection stays usable (taking the chunks for a second request made Envoy drop it every time)."""
+    port, stats = live_upstream
+    body = b'{"model":"m","stream":false,"max_tokens":7,"messages":[]}'
+    chunked = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+               + b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:20], body[20:]))
+               + b"0\r\n\r\n")
+    plain = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
+             % (len(body), body.replace(b"7", b"5")))
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        for i in range(0, len(chunked), 9):  # in small pieces: every split point of the framing
+            sock.sendall(chunked[i:i + 9])
+        sock.sendall(plain)
+        received = b""
+        while received.count(b"HTTP/1.1 200") < 2 or not received.endswith(b"}"):
+            data = sock.recv(65536)
+            assert data, "the upstream closed the connection"
+            received += data
+    assert received.count(b"HTTP/1.1 ") == 2
+    assert stats.requests == 2 and stats.tokens == 7 + 5
+
+
+def test_dechunk_waits_for_the_whole_body_and_its_trailers() -> None:
+    framed = b"5\r\nhello\r\n3\r\nabc\r\n0\r\nx-t: 1\r\n\r\nNEXT"
+    body, end = upstream._dechunk(framed, 0)
+    assert body == b"helloabc" and framed[end:] == b"NEXT"
+    assert all(upstream._dechunk(framed[:i], 0) is None for i in range(len(framed) - 4))
+
+
 def _run(path: str, load: int, **kw: object) -> Run:
     return Run(path=path, load=load, **kw)  # type: ignore[arg-type]
 
@@ -212,3 +243,38 @@ def test_the_sync_bench_counts_the_speed_sharing_of_every_pod() -> None:
                            "redis_commands_per_s": 10, "reply_bytes_per_s": 1000, **figures,
                            "whole_core_share": 0.01 + figures["speed_core_share"]})
     assert row.count("|") == len(sync.HEADER) - 1
+
+
+def test_the_fixed_answer_picker_answers_the_pool_sequence_as_the_gateway_does() -> None:
+    """pool-floor (extproc/perf/pool_floor.py): the same replies, in the same order, as the gateway's
+    to a pool's full-duplex request, so the bench path differs only in the work behind them."""
+    import grpc
+    from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, ProcessingRequest
+
+    from extproc.envoy_contract import DEFAULT_DESTINATION_HEADER, LB_METADATA_NAMESPACE
+    from extproc.perf.pool_floor import FloorPicker
+
+    headers = ProcessingRequest()
+    headers.request_headers.headers.headers.add(key=":path", raw_value=b"/v1/chat/completions")
+    sent = [headers, ProcessingRequest(request_body=HttpBody(body=b'{"model":')),
+            ProcessingRequest(request_body=HttpBody(body=b'"m"}', end_of_stream=True)),
+            ProcessingRequest(response_headers=headers.request_headers)]
+    replies: list = []
+
+    class Context:
+        async def read(self):
+            return sent.pop(0) if sent else grpc.aio.EOF
+
+        async def write(self, reply) -> None:
+            replies.append(reply)
+
+    asyncio.run(FloorPicker("10.0.0.1:8000").Process(None, Context()))
+    kinds = [r.WhichOneof("response") for r in replies]
+    assert kinds == ["request_headers", "request_body", "response_headers"]
+    route = replies[0]
+    assert route.request_headers.response.clear_route_cache
+    assert route.request_headers.response.header_mutation.set_headers[0].header.raw_value == b"10.0.0.1:8000"
+    lb = route.dynamic_metadata.fields[LB_METADATA_NAMESPACE].struct_value.fields
+    assert lb[DEFAULT_DESTINATION_HEADER].string_value == "10.0.0.1:8000"
+    piece = replies[1].request_body.response.body_mutation.streamed_response
+    assert piece.body == b'{"model":"m"}' and piece.end_of_stream

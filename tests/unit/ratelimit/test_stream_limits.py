@@ -10,6 +10,7 @@ from extproc.config import parse
 from extproc.server.access_log import AccessLogService
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor
+from tests.support.ext_proc import stream_replies
 from tests.unit.server.test_access_log import entry
 from tests.unit.server.test_stream import CHAT, req_body, req_headers
 
@@ -30,7 +31,7 @@ async def send(gw: Gateway, body=CHAT, key: str | None = "sk-a"):
 
     if gw not in PROCESSORS:
         PROCESSORS[gw] = Processor(gw)
-    replies = [r async for r in PROCESSORS[gw].Process(envoy(), None)]
+    replies = [r async for r in stream_replies(PROCESSORS[gw], envoy())]
     return replies[-1]
 
 

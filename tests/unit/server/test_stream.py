@@ -18,6 +18,7 @@ from extproc.config import ConfigError, parse
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor, Stream
 from extproc.state.record import RequestEnd
+from tests.support.ext_proc import stream_replies
 
 CONFIG = {"models": {
     "m": {"pods": [{"name": "p0", "address": "10.0.0.1:8000"}, {"name": "p1", "address": "10.0.0.2:8000"}]},
@@ -235,7 +236,7 @@ async def test_processor_cancelled_before_routing_leaves_nothing_in_flight(gw: G
         await asyncio.Event().wait()  # the client never sends its body; Envoy will cancel the stream
 
     async def consume():
-        async for _ in Processor(gw).Process(envoy(), None):
+        async for _ in stream_replies(Processor(gw), envoy()):
             pass
 
     task = asyncio.create_task(consume())
@@ -256,7 +257,7 @@ async def test_processor_closes_its_side_once_routed(gw: Gateway):
         yield req_body(CHAT)
         raise AssertionError("the processor must not wait for more messages once routed")
 
-    replies = [r async for r in Processor(gw).Process(envoy(), None)]
+    replies = [r async for r in stream_replies(Processor(gw), envoy())]
     assert len(replies) == 2 and gw.open_streams == 0
     assert in_flight(gw) == 1  # until its access-log record arrives
 

@@ -19,6 +19,7 @@ from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor
 from extproc.slo.refresh import SloRefresh
 from extproc.slo.state import learned
+from tests.support.ext_proc import stream_replies
 from tests.support.get_pipeline import GetPipeline
 
 
@@ -106,7 +107,7 @@ def test_client_gone_while_queued_leaves_the_queue(tmp_path):
                 yield m
 
         async def consume():
-            async for reply in Processor(gw).Process(requests(), None):
+            async for reply in stream_replies(Processor(gw), requests()):
                 replies.append(reply)
 
         task = asyncio.create_task(consume())
