@@ -12,7 +12,8 @@ profiles move freely between AIBrix and us:
      "e2e": [[s, ...], ...], "ttft": [[s, ...], ...],   # newer files only
      "slos": {"percentile": 99, "e2e": 2.0},            # newer files only
      "tputs_admitted": [[rps, ...], ...],               # ours (optional): see below
-     "concurrency_admitted": [[k, ...], ...]}          # ours (optional): the budget it was measured at
+     "concurrency_admitted": [[k, ...], ...],          # ours (optional): the budget it was measured at
+     "tputs_admitted_max": [[rps, ...], ...]}          # ours (optional): at the largest budget that passed
 
 A throughput of 0 means the deployment cannot meet the SLO in that cell at any rate.
 
@@ -23,8 +24,10 @@ our profiles may also carry `tputs_admitted`: requests/s one replica sustains wi
 gateway holds it at a per-pod budget of k requests in flight, and `concurrency_admitted`: that k per
 cell (at least one request at a time; profiling.selection.admitted says which k is kept). The SLO
 router admits k of a shape to a pod (`budget`) and the GPU optimizer plans `tputs_admitted` per replica
-(`served`), so router and plan count the same replica. AIBrix's reader ignores keys it does not know,
-so the file still loads there.
+(`served`), so router and plan count the same replica. `tputs_admitted_max`: the requests/s of the run
+at the largest budget that still met the SLO (k is kept at most half of it); the SLO router admits up
+to that while a pod's measured speed shows room, and the optimizer's feedback may raise a cell's plan
+up to it, never beyond. AIBrix's reader ignores keys it does not know, so the file still loads there.
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ class GpuProfile:
     created: float
     tputs_admitted: Matrix | None = None  # requests/s at the SLO behind the router's admission (ours)
     concurrency_admitted: Matrix | None = None  # the per-pod budget (requests in flight) it was measured at
+    tputs_admitted_max: Matrix | None = None  # requests/s at the largest budget that met the SLO (ours)
 
     @property
     def served(self) -> Matrix:
@@ -188,7 +192,7 @@ def parse_profile(data: Mapping[str, Any]) -> GpuProfile:
     # the SLO router treats as "cannot judge this cell")
     optional = {k: _matrix(data[k], k, *shape, unknown=math.nan if k in ("e2e", "ttft") else 0.0)
                 if data.get(k) is not None else None
-                for k in ("e2e", "ttft", "tputs_admitted", "concurrency_admitted")}
+                for k in ("e2e", "ttft", "tputs_admitted", "concurrency_admitted", "tputs_admitted_max")}
     slos_raw = data.get("slos") or {}
     if not isinstance(slos_raw, Mapping):
         raise ProfileError(f"slos: expected an object, got {slos_raw!r}")
@@ -198,7 +202,8 @@ def parse_profile(data: Mapping[str, Any]) -> GpuProfile:
                    ttft=optional["ttft"],
                    slos=slos, created=_number(data.get("created", 0.0), "created"),
                    tputs_admitted=optional["tputs_admitted"],
-                   concurrency_admitted=optional["concurrency_admitted"])
+                   concurrency_admitted=optional["concurrency_admitted"],
+                   tputs_admitted_max=optional["tputs_admitted_max"])
 
 
 def load_profile(path: str | Path) -> GpuProfile:
@@ -227,6 +232,8 @@ def dump_profile(p: GpuProfile) -> dict[str, Any]:
         out["tputs_admitted"] = [list(r) for r in p.tputs_admitted]
     if p.concurrency_admitted is not None:
         out["concurrency_admitted"] = [list(r) for r in p.concurrency_admitted]
+    if p.tputs_admitted_max is not None:
+        out["tputs_admitted_max"] = [list(r) for r in p.tputs_admitted_max]
     return out
 
 # -- the store ------------------------------------------------------------------------------------

@@ -12,12 +12,12 @@ re-plan reads the last `span_s` of them and keeps one factor per deployment on i
     fifth a step), so the plan gives that type less of the mix and more replicas of the others;
   * attainment at `recover` (99.5 %) or above: it grows back by a tenth, up to 1; beyond 1 (up to
     `ceiling`, twice the benchmark) only while the type's P99 TPOT is at most `headroom` (0.8) of the
-    SLO and the router refused none of the model's requests, by sqrt(that room) a step (a tenth to a quarter):
-    the profile undercounts it (a coarse rate grid, gen-profile's "kept up" rule on long answers, a
-    budget kept at half the largest that passed), and its replicas show room the plan can use; while
+    SLO and the router refused none of the model's requests, by sqrt(that room) a step (a tenth to a
+    quarter): the profile undercounts it (a coarse rate grid, gen-profile's "kept up" rule on long
+    answers), and its replicas show room the plan can use; while
     the router refuses any, a factor above 1 goes back toward it (by a fifth a step; the refusal may be
-    charged to another type, whose factor the rule above cuts, but the raise made the fleet short). A
-    profile with `concurrency_admitted` up to BUDGET_MARGIN: the most the SLO router admits per pod.
+    charged to another type, whose factor the rule above cuts, but the raise made the fleet short).
+    Never beyond 1 for a profile with `concurrency_admitted` (ceiling_of).
 
 It moves only on evidence: `min_requests` in the span, and never in the first `span_s` it watches a
 deployment (a fleet just started, or just handed to the optimizer, is not the plan's doing). After a
@@ -37,7 +37,6 @@ from dataclasses import dataclass, field, replace
 
 from extproc.gpu_profiles import GpuProfile
 from extproc.optimizer.workload import TraceWindow
-from extproc.profiling.selection import BUDGET_MARGIN
 from extproc.tracing.window import tpot_of_bucket
 
 MAX_STEP_UP = 1.25  # growth per step with room: sqrt(room), between a tenth and a quarter
@@ -45,9 +44,9 @@ MAX_STEP_UP = 1.25  # growth per step with room: sqrt(room), between a tenth and
 # a fifth; gain = that cap over a shortfall of 4 points (96 %), the most a fleet that nearly keeps the SLO
 # misses by, so smaller misses take proportionally smaller steps.
 GAIN = 5.0
-# The most a profile may be raised: the ratio gen-profile keeps between the largest passing budget and
-# the one kept (BUDGET_MARGIN, 2); for a profile with `concurrency_admitted` never above BUDGET_MARGIN,
-# the most the SLO router admits per pod (ceiling_of).
+# The most a profile without admitted budgets (gen-profile's one-replica rule) may be raised: the ratio
+# gen-profile keeps between the largest passing budget and the one kept (BUDGET_MARGIN, 2). A profile
+# with `concurrency_admitted` is never raised (ceiling_of).
 CEILING = 2.0
 
 
@@ -118,7 +117,7 @@ class Feedback:
                 new = max(self.floor, old * max(0.8, 1.0 - self.gain * (self.target - seen.attainment)))
             elif refusing and old > 1.0:
                 new = max(1.0, old * 0.8)  # a raise beyond the benchmark holds only while nothing is refused
-            elif seen.attainment >= self.recover and now >= self.changed.get(p.gpu, -math.inf) + self.settle_s:
+            elif seen.attainment >= self.recover and now >= self.raise_after(p.gpu):
                 # back to the benchmark; beyond it only while the P99 shows room (> 1: well inside; the
                 # profile undercounts). Not while the router refuses any of the model's requests: the
                 # fleet is short, and the P99 of what it admitted is the router's doing (it holds each
@@ -133,11 +132,17 @@ class Feedback:
                 self.changed[p.gpu] = now
                 self.read_from[p.gpu] = now + (self.settle_s if new < old else 0.0)
 
+    def raise_after(self, deployment: str) -> float:
+        """A raise waits `settle_s` after the factor's last move: the fleet that move made, seen first."""
+        return self.changed.get(deployment, -math.inf) + self.settle_s
+
     def ceiling_of(self, p: GpuProfile) -> float:
-        """A profile measured at a budget (`concurrency_admitted`) may read at most what the SLO router
-        admits beyond it: BUDGET_MARGIN times the budget, and only while the pod's measured speed shows
-        room (slo/pulling.py). Planning above that counts on requests the router will not admit."""
-        return min(self.ceiling, BUDGET_MARGIN) if p.concurrency_admitted is not None else self.ceiling
+        """A profile measured at the budget the SLO router enforces (`concurrency_admitted`) is not raised
+        above its benchmark: the room its P99 shows is room the router keeps by admitting no more than it
+        can serve, not spare capacity. Raising it up to the rate measured at the largest passing budget
+        (`tputs_admitted_max`) was tried on the acceptance rows and left them refusing (docs/optimizer.md,
+        "Acceptance"). Only a profile without it may read more."""
+        return 1.0 if p.concurrency_admitted is not None else self.ceiling
 
     def apply(self, profiles: Sequence[GpuProfile]) -> list[GpuProfile]:
         """The profiles with each deployment's factor on what its replicas serve."""

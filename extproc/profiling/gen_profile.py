@@ -36,7 +36,8 @@ def profile_from_lines(deployment: str, lines: Sequence[MetricLine], cost: float
             raise BenchmarkError(f"{admitted_source}: no `benchmark --admitted` lines (they carry "
                                  f'"{ADMITTED_KEY}")')
         got = admitted(runs, slos, grid.outputs, grid.inputs, grid.tputs, grid.e2e)
-        built = replace(built, tputs_admitted=got.tputs, concurrency_admitted=got.budgets)
+        built = replace(built, tputs_admitted=got.tputs, concurrency_admitted=got.budgets,
+                        tputs_admitted_max=got.most)
     return built, grid
 
 

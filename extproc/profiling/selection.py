@@ -191,6 +191,7 @@ class Admitted:
 
     tputs: tuple[tuple[float, ...], ...]
     budgets: tuple[tuple[float, ...], ...]
+    most: tuple[tuple[float, ...], ...]  # per cell, the best requests/s of any budget that passed
 
 
 def admitted(lines: Iterable[MetricLine], slos: SLOs, outputs: Sequence[int], inputs: Sequence[int],
@@ -198,11 +199,12 @@ def admitted(lines: Iterable[MetricLine], slos: SLOs, outputs: Sequence[int], in
     """Per cell, of the runs of the replica held at a budget (lines carrying ADMITTED_KEY) where every SLO
     passes, those at no more than 1/BUDGET_MARGIN of the largest passing budget (the smallest passing one
     when none is), the one with the highest requests/s, and its budget. Where none passes, or the best is
-    below `tputs`: `tputs` at Little's budget."""
+    below `tputs`: `tputs` at Little's budget. Beside them, per cell, the best requests/s of any passing
+    budget (at least the kept one's): what the SLO router may reach admitting past the kept budget."""
     table = index_lines(line for line in lines if ADMITTED_KEY in line.extra)
-    rates, budgets = [], []
+    rates, budgets, most = [], [], []
     for o_idx, o in enumerate(outputs):
-        row_t, row_k = [], []
+        row_t, row_k, row_m = [], [], []
         for i_idx, i in enumerate(inputs):
             base = tputs[o_idx][i_idx]
             best = (base, little_budget(base, e2e[o_idx][i_idx] if e2e is not None else math.nan))
@@ -215,6 +217,8 @@ def admitted(lines: Iterable[MetricLine], slos: SLOs, outputs: Sequence[int], in
                 best = max([best, *kept])
             row_t.append(best[0])
             row_k.append(float(best[1]))
+            row_m.append(max([best[0], *(t for t, _ in passing)]))
         rates.append(tuple(row_t))
         budgets.append(tuple(row_k))
-    return Admitted(tuple(rates), tuple(budgets))
+        most.append(tuple(row_m))
+    return Admitted(tuple(rates), tuple(budgets), tuple(most))

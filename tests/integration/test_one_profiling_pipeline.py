@@ -31,7 +31,7 @@ MODEL, GPU = "llama2-7b", "A100-80GB"
 SCALE = 1.0  # simulated seconds per wall second: a decode step (~9 ms) far above the live loop's jitter
 TPOT = 0.05 / SCALE  # P99 TPOT SLO, wall seconds
 PLAN = LoadPlan(input_lens=(128, 1024), output_lens=(32,), rates=(3.0, 32.0), num_prompts=12)
-TOLERANCE = {"tputs": 0.15, "tputs_admitted": 0.15, "e2e": 0.20}
+TOLERANCE = {"tputs": 0.15, "tputs_admitted": 0.15, "tputs_admitted_max": 0.15, "e2e": 0.20}
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +50,14 @@ def test_virtual_benchmark_makes_the_profile_the_live_benchmark_makes(live_sim: 
     virtual = measure_profile(lambda: ReplicaSpec(gpu=GPU, model=MODEL).build_engine(), PLAN, MODEL, "a100",
                               1.0, SLOs(99, {"tpot": TPOT}), time_scale=SCALE)
     assert (live.inputs, live.outputs) == (virtual.inputs, virtual.outputs) == ((128, 1024), (32,))
-    for field in ("tputs", "e2e", "tputs_admitted"):
+    for field in ("tputs", "e2e", "tputs_admitted", "tputs_admitted_max"):
         for got, want in zip(getattr(live, field)[0], getattr(virtual, field)[0]):
             assert (got == 0) == (want == 0), field
             assert got == pytest.approx(want, rel=TOLERANCE[field]), field
     assert live.concurrency_admitted == virtual.concurrency_admitted
     # not trivial: every cell passes at a rate, and behind admission at a budget above one request
     assert all(t > 0 for t in live.tputs[0]) and all(k > 1 for k in live.concurrency_admitted[0])
+    assert all(m >= t for m, t in zip(live.tputs_admitted_max[0], live.tputs_admitted[0]))
 
 
 async def test_the_benchmark_reads_the_models_context_to_fit_its_default_grid(live_sim: SimProcess,

@@ -172,3 +172,14 @@ def test_admitted_budget_round_trips_and_falls_back_to_littles_law() -> None:
     with pytest.raises(ProfileError, match=r"^concurrency_admitted\[0\]"):
         parse_profile(small(concurrency_admitted=[[1.0], [1.0, 1.0]]))
 
+
+def test_the_rate_at_the_largest_passing_budget_round_trips() -> None:
+    data = small(tputs_admitted=[[5.0, 2.5], [2.0, 0.4]], concurrency_admitted=[[6.0, 3.0], [2.0, 1.0]],
+                 tputs_admitted_max=[[8.0, 2.5], [3.0, 0.4]])
+    p = parse_profile(data)
+    assert p.tputs_admitted_max == ((8.0, 2.5), (3.0, 0.4))
+    assert dump_profile(p) == data
+    assert "tputs_admitted_max" not in dump_profile(parse_profile(small()))
+    with pytest.raises(ProfileError, match=r"^tputs_admitted_max\[1\]"):
+        parse_profile(small(tputs_admitted_max=[[5.0, 2.5], [2.0]]))
+

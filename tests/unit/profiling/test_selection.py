@@ -170,6 +170,8 @@ def test_admitted_keeps_half_the_largest_budget_that_met_the_slo() -> None:
     got = admitted(lines, slos, (10,), (100, 200, 300), ((2.0, 1.5, 1.0),), ((0.9, 2.0, 1.0),))
     assert got.tputs == ((6.0, 1.5, 2.5),)
     assert got.budgets == ((4.0, 3.0, 5.0),)
+    # the best of any passing budget beside them: 8 at 9.0 (16 missed), the rate where none passed, 5 at 2.5
+    assert got.most == ((9.0, 1.5, 2.5),)
 
 
 def test_budget_ladder_starts_at_littles_budget() -> None:
