@@ -41,3 +41,14 @@ def test_options_named_in_help_texts_exist():
             dangling += [f"{where}: {o}" for o in OPTION.findall(COMMAND.sub("", text))
                          if o not in _options(parser)]
     assert not dangling, dangling
+
+
+def test_every_command_has_a_handler():
+    """Each subcommand module registers through `add_commands` and sets what runs it: a command the
+    parser offers but nothing handles would fail only when a user types it."""
+    top = build_parser()
+    (sub,) = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+    assert list(sub.choices) == ["serve", "check-config", "envoy-config", "engine-sim", "benchmark",
+                                 "gen-profile", "fleet-sim", "bench", "score", "demo", "optimize", "optimizer"]
+    unhandled = [name for name, parser in sub.choices.items() if not callable(parser.get_default("func"))]
+    assert not unhandled, unhandled
