@@ -58,7 +58,8 @@ def test_every_command_has_a_handler():
     parser offers but nothing handles would fail only when a user types it."""
     top = build_parser()
     (sub,) = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
-    assert list(sub.choices) == ["serve", "check-config", "envoy-config", "engine-sim", "benchmark",
-                                 "gen-profile", "fleet-sim", "bench", "score", "demo", "optimize", "optimizer"]
+    assert list(sub.choices) == [
+        "serve", "check-config", "envoy-config", "engine-sim", "benchmark", "gen-profile", "fleet-sim",
+        "bench", "score", "demo", "optimize", "optimizer"]
     unhandled = list(_unhandled(top, "extproc"))
     assert not unhandled, unhandled
