@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -110,16 +111,27 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine_sim(args: argparse.Namespace) -> int:
-    from extproc.sim.cli import run
+def _subcommand_modules() -> tuple[ModuleType, ...]:
+    """Every subcommand beyond the gateway's own, in `extproc --help`'s order: each module adds its
+    commands with `add_commands(sub)`. Imported here, not at the top, so `import extproc.cli` stays
+    light; `extproc <any command>` builds the whole parser and imports them all."""
+    from extproc import score_cli
+    from extproc.demo import cli as demo
+    from extproc.fleetsim import cli as fleetsim
+    from extproc.optimizer import cli as optimizer
+    from extproc.perf import cli as perf
+    from extproc.profiling import cli as profiling
+    from extproc.sim import cli as sim
 
-    return run(args)
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from extproc.demo.__main__ import main as demo
-
-    return demo(args.rest)  # the demo parses its own options
+    return (
+        sim,  # engine-sim (and engine-sim calibrate)
+        profiling,  # benchmark, gen-profile
+        fleetsim,  # fleet-sim
+        perf,  # bench overhead|memory|limits|sync|floor
+        score_cli,  # score
+        demo,  # demo
+        optimizer,  # optimize, optimizer
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,22 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "narrows the pool)")
     envoy.set_defaults(func=_envoy_config)
 
-    from extproc.sim.cli import add_arguments
-
-    sim = sub.add_parser("engine-sim", help="run a simulated vLLM/SGLang engine (or a fleet of them)")
-    add_arguments(sim)
-    sim.set_defaults(func=_engine_sim)
-    __import__("extproc.profiling.cli").profiling.cli.add_commands(sub)  # `extproc benchmark`, `gen-profile`
-    __import__("extproc.fleetsim.cli").fleetsim.cli.register(sub)  # `extproc fleet-sim`
-
-    from extproc.perf.cli import add_parser as add_bench
-
-    add_bench(sub)  # `extproc bench overhead|memory`
-    __import__("extproc.score_cli").score_cli.add_parser(sub)  # `extproc score`
-    demo = sub.add_parser("demo", add_help=False,
-                          help="the heterogeneous before/after demo (--help for its options)")
-    demo.set_defaults(func=_demo)
-    __import__("extproc.optimizer.cli").optimizer.cli.add_commands(sub)  # `extproc optimize`, `optimizer`
+    for tool in _subcommand_modules():
+        tool.add_commands(sub)
     return parser
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from extproc.children import popen
+from extproc.die_with_parent import popen
 from extproc.envoy_bootstrap import BootstrapOptions, bootstrap, render
 
 VENV_BIN = Path(sys.executable).parent
@@ -80,7 +80,7 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 
 class Proc:
     """A child process whose output goes to a log file that failures print. It dies with this
-    process, however this one dies (extproc/children.py): a killed run leaves nothing behind."""
+    process, however this one dies (extproc/die_with_parent.py): a killed run leaves nothing behind."""
 
     def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None):
         self.name = name

@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import msgspec
 
-from extproc.lax import LaxError, as_bool, as_int
+from extproc.field_coercion import LaxError, as_bool, as_int
 from extproc.tokens import CHARS_PER_TOKEN, estimate_tokens  # routing needs prompt size, not token ids
 
 T = TypeVar("T")

@@ -28,7 +28,8 @@ class Scored:
     routed_as: str             # the strategy after auto-blend, weights included
 
 
-def add_parser(sub: Any) -> None:
+def add_commands(sub: Any) -> None:
+    """Add `score` to `extproc`'s subcommands."""
     p = sub.add_parser("score", help="score pods from a JSON snapshot with a routing strategy",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pods", required=True, help="JSON file: a list of pods (see above)")
@@ -165,7 +166,7 @@ def _fraction(entry: dict, key: str, i: int) -> float | None:
 
 def main(argv: Sequence[str] | None = None) -> int:  # `python -m extproc.score_cli`
     parser = argparse.ArgumentParser(prog="extproc")
-    add_parser(parser.add_subparsers(dest="command", required=True))
+    add_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["score", *(argv if argv is not None else sys.argv[1:])])
     return args.func(args)
 

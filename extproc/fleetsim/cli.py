@@ -7,8 +7,8 @@ import sys
 from typing import Any
 
 
-def register(sub: Any) -> None:
-    """Add the `fleet-sim` subcommand to `extproc`'s subparsers (imports stay lazy)."""
+def add_commands(sub: Any) -> None:
+    """Add `fleet-sim` to `extproc`'s subcommands (imports stay lazy)."""
     p = sub.add_parser("fleet-sim", help="simulate a GPU fleet behind the gateway and compare strategies",
                        description=__doc__)
     add_arguments(p)

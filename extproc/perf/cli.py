@@ -32,8 +32,8 @@ See extproc/perf/sync.py for how each figure is taken.
 """
 
 
-def add_parser(sub: Any) -> None:
-    """Register `bench` on the `extproc` command's subparsers."""
+def add_commands(sub: Any) -> None:
+    """Add `bench` to `extproc`'s subcommands."""
     bench = sub.add_parser("bench", help="gateway benchmarks: overhead against Envoy alone, memory")
     kinds = bench.add_subparsers(dest="bench", required=True)
 
@@ -282,7 +282,7 @@ def _loadavg() -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="extproc bench")
-    add_parser(parser.add_subparsers(dest="command", required=True))
+    add_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["bench", *(argv if argv is not None else sys.argv[1:])])
     return int(args.func(args) or 0)
 

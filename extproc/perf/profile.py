@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from extproc.children import popen
+from extproc.die_with_parent import popen
 
 _LINE_NO = re.compile(r":\d+\)$")
 

@@ -20,8 +20,8 @@ from envoy.service.accesslog.v3 import als_pb2_grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter
 
-from extproc import children, environment
 from extproc import config as config_mod
+from extproc import die_with_parent, environment
 from extproc.envoy_contract import ENVOY_BUFFER_BYTES
 from extproc.pool.info import PodInfoCollector
 from extproc.ratelimit import RateLimiter
@@ -198,7 +198,7 @@ def assemble(path: Path, worker: WorkerSpec | None = None) -> Assembly:
     # The worker dies with the gateway, however the gateway dies (it holds its own queue's write end,
     # so it would never see the gateway go).
     parser_pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                      initializer=children.arm, initargs=(os.getpid(),))
+                                      initializer=die_with_parent.arm, initargs=(os.getpid(),))
     parser_pool.submit(parse_body, "/", b"{}", None)  # start the worker now, not on the first long prompt
 
     # so_reuseport off: a second server on a taken port must fail, not silently share it.

@@ -27,7 +27,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from extproc import children
+from extproc import die_with_parent
 from extproc.ratelimit.worker_store import create_budgets
 from extproc.server.metrics_merge import merge
 from extproc.state.workers import create_segment
@@ -75,7 +75,7 @@ class Worker:
         self._session: aiohttp.ClientSession | None = None
 
     def start(self) -> None:
-        self.proc = children.popen(self.argv, pass_fds=(self.spec.segment_fd, self.spec.budgets_fd))
+        self.proc = die_with_parent.popen(self.argv, pass_fds=(self.spec.segment_fd, self.spec.budgets_fd))
         self.started = time.monotonic()
         self.restart_at = None
         log.info("worker %d started (pid %d)", self.spec.index, self.proc.pid)

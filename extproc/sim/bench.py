@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 
-from extproc.children import popen
+from extproc.die_with_parent import popen
 from extproc.localstack import free_port
 
 DEADLINE_S = 30.0

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+from typing import Any
 
 from extproc.sim.faults import FaultConfig
 from extproc.sim.gpus import GPUS, parse_overrides
@@ -13,6 +14,13 @@ from extproc.sim.models import MODELS
 from extproc.sim.replica import ReplicaSpec
 
 log = logging.getLogger(__name__)
+
+
+def add_commands(sub: Any) -> None:
+    """Add `engine-sim` to `extproc`'s subcommands."""
+    parser = sub.add_parser("engine-sim", help="run a simulated vLLM/SGLang engine (or a fleet of them)")
+    add_arguments(parser)
+    parser.set_defaults(func=run)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from extproc.lax import LaxError, as_bool, as_int
+from extproc.field_coercion import LaxError, as_bool, as_int
 from extproc.sim.prefix import block_hashes, token_block_hashes
 from extproc.tokens import CHARS_PER_TOKEN
 from extproc.tokens import estimate_tokens as _count

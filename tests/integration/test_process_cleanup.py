@@ -10,7 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from extproc.children import popen
+from extproc.die_with_parent import popen
 
 # A bench run: the upstream, Envoy alone, and the full path (gateway with its parser worker + Envoy).
 PARENT = textwrap.dedent("""
@@ -85,7 +85,7 @@ def test_children_die_with_a_bench_killed_by_sigkill(tmp_path: Path) -> None:
 
 def test_a_child_started_through_popen_dies_with_its_parent() -> None:
     """The mechanism alone: a parent starts `sleep`, is SIGKILLed, and the sleep goes too."""
-    script = ("import sys, time; from extproc.children import popen; "
+    script = ("import sys, time; from extproc.die_with_parent import popen; "
               "p = popen(['sleep', '600']); print(p.pid, flush=True); time.sleep(600)")
     parent = popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
     child, stat = 0, None

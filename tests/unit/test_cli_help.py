@@ -41,3 +41,25 @@ def test_options_named_in_help_texts_exist():
             dangling += [f"{where}: {o}" for o in OPTION.findall(COMMAND.sub("", text))
                          if o not in _options(parser)]
     assert not dangling, dangling
+
+
+def _unhandled(parser: argparse.ArgumentParser, name: str, handler: object = None):
+    handler = parser.get_default("func") or handler  # a subcommand may run through its parent's handler
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not callable(handler) and not any(a.required for a in subs):
+        yield name
+    for action in subs:
+        for sub_name, sub in action.choices.items():
+            yield from _unhandled(sub, f"{name} {sub_name}", handler)
+
+
+def test_every_command_has_a_handler():
+    """Each subcommand module registers through `add_commands` and sets what runs it: a command the
+    parser offers but nothing handles would fail only when a user types it."""
+    top = build_parser()
+    (sub,) = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+    assert list(sub.choices) == [
+        "serve", "check-config", "envoy-config", "engine-sim", "benchmark", "gen-profile", "fleet-sim",
+        "bench", "score", "demo", "optimize", "optimizer"]
+    unhandled = list(_unhandled(top, "extproc"))
+    assert not unhandled, unhandled
