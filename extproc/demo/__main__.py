@@ -269,7 +269,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "the capacity the gateway reported per pod")
     parser.add_argument("--burst-factor", type=float, metavar="X",
                         help=f"the burst's rate as a multiple of the normal one (default: up to "
-                             f"{BURST_LOAD:.0%} of the pool's saturated throughput, "
+                             f"{BURST_LOAD * 100:.0f}%% of the pool's saturated throughput, "  # %%: argparse
                              f"{BURST_LOAD / LOAD:.2f}x at the default load)")
     args = parser.parse_args(argv)
     args.phase_times = QUICK if args.quick else FULL

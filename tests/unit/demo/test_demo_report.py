@@ -102,3 +102,14 @@ def test_the_burst_config_sets_only_the_capacity_mode():
     for mode in ("observed", "speed"):  # what the gateway will read: the mode as written, nothing else
         settings = parse(gateway_config(ports, mode), {}).routing_settings
         assert settings.load_balance.capacity == mode
+
+
+def test_the_demos_help_prints(capsys) -> None:
+    # `extproc demo --help` once crashed in argparse: a bare % in a help string is a format directive
+    from extproc.demo.__main__ import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "--burst-factor X the burst's rate" in out and "% of the pool's saturated throughput" in out
