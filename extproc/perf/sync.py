@@ -266,6 +266,8 @@ def speed_sharing(pods: int, models: int, gateways: int = 50, rate: float = 10.0
 
 def _speed_sharing(pods: int, models: int, gateways: int, rate: float, seconds: int,
                    seed: int) -> dict[str, float]:
+    import numpy as np
+
     from extproc.state.accounting import Accounting
 
     rng, now = random.Random(seed), time.time()
@@ -292,7 +294,9 @@ def _speed_sharing(pods: int, models: int, gateways: int, rate: float, seconds: 
         measure((own, twin), min(1.0, rate / gateways))
         if second % 2 == 0:  # a new read of the others' sums
             measure((others,), min(1.0, rate * (gateways - 1) / gateways))
-            shared.peers = {pod.key: [others.export(pod.key)] for pod in fleet}
+            # As RedisState's read hands them: one array, a row per pod
+            shared.peers = speed_sums.PeerSums({pod.key: row for row, pod in enumerate(fleet)},
+                                               np.array([others.export(pod.key) for pod in fleet]))
         c0 = time.process_time()
         accounting._share_speed(now)  # noqa: SLF001 (the refresh loop's own step, timed)
         c1 = time.process_time()
