@@ -372,7 +372,7 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
 
     try:
         for g, state in enumerate(states):  # a first read before any token: every baseline is 0
-            await state.sync_once()
+            await _first_sync(state)
             fleet.wrote(g)
         for turn in range(warmup + turns):
             if turn == warmup and collector == "frozen":
@@ -510,6 +510,19 @@ def format_row(s: dict[str, float | int]) -> str:
         s["redis_commands_per_s"], round(int(s["reply_bytes_per_s"]) / 1e6, 2),
         f"{s['share_ms']} + {s['peer_merge_ms']}" if "share_ms" in s else "-",
         s.get("whole_core_share", "-")))
+
+
+async def _first_sync(state: RedisState, attempts: int = 5) -> None:
+    """A gateway's first turn writes every pod: on a loaded machine it can miss the 0.5 s timeout, and
+    a gateway would simply try again."""
+    for attempt in range(attempts):
+        try:
+            await state.sync_once()
+            return
+        except TimeoutError as exc:
+            if attempt == attempts - 1:
+                raise
+            _failed(state, exc)
 
 
 def _failed(state: RedisState, exc: BaseException) -> None:

@@ -102,6 +102,7 @@ class RedisState(SyncedState):
         self._client: aioredis.Redis | None = None
         self._scripts_loaded = False
         self._model_pods: dict[str, dict[str, PodKey]] = {}
+        self._where: dict[PodKey, tuple[str, bytes]] = {}  # tracked pod -> its model and "ns/pod"
         self._layout = -1
         self._slot_maps: dict[str, SlotMap] = {}  # per tracked model: where its pods are packed
         self._offset = 0.0               # Redis server clock minus ours, for skew-free heartbeats
@@ -251,6 +252,8 @@ class RedisState(SyncedState):
             for key, pod in self.counts.pods.items():
                 models.setdefault(pod.model, {})[pod_id(pod)] = key
             self._model_pods, self._layout = models, self.counts.layout
+            self._where = {key: (model, pid.encode("utf-8", "surrogateescape")) for model, pods in models.items()
+                           for pid, key in pods.items()}
             maps = {model: self._slot_maps.get(model) or SlotMap() for model in models}
             for model, slot_map in maps.items():
                 slot_map.track(models[model])
@@ -267,11 +270,17 @@ class RedisState(SyncedState):
             pipe.zadd(GATEWAYS_KEY, {self.field: server_now})
             pipe.zremrangebyscore(GATEWAYS_KEY, "-inf", server_now - GATEWAY_RETENTION_SECONDS)
             queued += 2
-        changed: dict[str, tuple[list[str], list[str]]] = {}
+        changed: dict[str, tuple[list[bytes], list[bytes]]] = {}
+        where = self._where
         for table, side in ((batch.running, 0), (batch.tokens, 1)):
             for key, n in table.items():
-                pod = core.pod(key)
-                changed.setdefault(pod.model, ([], []))[side].extend((pod_id(pod), str(n)))
+                at = where.get(key)
+                if at is None:  # forgotten, its last zero still to write
+                    pod = core.pod(key)
+                    at = (pod.model, pod_id(pod).encode("utf-8", "surrogateescape"))
+                model, pid = at
+                # bytes as sent: the client's encoder passes them through (a str costs it an encode)
+                changed.setdefault(model, ([], []))[side].extend((pid, b"%d" % n))
         if batch.heartbeat:  # every tracked model's ledger: its expiry refreshed, its loss noticed
             for model in models:
                 changed.setdefault(model, ([], []))
@@ -283,10 +292,13 @@ class RedisState(SyncedState):
         for model, gateway in batch.reap:
             pipe.evalsha(redis_scripts.REAP_SHA, 7, *reap_keys(model, gateway), gateway)
             queued += 1
-        speed: dict[str, dict[str, str]] = {}
+        speed: dict[str, dict[bytes, bytes]] = {}
         for key, raw in batch.speed.items():
-            pod = core.pod(key)
-            speed.setdefault(pod.model, {})[pod_id(pod)] = raw
+            at = where.get(key)
+            if at is None:
+                pod = core.pod(key)
+                at = (pod.model, pod_id(pod).encode("utf-8", "surrogateescape"))
+            speed.setdefault(at[0], {})[at[1]] = raw
         for model, vectors in speed.items():  # after the model's WRITE, which makes the ledger
             pipe.evalsha(redis_scripts.SPEED_SHA, 2, speed_key(model), ledger_key(model, self.field),
                          KEY_TTL_SECONDS, *(x for pair in vectors.items() for x in pair))

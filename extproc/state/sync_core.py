@@ -235,6 +235,7 @@ class SyncCore:
         self._written_speed: dict[PodKey, list[float]] = {}  # own speed share as the ledger holds it
         self._retiring_speed: dict[PodKey, Pod] = {}    # forgotten pods whose share is still written
         self._speed_slot: dict[PodKey, int] = {}        # the heartbeats (mod N) a pod's share may go
+        self._slot_keys: list[list[PodKey]] = [[] for _ in range(SPEED_WRITE_HEARTBEATS)]  # ... inverted
         self._beats = 0                                 # heartbeats planned
         self._members: dict[str, set[str]] = {}         # per model: gateways with a ledger, last read
         self._silent: set[tuple[str, str]] = set()      # (model, gateway) silent at the last snapshot
@@ -337,17 +338,22 @@ class SyncCore:
         heartbeats came (pods spread evenly over them, so each heartbeat writes a 1/N of them)."""
         beat = self._beats % SPEED_WRITE_HEARTBEATS
         self._beats += 1
-        written, slots, pods = self._written_speed, self._speed_slot, self.counts.pods
-        for key, vector in self.speed_out.items():
-            if key not in pods:
-                continue
+        written, slots, pods, out = self._written_speed, self._speed_slot, self.counts.pods, self.speed_out
+        turn = self._slot_keys[beat]
+        for key in out.keys() - written.keys():  # Redis lacks it: now, whatever its turn
+            if key in pods:
+                if key not in slots:
+                    slot = slots[key] = len(slots) % SPEED_WRITE_HEARTBEATS
+                    self._slot_keys[slot].append(key)
+                batch.speed[key] = speed_sums.encode(out[key])
+                batch.speed_sent[key] = out[key]
+        for key in turn:  # this heartbeat's 1/N, where records arrived since it was written
             old = written.get(key)
-            slot = slots.get(key)
-            if slot is None:
-                slot = slots[key] = len(slots) % SPEED_WRITE_HEARTBEATS
-            if old is None or slot == beat and speed_sums.new_records(vector, old):
-                batch.speed[key] = speed_sums.encode(vector)
-                batch.speed_sent[key] = vector
+            if old is not None and key in pods and slots.get(key) == beat and key not in batch.speed:
+                vector = out.get(key)
+                if vector is not None and speed_sums.new_records(vector, old):
+                    batch.speed[key] = speed_sums.encode(vector)
+                    batch.speed_sent[key] = vector
         for key in list(self._retiring_speed):
             if key in pods:  # tracked again before its share was withdrawn: it stays
                 del self._retiring_speed[key]
@@ -564,6 +570,9 @@ class SyncCore:
                 table.pop(key, None)
             # Its AIBrix row (if any) is left to its 500 ms expiry.
             self._written_aibrix.pop(key, None)
+        self._slot_keys = [[] for _ in range(SPEED_WRITE_HEARTBEATS)]
+        for key, slot in self._speed_slot.items():
+            self._slot_keys[slot].append(key)
 
     def written_running(self) -> list[PodKey]:
         return list(self._written_running)
