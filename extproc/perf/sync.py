@@ -294,9 +294,13 @@ def _speed_sharing(pods: int, models: int, gateways: int, rate: float, seconds: 
         measure((own, twin), min(1.0, rate / gateways))
         if second % 2 == 0:  # a new read of the others' sums
             measure((others,), min(1.0, rate * (gateways - 1) / gateways))
-            # As RedisState's read hands them: one array, a row per pod
-            shared.peers = speed_sums.PeerSums({pod.key: row for row, pod in enumerate(fleet)},
-                                               np.array([others.export(pod.key) for pod in fleet]))
+            # As RedisState's read hands them: one array, a row per pod (a --baseline checkout from
+            # before the array: a list per pod)
+            if hasattr(speed_sums, "PeerSums"):
+                shared.peers = speed_sums.PeerSums({pod.key: row for row, pod in enumerate(fleet)},
+                                                   np.array([others.export(pod.key) for pod in fleet]))
+            else:
+                shared.peers = {pod.key: [others.export(pod.key)] for pod in fleet}
         c0 = time.process_time()
         accounting._share_speed(now)  # noqa: SLF001 (the refresh loop's own step, timed)
         c1 = time.process_time()
@@ -311,6 +315,16 @@ def _speed_sharing(pods: int, models: int, gateways: int, rate: float, seconds: 
     return {"share_ms": round(share, 1), "peer_merge_ms": round(merge, 1),
             "refresh_alone_ms": round(alone_ms / seconds, 1),
             "speed_core_share": round((share + merge) / 1000, 3)}
+
+
+def with_speed_sharing(summary: dict, options: dict) -> dict:
+    """The run's summary with the other half of sharing's cost (`speed_sharing`, once a second per
+    gateway) and the whole: the sync's share of a core plus it."""
+    if not options["speed"]:
+        return summary
+    sharing = speed_sharing(options["pods"], options["models"], options["gateways"], options["rate"])
+    return summary | sharing | {"whole_core_share": round(summary["sync_core_share"]
+                                                          + sharing["speed_core_share"], 3)}
 
 
 def start_redis(log_dir: Path) -> tuple[Proc, int]:
@@ -452,9 +466,10 @@ sys.path.insert(0, base)
 spec = importlib.util.spec_from_file_location("bench_sync", bench)
 module = sys.modules["bench_sync"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
-run = asyncio.run(module.run_one(url, **json.loads(options)))
+options = json.loads(options)
+run = asyncio.run(module.run_one(url, **options))
 run.code = "baseline"
-print(json.dumps(run.summary()))
+print(json.dumps(module.with_speed_sharing(run.summary(), options)))
 """
 
 
@@ -481,12 +496,7 @@ def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int
                     out.append(json.loads(child.stdout.strip().splitlines()[-1]))
                     progress(format_row(out[-1]))
                 summary = asyncio.run(run_one(url, progress=progress, **options)).summary()
-                if speed:  # the other half of sharing's cost, once a second per gateway
-                    sharing = speed_sharing(pods, models, gateways, rate)
-                    summary |= sharing
-                    summary["whole_core_share"] = round(summary["sync_core_share"]
-                                                        + sharing["speed_core_share"], 3)
-                out.append(summary)
+                out.append(with_speed_sharing(summary, options))
                 progress(format_row(out[-1]))
             return out
         finally:

@@ -232,9 +232,10 @@ class RedisState(SyncedState):
         if batch.read_speed:
             snap.speed = {}
             for pods in models.values():
-                for pid, raw in next(reads).items():
-                    if (key := pods.get(pid.decode("utf-8", "surrogateescape"))) is not None:
-                        snap.speed[key] = raw
+                sums = next(reads)
+                names = [pid.decode("utf-8", "surrogateescape") for pid in sums]
+                snap.speed.update(zip(map(pods.get, names), sums.values()))
+            snap.speed.pop(None, None)  # type: ignore[call-overload]  (pods not tracked here)
         for fields in reads:
             if fields and EXTPROC_MARK not in fields:
                 n = parse_int(fields.get("requests_running"))

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import compress, count
 
 import numpy as np
 
@@ -188,18 +189,17 @@ class SharedSnapshot:
 
 @dataclass(slots=True)
 class _Column:
-    """One model's pods as the packed totals list them, with what this gateway last wrote on each and
-    the others' count `SyncCore.others` holds: a read compares arrays, and only the pods whose count
-    moved touch a dict (at 5,000 pods, rebuilding the dict was a third of a turn)."""
+    """One model's pods as the packed totals list them, with what this gateway last wrote on each:
+    a read works the others' counts out on arrays (at 5,000 pods, a dict built pod by pod in Python
+    was a third of a turn)."""
 
     keys: list[PodKey]
     at: dict[PodKey, int]    # key -> index
     written: np.ndarray      # own in-flight count as the ledger holds it
-    others: np.ndarray       # the others' as `others` holds it (0: absent)
 
     def clear(self, others: dict[PodKey, int]) -> None:
-        for i in np.flatnonzero(self.others).tolist():
-            others.pop(self.keys[i], None)
+        for key in self.keys:
+            others.pop(key, None)
 
 
 @dataclass(slots=True)
@@ -470,38 +470,30 @@ class SyncCore:
 
     def _apply_packed(self, packed: dict[str, tuple[list[PodKey], np.ndarray]]) -> None:
         """`others` from the packed totals: per model, the others' count is the total less what we
-        wrote, worked out on arrays kept aligned with the read; only pods whose count moved are set
-        (or dropped, at 0) in the dict routing reads."""
+        wrote, worked out on an array of what we wrote kept aligned with the read, and handed to the
+        dict routing reads in one C-level update (a pod at 0 keeps its entry, at 0)."""
         if not self._columns:  # first read, or the last went through the dict: afresh
             self.others = {}
         others, written = self.others, self._written_running
         moved, self._moved = self._moved, set()
         old, columns = self._columns, {}
-        for model, (keys, totals) in packed.items():
+        for model, (keys, _) in packed.items():
             column = old.pop(model, None)
             if column is not None and column.keys is not keys:  # the map was bound anew
                 column.clear(others)
                 column = None
             if column is None:
                 column = _Column(keys, {key: i for i, key in enumerate(keys)},
-                                 np.fromiter((written.get(key, 0) for key in keys), np.int64, len(keys)),
-                                 np.zeros(len(keys), np.int64))
-            else:
-                at = column.at
-                for key in moved:
-                    if (i := at.get(key)) is not None:
-                        column.written[i] = written.get(key, 0)
-            now = np.maximum(totals - column.written, 0)
-            changed = np.flatnonzero(now != column.others)
-            for i, n in zip(changed.tolist(), now[changed].tolist()):
-                if n:
-                    others[keys[i]] = n
-                else:
-                    others.pop(keys[i], None)
-            column.others = now
+                                 np.fromiter((written.get(key, 0) for key in keys), np.int64, len(keys)))
             columns[model] = column
         for column in old.values():  # a model not read this turn: its pods at 0
             column.clear(others)
+        for key in moved:  # a key's model is its first part
+            column = columns.get(key[0])
+            if column is not None and (i := column.at.get(key)) is not None:
+                column.written[i] = written.get(key, 0)
+        for model, (keys, totals) in packed.items():
+            others.update(zip(keys, np.maximum(totals - columns[model].written, 0).tolist()))
         self._columns = columns
 
     def _apply_speed(self, sums: dict[PodKey, str | bytes]) -> None:
@@ -511,8 +503,8 @@ class SyncCore:
         written = self._written_raw
         keys = list(sums)
         matrix, keep = speed_sums.others_matrix(list(sums.values()), [written.get(key) for key in keys])
-        kept = np.flatnonzero(keep)
-        self.peer_speed = PeerSums({keys[i]: row for row, i in enumerate(kept.tolist())}, matrix[kept])
+        rows = dict(zip(compress(keys, keep.tolist()), count()))  # row i: the i-th kept
+        self.peer_speed = PeerSums(rows, matrix[keep])
 
     def _count_tokens(self, totals: dict[PodKey, int]) -> None:
         """Token deltas from a read of the fleet's totals: own tokens published and not yet handed
