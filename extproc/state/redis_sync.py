@@ -253,8 +253,8 @@ class RedisState(SyncedState):
             for key, pod in self.counts.pods.items():
                 models.setdefault(pod.model, {})[pod_id(pod)] = key
             self._model_pods, self._layout = models, self.counts.layout
-            self._where = {key: (model, pid.encode("utf-8", "surrogateescape")) for model, pods in models.items()
-                           for pid, key in pods.items()}
+            self._where = {key: (model, pid.encode("utf-8", "surrogateescape"))
+                           for model, pods in models.items() for pid, key in pods.items()}
             maps = {model: self._slot_maps.get(model) or SlotMap() for model in models}
             for model, slot_map in maps.items():
                 slot_map.track(models[model])

@@ -116,7 +116,8 @@ def others_many(totals: Sequence[bytes | str], owns: Sequence[bytes | None]) -> 
     return [row if ok else None for row, ok in zip(matrix.tolist(), keep.tolist())]
 
 
-def others_matrix(totals: Sequence[bytes | str], owns: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
+def others_matrix(totals: Sequence[bytes | str],
+                  owns: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
     """`others` of many pods at once (a read gives every pod's sums: 5,000 of them cost 150 ms one by
     one in Python, a few ms here): (a row per total, whether each row holds evidence). Each total as
     read (bytes, or str as decoded with surrogateescape), each own share as written (encoded) or None.

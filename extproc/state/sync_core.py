@@ -55,8 +55,8 @@ import numpy as np
 
 from extproc.pool.pod import Pod, PodKey
 from extproc.state import speed_sums
-from extproc.state.speed_sums import PeerSums
 from extproc.state.shared import LocalCounts
+from extproc.state.speed_sums import PeerSums
 
 # AIBrix's gateway (vllm-project/aibrix, pkg/cache/cache_gateway_snapshot.go, #2159): every 100 ms each
 # AIBrix gateway HSETs a hash aibrix:pod:<POD_NAME>:<namespace>:<pod> (fields gateway_instance_id,
@@ -450,7 +450,8 @@ class SyncCore:
         else:
             running = snap.running
             if snap.packed is not None:  # AIBrix's rows add to the totals: the whole dict afresh
-                running = {k: n for keys, values in snap.packed.values() for k, n in zip(keys, values.tolist())}
+                running = {k: n for keys, values in snap.packed.values()
+                           for k, n in zip(keys, values.tolist())}
             written = self._written_running
             # A pod missing from the totals is at 0: only the busy ones are looked at.
             others = {key: n for key, total in running.items() if (n := total - written.get(key, 0)) > 0}
