@@ -126,16 +126,15 @@ class _Sums:
     def vector(self) -> tuple[float, ...]:
         return self.t, self.w, self.x, self.y, self.xx, self.xy, self.yy, self.n
 
-    def plus(self, row: Sequence[float], i: int, now: float, tau: float) -> _Sums:
-        """These sums forgotten to `now`, plus another's already forgotten to `now` (`row[i:i + 7]`):
-        what `copy` then `merge` make, in one step."""
-        out = _Sums.__new__(_Sums)
-        f = math.exp(-(now - self.t) / tau) if now > self.t else 1.0
-        out.w, out.x, out.y = self.w * f + row[i], self.x * f + row[i + 1], self.y * f + row[i + 2]
-        out.xx, out.xy, out.yy = self.xx * f + row[i + 3], self.xy * f + row[i + 4], self.yy * f + row[i + 5]
-        out.n = self.n * f + row[i + 6]
-        out.t = max(self.t, now)
-        return out
+    def become(self, own: _Sums, row: Sequence[float], i: int, now: float, tau: float) -> _Sums:
+        """These sums set to `own` forgotten to `now` plus another's already forgotten to `now`
+        (`row[i:i + 7]`): what `copy` then `merge` make, in one step and no new object."""
+        f = math.exp(-(now - own.t) / tau) if now > own.t else 1.0
+        self.w, self.x, self.y = own.w * f + row[i], own.x * f + row[i + 1], own.y * f + row[i + 2]
+        self.xx, self.xy, self.yy = own.xx * f + row[i + 3], own.xy * f + row[i + 4], own.yy * f + row[i + 5]
+        self.n = own.n * f + row[i + 6]
+        self.t = max(own.t, now)
+        return self
 
     def copy(self) -> _Sums:
         out = _Sums.__new__(_Sums)
@@ -464,7 +463,7 @@ class SpeedEstimator:
 
         out: dict[PodKey, _Pod] = {}
         rows, merged, read, aside = sums.rows, self._merged, self._peer_read, self._peer_aside
-        todo: list[tuple[PodKey, _Pod | None, int]] = []
+        todo: list[tuple[PodKey, _Pod | None, int, _Pod | None]] = []
         at: list[int] = []
         for p in pods:
             key = p.key
@@ -479,7 +478,8 @@ class SpeedEstimator:
             if cached is not None and cached[0] == version and cached[1] == read:
                 out[key] = cached[2]  # refresh decays it to now, as it would a new merge
                 continue
-            todo.append((key, own, version))
+            # a merge of an earlier read is set anew in place (allocating it was a third of the work)
+            todo.append((key, own, version, cached[2] if cached is not None and type(cached[1]) is int else None))
             at.append(row)
         if not todo:
             return out
@@ -495,13 +495,17 @@ class SpeedEstimator:
                 decayed[:, i] = now
                 decayed[:, i + 1:i + _SUMS_LEN] = f * m[:, i + 1:i + _SUMS_LEN]
         base, shape = taus[:2]
-        for (key, own, version), row in zip(todo, decayed.tolist()):
+        for (key, own, version, pod), row in zip(todo, decayed.tolist()):
             if own is None:
                 blank = _Sums(now)
                 own = _Pod(blank, blank, _Sums(now), blank, blank)
-            pod = _Pod(own.recent.plus(row, 2, now, base), own.long.plus(row, 10, now, shape), own.kv,
-                       own.prefill.plus(row, 18, now, shape), own.mix.plus(row, 26, now, shape),
-                       max(own.measured, row[0]))
+            if pod is None:
+                pod = _Pod(*(_Sums.__new__(_Sums) for _ in range(5)))
+            pod.recent.become(own.recent, row, 2, now, base)
+            pod.long.become(own.long, row, 10, now, shape)
+            pod.prefill.become(own.prefill, row, 18, now, shape)
+            pod.mix.become(own.mix, row, 26, now, shape)
+            pod.kv, pod.measured = own.kv, max(own.measured, row[0])
             out[key] = pod
             merged[key] = (version, read, pod)
         return out

@@ -272,8 +272,23 @@ def test_the_others_sums_as_one_array_fit_as_the_same_vectors_one_by_one():
     kept = dict(ours._merged)
     ours.observe(pods[0].key, 0.03, 4.0, 100, 3.5)
     ours.refresh(pods, 4.0)
-    assert ours._merged[pods[0].key] is not kept[pods[0].key]
+    assert ours._merged[pods[0].key] != kept[pods[0].key]  # merged anew (its own version moved)
     assert ours._merged[pods[1].key] is kept[pods[1].key]
+    one_by_one.observe(pods[0].key, 0.03, 4.0, 100, 3.5)
+    one_by_one.refresh(pods, 4.0)
+    assert ours.speed(pods[0].key).base == pytest.approx(one_by_one.speed(pods[0].key).base, rel=1e-9)
+    for p in pods:  # a new read: every merge set anew (in place), as the vectors one by one give
+        theirs.observe(p.key, 0.05, 20.0, 100, 4.2)
+    later = {p.key: shifted(theirs.export(p.key), wall) for p in pods}
+    ours.merge_peer_sums(PeerSums(rows, np.array([later[p.key] for p in pods])), -wall)
+    for p in pods:
+        one_by_one.merge_peers(p.key, [shifted(later[p.key], -wall)])
+    ours.refresh(pods, 4.5)
+    one_by_one.refresh(pods, 4.5)
+    for p in pods:
+        got, want = ours.speed(p.key), one_by_one.speed(p.key)
+        assert (got.base, got.shape, got.saturated) == pytest.approx((want.base, want.shape, want.saturated),
+                                                                     rel=1e-9)
     assert pods[5].key in ours._evidence(pods, 5.0)
     ours.restarted(pods[5].key)  # known only from theirs: nothing until the next read
     assert pods[5].key not in ours._evidence(pods, 5.0)
