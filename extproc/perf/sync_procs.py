@@ -48,7 +48,7 @@ def run_processes(target: RedisTarget, gateways: int, pods: int, *, models: int 
     admins = _shards(target)
     for admin in admins:
         admin.flushall()
-    context = mp.get_context("fork")
+    context = mp.get_context("spawn")  # not fork: a child forked from this (numpy's threads) can hang
     barrier = context.Barrier(gateways + 1)
     results = context.Queue()
     options = {"gateways": gateways, "pods": pods, "models": models, "rate": rate, "inflight": inflight,
