@@ -103,8 +103,12 @@ def run_processes(target: RedisTarget, gateways: int, pods: int, *, models: int 
 
 
 def _gateway(target: RedisTarget, g: int, options: dict, barrier: Any, results: Any) -> None:
-    logging.getLogger("extproc.state").setLevel(logging.WARNING)  # one "reachable" line per gateway
-    results.put(asyncio.run(_gateway_turns(target, g, barrier, **options)))
+    logging.getLogger("extproc.state").setLevel(logging.ERROR)  # a line per gateway and outage
+    try:
+        results.put(asyncio.run(_gateway_turns(target, g, barrier, **options)))
+    except BaseException:
+        barrier.abort()  # the others (and the parent) stop waiting for this one
+        raise
 
 
 async def _gateway_turns(target: RedisTarget, g: int, barrier: Any, *, gateways: int, pods: int, models: int,
@@ -138,7 +142,7 @@ async def _gateway_turns(target: RedisTarget, g: int, barrier: Any, *, gateways:
     busy = [p for p, n in enumerate(held) if n]
     report: dict = {"cpu_ms": [], "latency_ms": [], "timeouts": 0, "failures": 0}
     try:
-        await _first_sync(state)
+        await _first_sync(state, attempts=100)  # 50 gateways writing every pod at once: Redis queues them
         take_tokens()
         barrier.wait(timeout=600)
         for turn in range(warmup + turns):
@@ -176,7 +180,7 @@ async def _gateway_turns(target: RedisTarget, g: int, barrier: Any, *, gateways:
         closing = SPEED_WRITE_HEARTBEATS + SPEED_READ_HEARTBEATS + 1 if speed else 2
         for _ in range(closing):
             now[0] += 1.0
-            await _first_sync(state)
+            await _first_sync(state, attempts=100)
             take_tokens()
             barrier.wait(timeout=600)
     finally:
