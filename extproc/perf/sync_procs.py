@@ -1,8 +1,10 @@
 """`extproc bench sync --processes`: the gateways side by side, one process each, as real ones run.
 
 Each gateway is a process of its own with one `RedisState` and its own share of the fleet: it holds
-`inflight / G` requests on every pod, completes `rate / G` of them per pod a second (each replaced
-at once by a new one on the same pod, its tokens credited, its speed evidence changed) and syncs
+`inflight / G` requests on every pod, completes `rate x P / G` of them a second (at random among its
+own: tokens credited, its speed evidence on the pod changed), each replaced at once by a new one on a
+pod at random (so a completion moves two counts, as in the serial run, where the new one starts at a
+random gateway on the same pod; here a pod's total wanders instead of staying at `inflight`), and syncs
 once per fleet turn, as fast as it can (the clock is virtual, turn x interval, so heartbeats fall once
 every 1/interval turns). No gateway waits for another between the barriers (after the first read,
 after the warm-up, after the measured turns): their pipelines meet in Redis as a fleet's do.
@@ -139,7 +141,6 @@ async def _gateway_turns(target: RedisTarget, g: int, barrier: Any, *, gateways:
         if n:
             state.add_running(fleet[p], n)
             measured(p)
-    busy = [p for p, n in enumerate(held) if n]
     report: dict = {"cpu_ms": [], "latency_ms": [], "timeouts": 0, "failures": 0}
     try:
         await _first_sync(state, attempts=100)  # 50 gateways writing every pod at once: Redis queues them
@@ -151,13 +152,20 @@ async def _gateway_turns(target: RedisTarget, g: int, barrier: Any, *, gateways:
             now[0] += interval
             completions = rate * pods * interval / gateways
             whole = int(completions) + (rng.random() < completions - int(completions))
-            for _ in range(whole if busy else 0):
-                p = rng.choice(busy)  # ends here and a new one starts on the same pod: counts balance
+            for _ in range(whole if any(held) else 0):
+                p = rng.randrange(pods)
+                while not held[p]:
+                    p = rng.randrange(pods)
+                held[p] -= 1
                 state.add_running(fleet[p], -1)
                 state.add_tokens(fleet[p], TOKENS_PER_REQUEST)
                 credited[p] += TOKENS_PER_REQUEST
                 measured(p)
-                state.add_running(fleet[p], 1)
+                # ... and a new one starts here on a pod at random: as in the serial run, every
+                # completion moves two (gateway, pod) counts, so as many writes go to Redis
+                q = rng.randrange(pods)
+                held[q] += 1
+                state.add_running(fleet[q], 1)
             t0, c0 = time.perf_counter(), time.process_time()
             try:
                 await state.sync_once()
