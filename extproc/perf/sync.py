@@ -41,6 +41,9 @@ what was allocated since: a lower bound (a real gateway's own long-lived state i
 
 `age_ms` is the read's wall time less the oldest contributor's write: here that is the serial fleet
 turn's length, not a real fleet's staleness.
+
+`--processes` runs the gateways side by side instead, a process each (extproc/perf/sync_procs.py);
+`--redis-cluster` runs against a Redis Cluster's masters instead of a redis-server of its own.
 """
 
 from __future__ import annotations
@@ -578,7 +581,7 @@ async def _first_sync(state: RedisState, attempts: int = 5) -> None:
         try:
             await state.sync_once()
             return
-        except TimeoutError as exc:
+        except (TimeoutError, redis.exceptions.TimeoutError) as exc:  # ours, or the socket's
             if attempt == attempts - 1:
                 raise
             _failed(state, exc)
