@@ -241,8 +241,8 @@ class SpeedEstimator:
         self._peer_shift = 0.0
         self._peer_read = 0
         self._peer_aside: set[PodKey] = set()
-        # pod -> (its own version, the peers' list or read, the two merged): reused while neither moved, since
-        # forgetting is multiplicative (a merge decayed later is the merge of the decayed sums)
+        # pod -> (its own version, the peers' list or read, the two merged): reused while neither moved,
+        # since forgetting is multiplicative (a merge decayed later is the merge of the decayed sums)
         self._merged: dict[PodKey, tuple[int, list[list[float]] | int, _Pod]] = {}
         self._records = 0  # records observed, ever: versions are unique across pods and their restarts
 
@@ -479,7 +479,8 @@ class SpeedEstimator:
                 out[key] = cached[2]  # refresh decays it to now, as it would a new merge
                 continue
             # a merge of an earlier read is set anew in place (allocating it was a third of the work)
-            todo.append((key, own, version, cached[2] if cached is not None and type(cached[1]) is int else None))
+            reuse = cached[2] if cached is not None and type(cached[1]) is int else None
+            todo.append((key, own, version, reuse))
             at.append(row)
         if not todo:
             return out
