@@ -104,6 +104,13 @@ def add_commands(sub: Any) -> None:
                    help="frozen: the heap as of the warm-up (all G gateways' state, in this one process) "
                         "leaves the garbage collector's walks, as one gateway's process would not carry "
                         "the others'; on: as is, an upper bound")
+    s.add_argument("--redis-cluster", type=lambda t: [n for n in t.split(",") if n], metavar="HOST:PORT,...",
+                   help="run against this Redis Cluster (seed nodes; it is flushed) instead of a "
+                        "redis-server of the bench's own; Redis's figures summed over its masters, and "
+                        "given per master")
+    s.add_argument("--processes", action="store_true",
+                   help="the gateways side by side, one process each (extproc/perf/sync_procs.py), instead of "
+                        "one after another in this process; the views and speed sums are checked only there")
     s.add_argument("--json", type=Path, help="write every run's summary here")
     s.set_defaults(func=_sync)
 
@@ -228,7 +235,7 @@ def _sync(args: argparse.Namespace) -> int:
     print(" | ".join(sync.HEADER), flush=True)
     runs = sync.run(list(args.sizes), models=args.models, rate=args.rate, inflight=args.inflight,
                     interval=args.interval, turns=args.turns, speed=args.speed, collector=args.collector,
-                    baseline=args.baseline,
+                    baseline=args.baseline, cluster=args.redis_cluster, processes=args.processes,
                     progress=lambda line: print(line, flush=True))
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1))

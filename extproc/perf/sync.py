@@ -41,6 +41,9 @@ what was allocated since: a lower bound (a real gateway's own long-lived state i
 
 `age_ms` is the read's wall time less the oldest contributor's write: here that is the serial fleet
 turn's length, not a real fleet's staleness.
+
+`--processes` runs the gateways side by side instead, a process each (extproc/perf/sync_procs.py);
+`--redis-cluster` runs against a Redis Cluster's masters instead of a redis-server of its own.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ import redis
 from extproc.localstack import Proc, free_port, wait_until
 from extproc.pool.pod import Pod
 from extproc.state import speed_sums
+from extproc.state.redis_connect import RedisTarget
 from extproc.state.redis_sync import RedisState
 from extproc.state.shared import LocalState
 
@@ -98,6 +102,7 @@ class SyncRun:
     collector: str = "on"             # "on", or "frozen": the heap as of the warm-up out of collections
     age_ms: list[float] = field(default_factory=list)       # oldest value in a view, per gateway turn
     redis_cpu_ms: list[float] = field(default_factory=list)  # per fleet turn
+    shard_cpu_ms: list[list[float]] = field(default_factory=list)  # per fleet turn, per master
     commands: list[int] = field(default_factory=list)        # per fleet turn
     bytes_out: list[int] = field(default_factory=list)       # per fleet turn (replies)
     bytes_in: list[int] = field(default_factory=list)        # per fleet turn (requests)
@@ -126,6 +131,8 @@ class SyncRun:
             "age_ms_max": round(max(self.age_ms), 1) if self.age_ms else -1,
             "redis_cpu_ms_per_fleet_turn": round(redis_cpu, 2),
             "redis_cores": round(redis_cpu / 1000 * turns_per_second, 3),
+            "redis_cores_per_shard": [round(statistics.fmean(shard) / 1000 * turns_per_second, 3)
+                                      for shard in zip(*self.shard_cpu_ms)],
             "redis_commands_per_s": round(statistics.fmean(self.commands) * turns_per_second),
             "reply_bytes_per_s": round(statistics.fmean(self.bytes_out) * turns_per_second),
             "request_bytes_per_s": round(statistics.fmean(self.bytes_in) * turns_per_second),
@@ -266,6 +273,8 @@ def speed_sharing(pods: int, models: int, gateways: int = 50, rate: float = 10.0
 
 def _speed_sharing(pods: int, models: int, gateways: int, rate: float, seconds: int,
                    seed: int) -> dict[str, float]:
+    import numpy as np
+
     from extproc.state.accounting import Accounting
 
     rng, now = random.Random(seed), time.time()
@@ -292,7 +301,13 @@ def _speed_sharing(pods: int, models: int, gateways: int, rate: float, seconds: 
         measure((own, twin), min(1.0, rate / gateways))
         if second % 2 == 0:  # a new read of the others' sums
             measure((others,), min(1.0, rate * (gateways - 1) / gateways))
-            shared.peers = {pod.key: [others.export(pod.key)] for pod in fleet}
+            # As RedisState's read hands them: one array, a row per pod (a --baseline checkout from
+            # before the array: a list per pod)
+            if hasattr(speed_sums, "PeerSums"):
+                shared.peers = speed_sums.PeerSums({pod.key: row for row, pod in enumerate(fleet)},
+                                                   np.array([others.export(pod.key) for pod in fleet]))
+            else:
+                shared.peers = {pod.key: [others.export(pod.key)] for pod in fleet}
         c0 = time.process_time()
         accounting._share_speed(now)  # noqa: SLF001 (the refresh loop's own step, timed)
         c1 = time.process_time()
@@ -307,6 +322,32 @@ def _speed_sharing(pods: int, models: int, gateways: int, rate: float, seconds: 
     return {"share_ms": round(share, 1), "peer_merge_ms": round(merge, 1),
             "refresh_alone_ms": round(alone_ms / seconds, 1),
             "speed_core_share": round((share + merge) / 1000, 3)}
+
+
+def _one(target: RedisTarget, options: dict, processes: bool, progress) -> dict:  # noqa: ANN001
+    """One size's run: the gateways one after another in this process, or side by side, a process each."""
+    if processes:
+        from extproc.perf.sync_procs import run_processes
+
+        return run_processes(target, progress=progress, **options)
+    return asyncio.run(run_one(target, progress=progress, **options)).summary()
+
+
+def _options(sizes: list[tuple[int, int]], models: int, rate: float, inflight: int, interval: float,
+             turns: int, speed: bool, collector: str) -> list[dict]:
+    return [{"gateways": gateways, "pods": pods, "models": models, "rate": rate, "inflight": inflight,
+             "interval": interval, "turns": turns, "speed": speed, "collector": collector}
+            for gateways, pods in sizes]
+
+
+def with_speed_sharing(summary: dict, options: dict) -> dict:
+    """The run's summary with the other half of sharing's cost (`speed_sharing`, once a second per
+    gateway) and the whole: the sync's share of a core plus it."""
+    if not options["speed"]:
+        return summary
+    sharing = speed_sharing(options["pods"], options["models"], options["gateways"], options["rate"])
+    return summary | sharing | {"whole_core_share": round(summary["sync_core_share"]
+                                                          + sharing["speed_core_share"], 3)}
 
 
 def start_redis(log_dir: Path) -> tuple[Proc, int]:
@@ -329,6 +370,22 @@ def _pong(port: int) -> bool:
         return False
 
 
+def _shards(target: RedisTarget) -> list[redis.Redis]:
+    """A client per Redis that holds keys: the server, or each master of a cluster."""
+    if not target.cluster:
+        return [redis.Redis.from_url(target.url)]
+    host, port = target.nodes[0]
+    seed = redis.Redis(host=host, port=port)
+    try:
+        nodes = seed.execute_command("CLUSTER NODES")  # address -> {"flags": ...}, as redis-py parses it
+    finally:
+        seed.close()
+    masters = [address.split("@")[0] for address, node in nodes.items()
+               if "master" in node["flags"] and "fail" not in node["flags"]]
+    return [redis.Redis(host=address.rsplit(":", 1)[0], port=int(address.rsplit(":", 1)[1]))
+            for address in sorted(masters)]
+
+
 def _redis_counters(client: redis.Redis) -> tuple[float, int, int, int]:
     info = client.info()
     return (float(info["used_cpu_sys"]) + float(info["used_cpu_user"]), int(info["total_commands_processed"]),
@@ -340,12 +397,14 @@ def make_pods(count: int, models: int) -> list[Pod]:
                 address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:8000") for i in range(count)]
 
 
-async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: float = 10.0,
+async def run_one(url: str | RedisTarget, gateways: int, pods: int, *, models: int = 1, rate: float = 10.0,
                   inflight: int = 32, interval: float = 0.1, turns: int = 30, warmup: int = 5,
                   seed: int = 1, speed: bool = True, collector: str = "on", progress=None) -> SyncRun:
     logging.getLogger("extproc.state").setLevel(logging.WARNING)  # one "reachable" line per gateway
-    admin = redis.Redis.from_url(url)
-    admin.flushall()
+    target = url if isinstance(url, RedisTarget) else RedisTarget(url)
+    admins = _shards(target)  # Redis's own figures: summed over a cluster's masters
+    for admin in admins:
+        admin.flushall()
     # The gateways' clock is the fleet's virtual one (turn x interval), so heartbeats (and the reads that
     # come with them) fall once every 1/interval turns as they would, however long a fleet turn takes
     # here; liveness is long enough that a slow fleet turn never makes a gateway look dead.
@@ -353,7 +412,7 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
     cycle = max(1, round(1.0 / interval)) * SPEED_READ_HEARTBEATS  # the gateways' heartbeat: 1 s
     turns = -(-turns // cycle) * cycle
     now = [time.time()]
-    states = [RedisState(url, f"bench-gw-{g}", sync_interval=interval, gateway_ttl=3600.0,
+    states = [RedisState(target, f"bench-gw-{g}", sync_interval=interval, gateway_ttl=3600.0,
                          clock=lambda: now[0]) for g in range(gateways)]
     fleet = Fleet(states, make_pods(pods, models), inflight, seed, speed, clock=lambda: now[0])
     run = SyncRun(gateways, pods, models, rate, inflight, interval, turns)
@@ -368,7 +427,7 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
 
     try:
         for g, state in enumerate(states):  # a first read before any token: every baseline is 0
-            await state.sync_once()
+            await _first_sync(state)
             fleet.wrote(g)
         for turn in range(warmup + turns):
             if turn == warmup and collector == "frozen":
@@ -380,7 +439,7 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
             now[0] += interval
             fleet.step(rate * pods * interval)
             measured = turn >= warmup
-            before = _redis_counters(admin)
+            before = [_redis_counters(admin) for admin in admins]
             for g, state in enumerate(states):
                 t0, c0 = time.perf_counter(), time.process_time()
                 try:
@@ -409,11 +468,13 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
                 if contributors:
                     run.age_ms.append((t1 - min(contributors)) * 1000)
             if measured:
-                after = _redis_counters(admin)
-                run.redis_cpu_ms.append((after[0] - before[0]) * 1000)
-                run.commands.append(after[1] - before[1] - 1)  # less our own INFO
-                run.bytes_out.append(after[2] - before[2])
-                run.bytes_in.append(after[3] - before[3])
+                after = [_redis_counters(admin) for admin in admins]
+                cpu = [(a[0] - b[0]) * 1000 for a, b in zip(after, before)]
+                run.redis_cpu_ms.append(sum(cpu))
+                run.shard_cpu_ms.append(cpu)
+                run.commands.append(sum(a[1] - b[1] - 1 for a, b in zip(after, before)))  # less our INFO
+                run.bytes_out.append(sum(a[2] - b[2] for a, b in zip(after, before)))
+                run.bytes_in.append(sum(a[3] - b[3] for a, b in zip(after, before)))
             if progress and turn % 10 == 0:
                 progress(f"  G={gateways} P={pods}: turn {turn + 1}/{warmup + turns}")
         # All write, then all read what the others wrote (totals: on heartbeats). The speed shares: a
@@ -428,14 +489,15 @@ async def run_one(url: str, gateways: int, pods: int, *, models: int = 1, rate: 
                                for g in range(gateways) for p, pod in enumerate(fleet.pods))
         if speed and hasattr(states[0].core, "_written_speed"):  # a --baseline checkout may predate it
             run.wrong_speed, run.speed_checked = wrong_speed_sums(states, fleet.pods)
-        run.keys = int(admin.dbsize())
-        run.redis_memory = int(admin.info("memory")["used_memory"])
+        run.keys = sum(int(admin.dbsize()) for admin in admins)
+        run.redis_memory = sum(int(admin.info("memory")["used_memory"]) for admin in admins)
     finally:
         if collector == "frozen":
             gc.unfreeze()
         for state in states:
             await state.close()
-        admin.close()
+        for admin in admins:
+            admin.close()
     run.collector = collector
     return run
 
@@ -448,26 +510,34 @@ sys.path.insert(0, base)
 spec = importlib.util.spec_from_file_location("bench_sync", bench)
 module = sys.modules["bench_sync"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
-run = asyncio.run(module.run_one(url, **json.loads(options)))
+options = json.loads(options)
+run = asyncio.run(module.run_one(url, **options))
 run.code = "baseline"
-print(json.dumps(run.summary()))
+print(json.dumps(module.with_speed_sharing(run.summary(), options)))
 """
 
 
 def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int, interval: float,
         turns: int, speed: bool = True, collector: str = "on", baseline: Path | None = None,
-        progress=print) -> list[dict]:
+        cluster: list[str] | None = None, processes: bool = False, progress=print) -> list[dict]:
     """Each size with this checkout's RedisState, after the --baseline checkout's when given, one
-    after the other against the same redis-server."""
+    after the other against the same redis-server (or the Redis Cluster whose seed nodes are given:
+    it is flushed)."""
+    if cluster:
+        from extproc.state import redis_connect
+
+        target = redis_connect.target(None, "cluster", cluster, where="--redis-cluster")
+        out = []
+        for options in _options(sizes, models, rate, inflight, interval, turns, speed, collector):
+            out.append(with_speed_sharing(_one(target, options, processes, progress), options))
+            progress(format_row(out[-1]))
+        return out
     with tempfile.TemporaryDirectory(prefix="bench-sync-") as tmp:
         proc, port = start_redis(Path(tmp))
         url = f"redis://127.0.0.1:{port}/0"
         try:
             out: list[dict] = []
-            for gateways, pods in sizes:
-                options = {"gateways": gateways, "pods": pods, "models": models, "rate": rate,
-                           "inflight": inflight, "interval": interval, "turns": turns, "speed": speed,
-                           "collector": collector}
+            for options in _options(sizes, models, rate, inflight, interval, turns, speed, collector):
                 if baseline is not None:
                     child = subprocess.run([sys.executable, "-c", _CHILD, str(baseline.resolve()), __file__,
                                             url, json.dumps(options)], cwd=baseline, capture_output=True,
@@ -476,13 +546,7 @@ def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int
                         raise RuntimeError(f"the baseline's run failed:\n{child.stderr[-3000:]}")
                     out.append(json.loads(child.stdout.strip().splitlines()[-1]))
                     progress(format_row(out[-1]))
-                summary = asyncio.run(run_one(url, progress=progress, **options)).summary()
-                if speed:  # the other half of sharing's cost, once a second per gateway
-                    sharing = speed_sharing(pods, models, gateways, rate)
-                    summary |= sharing
-                    summary["whole_core_share"] = round(summary["sync_core_share"]
-                                                        + sharing["speed_core_share"], 3)
-                out.append(summary)
+                out.append(with_speed_sharing(_one(RedisTarget(url), options, processes, progress), options))
                 progress(format_row(out[-1]))
             return out
         finally:
@@ -502,10 +566,25 @@ def format_row(s: dict[str, float | int]) -> str:
         s["sync_core_share"],
         f"{s['turn_latency_ms_median']}, {s['turn_latency_ms_max']}", s["timeouts"],
         f"{s['wrong_views']}, {s.get('wrong_token_counts', '-')}, {s.get('wrong_speed_sums', '-')}",
-        f"{s['age_ms_median']}, {s['age_ms_max']}", s["redis_cpu_ms_per_fleet_turn"], s["redis_cores"],
+        f"{s['age_ms_median']}, {s['age_ms_max']}", s["redis_cpu_ms_per_fleet_turn"],
+        s["redis_cores"] if len(s.get("redis_cores_per_shard", ())) < 2
+        else f"{s['redis_cores']} ({' + '.join(map(str, s['redis_cores_per_shard']))})",
         s["redis_commands_per_s"], round(int(s["reply_bytes_per_s"]) / 1e6, 2),
         f"{s['share_ms']} + {s['peer_merge_ms']}" if "share_ms" in s else "-",
         s.get("whole_core_share", "-")))
+
+
+async def _first_sync(state: RedisState, attempts: int = 5) -> None:
+    """A gateway's first turn writes every pod: on a loaded machine it can miss the 0.5 s timeout, and
+    a gateway would simply try again."""
+    for attempt in range(attempts):
+        try:
+            await state.sync_once()
+            return
+        except (TimeoutError, redis.exceptions.TimeoutError) as exc:  # ours, or the socket's
+            if attempt == attempts - 1:
+                raise
+            _failed(state, exc)
 
 
 def _failed(state: RedisState, exc: BaseException) -> None:

@@ -19,7 +19,7 @@ from extproc.state.capacity import BusyClock, CapacityEstimator
 from extproc.state.record import PodView, RequestRecord
 from extproc.state.shared import SharedState
 from extproc.state.speed import LoadIntegral, Speed, SpeedEstimator
-from extproc.state.speed_sums import shifted
+from extproc.state.speed_sums import PeerSums, shifted
 from extproc.state.views import SampleSource, ViewCache, no_samples
 from extproc.telemetry.health import PodHealth
 
@@ -131,6 +131,9 @@ class Accounting:
         fold = peers is not self._peers_folded or not peers
         self._peers_folded = peers
         offset = self.wall() - now
+        summed = isinstance(peers, PeerSums)  # one array (Redis's read): the fit takes it whole
+        if fold:
+            self.speed.merge_peer_sums(peers if summed else None, -offset)
         shared = self._speed_shared
         for pod in self._tracked:
             key = pod.key
@@ -140,7 +143,7 @@ class Accounting:
                 if evidence is not None:
                     self.shared.share_speed(key, shifted(evidence, offset))
                     shared[key] = version
-            if fold:
+            if fold and not summed:
                 self.speed.merge_peers(key, [shifted(v, -offset) for v in peers.get(key, ())])
 
     def credit(self, pod: Pod, tokens: int | None) -> None:

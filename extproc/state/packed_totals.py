@@ -82,14 +82,24 @@ class SlotMap:
     def totals(self, packed: bytes, into: dict[PodKey, int]) -> bool:
         """The tracked pods' totals from a packed string read with this map's names; False (nothing
         read) when the string is of another epoch than the map."""
+        aligned = self.aligned(packed)
+        if aligned is None:
+            return False
+        keys, values = aligned
+        into.update(zip(keys, values.tolist()))
+        return True
+
+    def aligned(self, packed: bytes) -> tuple[list[PodKey], np.ndarray] | None:
+        """(the tracked pods that have a slot, their totals in that order), or None when the string is
+        of another epoch than the map. The list is the same object until the map is bound anew, so a
+        reader may keep arrays aligned with it (SyncCore does: a turn touches only what moved)."""
         epoch, values = decode(packed)
         if epoch != self.epoch:
-            return False
+            return None
         slots = self._slots
         if len(slots) and int(slots[-1]) >= len(values):  # slots given out after this string: at 0
             values = np.concatenate([values, np.zeros(int(slots[-1]) + 1 - len(values), VALUE_DTYPE)])
-        into.update(zip(self._keys, values[slots].tolist()))
-        return True
+        return self._keys, values[slots]
 
     def _bind(self) -> None:
         pods = self._pods

@@ -40,8 +40,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from extproc.pool.pod import Pod, PodKey
+
+if TYPE_CHECKING:
+    from extproc.state.speed_sums import PeerSums
 
 # Weight (tokens) of the model-wide shape when pooling a GPU type's: a type with less slope
 # information than this (tokens x batch variance) leans on the model's.
@@ -121,6 +125,16 @@ class _Sums:
 
     def vector(self) -> tuple[float, ...]:
         return self.t, self.w, self.x, self.y, self.xx, self.xy, self.yy, self.n
+
+    def become(self, own: _Sums, row: Sequence[float], i: int, now: float, tau: float) -> _Sums:
+        """These sums set to `own` forgotten to `now` plus another's already forgotten to `now`
+        (`row[i:i + 7]`): what `copy` then `merge` make, in one step and no new object."""
+        f = math.exp(-(now - own.t) / tau) if now > own.t else 1.0
+        self.w, self.x, self.y = own.w * f + row[i], own.x * f + row[i + 1], own.y * f + row[i + 2]
+        self.xx, self.xy, self.yy = own.xx * f + row[i + 3], own.xy * f + row[i + 4], own.yy * f + row[i + 5]
+        self.n = own.n * f + row[i + 6]
+        self.t = max(own.t, now)
+        return self
 
     def copy(self) -> _Sums:
         out = _Sums.__new__(_Sums)
@@ -220,9 +234,16 @@ class SpeedEstimator:
         self._pods: dict[PodKey, _Pod] = {}
         self._speeds: dict[PodKey, Speed] = {}
         self._peers: dict[PodKey, list[list[float]]] = {}  # other gateways' `export`s
-        # pod -> (its own version, the peers' list, the two merged): reused while neither moved, since
-        # forgetting is multiplicative (a merge decayed later is the merge of the decayed sums)
-        self._merged: dict[PodKey, tuple[int, list[list[float]], _Pod]] = {}
+        # ... or, read through Redis, their sums in one array (merge_peer_sums): the read, the shift to
+        # this estimator's clock, a number per read (what a kept merge was made of) and the pods whose
+        # rows stand aside (restarted since the read)
+        self._peer_sums: PeerSums | None = None
+        self._peer_shift = 0.0
+        self._peer_read = 0
+        self._peer_aside: set[PodKey] = set()
+        # pod -> (its own version, the peers' list or read, the two merged): reused while neither moved,
+        # since forgetting is multiplicative (a merge decayed later is the merge of the decayed sums)
+        self._merged: dict[PodKey, tuple[int, list[list[float]] | int, _Pod]] = {}
         self._records = 0  # records observed, ever: versions are unique across pods and their restarts
 
     def _pod(self, key: PodKey, now: float) -> _Pod:
@@ -395,8 +416,18 @@ class SpeedEstimator:
         else:
             self._peers.pop(key, None)
 
+    def merge_peer_sums(self, sums: PeerSums | None, shift: float = 0.0) -> None:
+        """The other gateways' evidence summed per pod, one row each (RedisState's read, whose times
+        are moved by `shift` to this estimator's clock), replacing the last; None: not read that way
+        (merge_peers per pod, or none)."""
+        self._peer_sums, self._peer_shift = sums, shift
+        self._peer_read += 1
+        self._peer_aside = set()
+
     def _evidence(self, pods: list[Pod], now: float) -> dict[PodKey, _Pod]:
         """Each pod's sums: its own, plus the other gateways' decayed to now."""
+        if self._peer_sums is not None:
+            return self._evidence_summed(pods, now, self._peer_sums)
         out: dict[PodKey, _Pod] = {}
         taus = (self.base_tau, self.shape_tau, self.shape_tau, self.shape_tau)
         for p in pods:
@@ -425,6 +456,61 @@ class SpeedEstimator:
             self._merged[p.key] = (version, peers, merged)
         return out
 
+    def _evidence_summed(self, pods: list[Pod], now: float, sums: PeerSums) -> dict[PodKey, _Pod]:
+        """`_evidence` with the others' sums as one array: the pods whose merge moved (a new read, or
+        records of their own since) have their rows forgotten to now together, then are merged."""
+        import numpy as np
+
+        out: dict[PodKey, _Pod] = {}
+        rows, merged, read, aside = sums.rows, self._merged, self._peer_read, self._peer_aside
+        todo: list[tuple[PodKey, _Pod | None, int, _Pod | None]] = []
+        at: list[int] = []
+        for p in pods:
+            key = p.key
+            own = self._pods.get(key)
+            row = rows.get(key)
+            if row is None or key in aside:
+                if own is not None:
+                    out[key] = own
+                continue
+            version = own.version if own is not None else -1
+            cached = merged.get(key)
+            if cached is not None and cached[0] == version and cached[1] == read:
+                out[key] = cached[2]  # refresh decays it to now, as it would a new merge
+                continue
+            # a merge of an earlier read is set anew in place (allocating it was a third of the work)
+            reuse = cached[2] if cached is not None and type(cached[1]) is int else None
+            todo.append((key, own, version, reuse))
+            at.append(row)
+        if not todo:
+            return out
+        m = sums.matrix[at]
+        taus = (self.base_tau, self.shape_tau, self.shape_tau, self.shape_tau)
+        decayed = np.empty_like(m)
+        decayed[:, 0] = m[:, 0] + self._peer_shift
+        with np.errstate(all="ignore"):
+            for g, tau in enumerate(taus):
+                i = 1 + g * _SUMS_LEN
+                age = now - (m[:, i] + self._peer_shift)
+                f = np.where(age > 0, np.exp(-age / tau), 1.0)[:, None]
+                decayed[:, i] = now
+                decayed[:, i + 1:i + _SUMS_LEN] = f * m[:, i + 1:i + _SUMS_LEN]
+        base, shape = taus[:2]
+        for (key, own, version, pod), row in zip(todo, decayed.tolist()):
+            if own is None:
+                blank = _Sums(now)
+                own = _Pod(blank, blank, _Sums(now), blank, blank)
+            if pod is None:
+                pod = _Pod(*(_Sums.__new__(_Sums) for _ in range(5)))
+            pod.recent.become(own.recent, row, 2, now, base)
+            pod.long.become(own.long, row, 10, now, shape)
+            pod.prefill.become(own.prefill, row, 18, now, shape)
+            pod.mix.become(own.mix, row, 26, now, shape)
+            pod.kv, pod.measured = own.kv, max(own.measured, row[0])
+            out[key] = pod
+            merged[key] = (version, read, pod)
+        return out
+
     def restarted(self, key: PodKey) -> None:
         """The pod answers again after being out of routing: likely a new engine process, so what was
         measured before says little. Its own figures go; until re-measured it competes at its type's
@@ -432,6 +518,7 @@ class SpeedEstimator:
         self._pods.pop(key, None)
         self._speeds.pop(key, None)
         self._peers.pop(key, None)  # theirs too, until they re-measure it and say so
+        self._peer_aside.add(key)
         self._merged.pop(key, None)
 
     def forget(self, live: Iterable[PodKey]) -> None:

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
+import numpy as np
+
+from extproc.pool.pod import PodKey
 from extproc.state.speed import SHARED_TAUS, SPEED_VALUES
 
 GROUP = 8                          # (t, w, x, y, xx, xy, yy, n)
@@ -107,19 +110,25 @@ def new_records(current: Sequence[float], written: Sequence[float] | None) -> bo
 
 
 def others_many(totals: Sequence[bytes | str], owns: Sequence[bytes | None]) -> list[list[float] | None]:
-    """`others` of many pods at once (a heartbeat reads every pod's sums: 5,000 of them cost 150 ms
-    one by one in Python, a few ms here). Each total as read (bytes, or str as decoded with
-    surrogateescape), each own share as written (encoded) or None. None where nothing is left or the
-    total is not a vector."""
-    import numpy as np
+    """`others` of many pods at once, as lists (None where nothing is left or the total is not a
+    vector); `others_matrix` is the same without a Python list per pod."""
+    matrix, keep = others_matrix(totals, owns)
+    return [row if ok else None for row, ok in zip(matrix.tolist(), keep.tolist())]
 
+
+def others_matrix(totals: Sequence[bytes | str],
+                  owns: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
+    """`others` of many pods at once (a read gives every pod's sums: 5,000 of them cost 150 ms one by
+    one in Python, a few ms here): (a row per total, whether each row holds evidence). Each total as
+    read (bytes, or str as decoded with surrogateescape), each own share as written (encoded) or None.
+    A row is kept out where nothing is left or the total is not a vector."""
     width = _WIRE.size
     raw = [t.encode("utf-8", "surrogateescape") if isinstance(t, str) else t for t in totals]
-    ok = np.array([len(t) == width for t in raw], dtype=bool)
     zero = bytes(width)
+    ok = np.fromiter((len(t) == width for t in raw), dtype=bool, count=len(raw))
     total = np.frombuffer(b"".join(t if len(t) == width else zero for t in raw),
                           dtype="<f8").reshape(-1, SPEED_VALUES)
-    has_own = np.array([o is not None and len(o) == width for o in owns], dtype=bool)
+    has_own = np.fromiter((o is not None and len(o) == width for o in owns), dtype=bool, count=len(owns))
     own = np.frombuffer(b"".join(o if o is not None and len(o) == width else zero for o in owns),
                         dtype="<f8").reshape(-1, SPEED_VALUES)
     with np.errstate(all="ignore"):
@@ -138,5 +147,32 @@ def others_many(totals: Sequence[bytes | str], owns: Sequence[bytes | None]) -> 
             left |= (sums > 0).any(axis=1)
             out[:, i] = at
             out[:, i + 1:i + GROUP] = sums
-    rows = out.tolist()
-    return [row if keep else None for row, keep in zip(rows, (ok & left).tolist())]
+    return out, ok & left
+
+
+class PeerSums(Mapping):
+    """The other gateways' evidence, one summed vector per pod (RedisState's read): the rows of one
+    array, so a read costs no Python object per pod. As a mapping it is what `peer_speed` promises
+    (pod -> [vector]); the speed fit takes the array whole (SpeedEstimator.merge_peer_sums)."""
+
+    __slots__ = ("rows", "matrix")
+
+    def __init__(self, rows: dict[PodKey, int], matrix: np.ndarray) -> None:
+        self.rows = rows        # pod -> its row
+        self.matrix = matrix    # (rows, SPEED_VALUES): times on the wall clock
+
+    def __getitem__(self, key: PodKey) -> list[list[float]]:
+        return [self.matrix[self.rows[key]].tolist()]
+
+    def __iter__(self) -> Iterator[PodKey]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.rows
+
+    def pop(self, key: PodKey, default: object = None) -> object:
+        """The pod left the pool: its row stays in the array, unreachable."""
+        return default if self.rows.pop(key, None) is None else key

@@ -49,10 +49,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import compress, count
+
+import numpy as np
 
 from extproc.pool.pod import Pod, PodKey
 from extproc.state import speed_sums
 from extproc.state.shared import LocalCounts
+from extproc.state.speed_sums import PeerSums
 
 # AIBrix's gateway (vllm-project/aibrix, pkg/cache/cache_gateway_snapshot.go, #2159): every 100 ms each
 # AIBrix gateway HSETs a hash aibrix:pod:<POD_NAME>:<namespace>:<pod> (fields gateway_instance_id,
@@ -178,6 +182,36 @@ class SharedSnapshot:
     aibrix: dict[str, int] = field(default_factory=dict)  # "ns/pod" -> AIBrix gateways' in-flight
     members: dict[str, set[str]] | None = None         # per model: gateways with a ledger; None: not read
     speed: dict[PodKey, str | bytes] | None = None     # per pod: the fleet's speed sums; None: not read
+    # RedisState's read, instead of `running`: per model, its tracked pods that have a slot and their
+    # totals, aligned (state/packed_totals.py); a model not in it reads 0 throughout
+    packed: dict[str, tuple[list[PodKey], np.ndarray]] | None = None
+
+
+@dataclass(slots=True)
+class _Column:
+    """One model's pods as the packed totals list them, with what this gateway last wrote on each:
+    a read works the others' counts out on arrays (at 5,000 pods, a dict built pod by pod in Python
+    was a third of a turn)."""
+
+    keys: list[PodKey]
+    at: dict[PodKey, int]    # key -> index
+    written: np.ndarray      # own in-flight count as the ledger holds it
+
+    def clear(self, others: dict[PodKey, int]) -> None:
+        for key in self.keys:
+            others.pop(key, None)
+
+
+@dataclass(slots=True)
+class _TokenColumn:
+    """The tracked pods (as of `layout`) with their own token total as written and the others' total
+    already counted (-1: not read yet), mirroring `_written_tokens` and `_seen`."""
+
+    layout: int
+    keys: list[PodKey]
+    at: dict[PodKey, int]
+    own: np.ndarray
+    seen: np.ndarray
 
 
 class SyncCore:
@@ -201,6 +235,7 @@ class SyncCore:
         self._written_speed: dict[PodKey, list[float]] = {}  # own speed share as the ledger holds it
         self._retiring_speed: dict[PodKey, Pod] = {}    # forgotten pods whose share is still written
         self._speed_slot: dict[PodKey, int] = {}        # the heartbeats (mod N) a pod's share may go
+        self._slot_keys: list[list[PodKey]] = [[] for _ in range(SPEED_WRITE_HEARTBEATS)]  # ... inverted
         self._beats = 0                                 # heartbeats planned
         self._members: dict[str, set[str]] = {}         # per model: gateways with a ledger, last read
         self._silent: set[tuple[str, str]] = set()      # (model, gateway) silent at the last snapshot
@@ -214,8 +249,11 @@ class SyncCore:
         # Speed evidence: this gateway's own to publish, and the other gateways' (the fleet's sums
         # less our share), as last read; per pod the read it came from, so unchanged ones are reused.
         self.speed_out: dict[PodKey, list[float]] = {}
-        self.peer_speed: dict[PodKey, list[list[float]]] = {}
-        self._speed_read: dict[PodKey, tuple[str | bytes, bytes | None, list[float] | None]] = {}
+        self.peer_speed: PeerSums | dict[PodKey, list[list[float]]] = {}
+        self._columns: dict[str, _Column] = {}           # per model, with a packed read (`_apply_packed`)
+        self._moved: set[PodKey] = set()                # own counts written since the last read
+        self._tokens_moved: set[PodKey] = set()         # own token totals written since the last read
+        self._token_column: _TokenColumn | None = None   # the tracked pods' token figures as arrays
         self._written_raw: dict[PodKey, bytes] = {}     # ... as sent (the sums' reader subtracts it)
         self._outbox: dict[str, list[str]] = {}
         self._outbox_size = 0
@@ -300,17 +338,22 @@ class SyncCore:
         heartbeats came (pods spread evenly over them, so each heartbeat writes a 1/N of them)."""
         beat = self._beats % SPEED_WRITE_HEARTBEATS
         self._beats += 1
-        written, slots, pods = self._written_speed, self._speed_slot, self.counts.pods
-        for key, vector in self.speed_out.items():
-            if key not in pods:
-                continue
+        written, slots, pods, out = self._written_speed, self._speed_slot, self.counts.pods, self.speed_out
+        turn = self._slot_keys[beat]
+        for key in out.keys() - written.keys():  # Redis lacks it: now, whatever its turn
+            if key in pods:
+                if key not in slots:
+                    slot = slots[key] = len(slots) % SPEED_WRITE_HEARTBEATS
+                    self._slot_keys[slot].append(key)
+                batch.speed[key] = speed_sums.encode(out[key])
+                batch.speed_sent[key] = out[key]
+        for key in turn:  # this heartbeat's 1/N, where records arrived since it was written
             old = written.get(key)
-            slot = slots.get(key)
-            if slot is None:
-                slot = slots[key] = len(slots) % SPEED_WRITE_HEARTBEATS
-            if old is None or slot == beat and speed_sums.new_records(vector, old):
-                batch.speed[key] = speed_sums.encode(vector)
-                batch.speed_sent[key] = vector
+            if old is not None and key in pods and slots.get(key) == beat and key not in batch.speed:
+                vector = out.get(key)
+                if vector is not None and speed_sums.new_records(vector, old):
+                    batch.speed[key] = speed_sums.encode(vector)
+                    batch.speed_sent[key] = vector
         for key in list(self._retiring_speed):
             if key in pods:  # tracked again before its share was withdrawn: it stays
                 del self._retiring_speed[key]
@@ -320,7 +363,9 @@ class SyncCore:
 
     def confirm(self, batch: WriteBatch, now: float) -> None:
         self._written_running.update(batch.running)
+        self._moved.update(batch.running)
         self._written_tokens.update(batch.tokens)
+        self._tokens_moved.update(batch.tokens)
         for key in list(self._retiring):
             if batch.running.get(key) == 0:
                 del self._retiring[key]
@@ -389,7 +434,6 @@ class SyncCore:
         self._written_speed = {}  # ... and without our speed evidence
         self._written_raw = {}
         self.peer_speed = {}  # each gateway fits on its own records until Redis is back
-        self._speed_read = {}
 
     def apply(self, snap: SharedSnapshot) -> None:
         """A snapshot read: other live gateways' counts, and token deltas since the last one. Our own
@@ -401,63 +445,109 @@ class SyncCore:
         self._silent = {(model, g) for model, members in self._members.items() for g in members
                         if g not in live and g != me}
         self._reaped &= self._silent  # a gateway heard again is reaped afresh when it next goes silent
-        written = self._written_running
-        # A pod missing from the totals is at 0: only the busy ones are looked at.
-        others = {key: n for key, total in snap.running.items() if (n := total - written.get(key, 0)) > 0}
-        if snap.aibrix:
-            for key, pod in self.counts.pods.items():
-                if n := snap.aibrix.get(pod_id(pod), 0):
-                    others[key] = others.get(key, 0) + n
-        self.others = others
+        if snap.packed is not None and not snap.aibrix:
+            self._apply_packed(snap.packed)
+        else:
+            running = snap.running
+            if snap.packed is not None:  # AIBrix's rows add to the totals: the whole dict afresh
+                running = {k: n for keys, values in snap.packed.values()
+                           for k, n in zip(keys, values.tolist())}
+            written = self._written_running
+            # A pod missing from the totals is at 0: only the busy ones are looked at.
+            others = {key: n for key, total in running.items() if (n := total - written.get(key, 0)) > 0}
+            if snap.aibrix:
+                for key, pod in self.counts.pods.items():
+                    if n := snap.aibrix.get(pod_id(pod), 0):
+                        others[key] = others.get(key, 0) + n
+            self.others = others
+            self._columns = {}
         if snap.tokens is not None:
-            for key in self.counts.pods:
-                self._count_tokens(key, snap.tokens.get(key, 0))
+            self._count_tokens(snap.tokens)
         if snap.speed is not None:
             self._apply_speed(snap.speed)
         self.up = True
         self.peers = len(live - {me})
         self._started = {}
 
+    def _apply_packed(self, packed: dict[str, tuple[list[PodKey], np.ndarray]]) -> None:
+        """`others` from the packed totals: per model, the others' count is the total less what we
+        wrote, worked out on an array of what we wrote kept aligned with the read, and handed to the
+        dict routing reads in one C-level update (a pod at 0 keeps its entry, at 0)."""
+        if not self._columns:  # first read, or the last went through the dict: afresh
+            self.others = {}
+        others, written = self.others, self._written_running
+        moved, self._moved = self._moved, set()
+        old, columns = self._columns, {}
+        for model, (keys, _) in packed.items():
+            column = old.pop(model, None)
+            if column is not None and column.keys is not keys:  # the map was bound anew
+                column.clear(others)
+                column = None
+            if column is None:
+                column = _Column(keys, {key: i for i, key in enumerate(keys)},
+                                 np.fromiter((written.get(key, 0) for key in keys), np.int64, len(keys)))
+            columns[model] = column
+        for column in old.values():  # a model not read this turn: its pods at 0
+            column.clear(others)
+        for key in moved:  # a key's model is its first part
+            column = columns.get(key[0])
+            if column is not None and (i := column.at.get(key)) is not None:
+                column.written[i] = written.get(key, 0)
+        for model, (keys, totals) in packed.items():
+            others.update(zip(keys, np.maximum(totals - columns[model].written, 0).tolist()))
+        self._columns = columns
+
     def _apply_speed(self, sums: dict[PodKey, str | bytes]) -> None:
         """The others' evidence per pod: the fleet's sums less our share as written (a silent
-        gateway's share stays until it is reaped, decaying meanwhile). A pod whose sums and our share
-        are as at the last read keeps its result; the rest are worked out together."""
-        written, last = self._written_raw, self._speed_read
-        read: dict[PodKey, tuple[str | bytes, bytes | None, list[float] | None]] = {}
-        todo: list[PodKey] = []
-        for key, raw in sums.items():
-            own = written.get(key)
-            hit = last.get(key)
-            if hit is not None and hit[1] is own and hit[0] == raw:
-                read[key] = hit
-            else:
-                todo.append(key)
-        if todo:
-            owns = [written.get(key) for key in todo]
-            for key, own, others in zip(todo, owns, speed_sums.others_many([sums[k] for k in todo], owns)):
-                read[key] = (sums[key], own, others)
-        self._speed_read = read
-        self.peer_speed = {key: [others] for key, (_, _, others) in read.items() if others is not None}
+        gateway's share stays until it is reaped, decaying meanwhile), worked out together as the
+        rows of one array."""
+        written = self._written_raw
+        keys = list(sums)
+        matrix, keep = speed_sums.others_matrix(list(sums.values()), [written.get(key) for key in keys])
+        rows = dict(zip(compress(keys, keep.tolist()), count()))  # row i: the i-th kept
+        self.peer_speed = PeerSums(rows, matrix[keep])
 
-    def _count_tokens(self, key: PodKey, total: int) -> None:
-        delta = 0
-        own = self._written_tokens.get(key, 0)
-        taken = self.counts.taken(key)
-        if own > taken:  # own tokens published, not yet handed out locally
-            delta += own - taken
-            self.counts.mark_taken(key, own)
-        others = max(0, total - own)
-        seen = self._seen.get(key)
-        if seen is None:
-            # First read of this pod: a baseline, or we would count its whole history at once.
-            self._seen[key] = others
-        elif others > seen:
-            delta += others - seen
-            self._seen[key] = others
+    def _count_tokens(self, totals: dict[PodKey, int]) -> None:
+        """Token deltas from a read of the fleet's totals: own tokens published and not yet handed
+        out locally, and the others' growth past what was already counted (a pod's first read sets
+        its baseline, or its whole history would count at once). Worked out on arrays over the
+        tracked pods; only pods with something new touch a dict."""
+        counts, written, pending = self.counts, self._written_tokens, self._pending
+        column = self._token_column
+        if column is None or column.layout != counts.layout:
+            keys = list(counts.pods)
+            seen = self._seen
+            column = self._token_column = _TokenColumn(
+                counts.layout, keys, {key: i for i, key in enumerate(keys)},
+                np.fromiter((written.get(key, 0) for key in keys), np.int64, len(keys)),
+                np.fromiter((seen.get(key, -1) for key in keys), np.int64, len(keys)))
+        else:
+            for key in self._tokens_moved:
+                if (i := column.at.get(key)) is not None:
+                    column.own[i] = written.get(key, 0)
+        moved, self._tokens_moved = self._tokens_moved, set()
+        for key in moved:  # own tokens published, not yet handed out locally (the rest were)
+            own = written.get(key, 0)
+            taken = counts.taken(key)
+            if key in counts.pods and own > taken:
+                pending[key] = pending.get(key, 0) + own - taken
+                counts.mark_taken(key, own)
+        keys = column.keys
+        others = np.maximum(np.fromiter((totals.get(key, 0) for key in keys), np.int64, len(keys))
+                            - column.own, 0)
         # A total that fell (Redis restarted) keeps the remembered one: as the gateways write their
         # cumulative values again it climbs back, and only what goes beyond is new.
-        if delta:
-            self._pending[key] = self._pending.get(key, 0) + delta
+        changed = np.flatnonzero(others > column.seen)
+        if not len(changed):
+            return
+        counted, now = column.seen[changed], others[changed]
+        column.seen[changed] = now
+        seen = self._seen
+        for i, before, after in zip(changed.tolist(), counted.tolist(), now.tolist()):
+            key = keys[i]
+            seen[key] = after
+            if before >= 0:  # else the pod's first read: a baseline
+                pending[key] = pending.get(key, 0) + after - before
 
     def forget(self, live: list[PodKey] | set[PodKey]) -> None:
         pods = dict(self.counts.pods)
@@ -469,10 +559,13 @@ class SyncCore:
             if key in self._written_speed:  # its share leaves the sums with the next heartbeat
                 self._retiring_speed[key] = pods[key]
             for table in (self.others, self._written_tokens, self._seen, self._pending, self.speed_out,
-                          self.peer_speed, self._speed_read, self._speed_slot):
+                          self.peer_speed, self._speed_slot):
                 table.pop(key, None)
             # Its AIBrix row (if any) is left to its 500 ms expiry.
             self._written_aibrix.pop(key, None)
+        self._slot_keys = [[] for _ in range(SPEED_WRITE_HEARTBEATS)]
+        for key, slot in self._speed_slot.items():
+            self._slot_keys[slot].append(key)
 
     def written_running(self) -> list[PodKey]:
         return list(self._written_running)
@@ -518,7 +611,7 @@ class SyncedState:
     def share_speed(self, key: PodKey, evidence: list[float]) -> None:
         self.core.speed_out[key] = evidence
 
-    def peer_speed(self) -> dict[PodKey, list[list[float]]]:
+    def peer_speed(self) -> PeerSums | dict[PodKey, list[list[float]]]:
         return self.core.peer_speed if self.core.up else {}
 
     def track(self, pods: Iterable[Pod]) -> None:

@@ -169,3 +169,25 @@ class LocalSentinel:
     def stop(self) -> None:
         for port in list(self.procs):
             self.procs.pop(port).stop()
+
+
+def main(argv: list[str]) -> int:
+    """`python -m tests.support.redis_topologies CMD ...`: CMD run against a Redis Cluster of 3 masters
+    (no replicas) on loopback, `{nodes}` in its arguments replaced by the seed nodes; the cluster is
+    stopped after. For benchmarks, e.g. `extproc bench sync --redis-cluster {nodes}`."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="redis-cluster-") as tmp:
+        cluster = LocalCluster(Path(tmp), replicas=False)
+        try:
+            nodes = ",".join(cluster.nodes)
+            return subprocess.run([arg.replace("{nodes}", nodes) for arg in argv]).returncode
+        finally:
+            cluster.stop()
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

@@ -510,3 +510,51 @@ def test_a_gateway_hands_over_a_pods_speed_evidence_only_when_it_moved_and_folds
     state.peers = {pods[0].key: [list(other)]}  # a new read
     accounting._share_speed(6.0)
     assert accounting.speed._peers[pods[0].key] is not folded
+
+
+def test_the_others_counts_from_packed_totals_are_those_the_dict_gives():
+    """RedisState hands the totals as arrays aligned with the packed slots; the core works the others'
+    counts out on arrays and touches only the dict: turn after turn (own writes moving, a model not
+    read, the slots bound anew, AIBrix rows), every pod reads as from the totals as a dict."""
+    import numpy as np
+
+    pods = [Pod(("llama", "qwen")[i % 2], f"p{i}", f"10.0.0.{i}:8000") for i in range(8)]
+
+    def fresh() -> SyncCore:
+        counts = LocalCounts()
+        counts.track(pods)
+        return SyncCore(ME, counts)
+
+    packed_core, dict_core = fresh(), fresh()
+    rng = np.random.default_rng(3)
+    keys = {m: [p.key for p in pods if p.model == m] for m in ("llama", "qwen")}
+    for turn in range(12):
+        now = 100.0 + turn * 0.1
+        for c in (packed_core, dict_core):  # the same own counts, written alike
+            for i, p in enumerate(pods):
+                c.counts.running[p.key] = int((turn + i) % 3)
+                c.counts.changed.add(p.key)
+            c.confirm(c.plan(now), now)
+        if turn == 6:  # the slot map bound anew: a new list, one pod without a slot yet
+            keys = {m: list(k) for m, k in keys.items()}
+            keys["qwen"] = keys["qwen"][:-1]
+        totals = {m: rng.integers(0, 6, len(k)).astype(np.int32) for m, k in keys.items()}
+        packed = {m: (keys[m], totals[m]) for m in keys if not (turn == 4 and m == "qwen")}
+        running = {k: int(n) for m, (ks, values) in packed.items() for k, n in zip(ks, values)}
+        aibrix = {"default/p1": 2} if turn == 9 else {}
+        packed_core.apply(SharedSnapshot(server_now=now, gateways={ME: now}, running={}, packed=packed,
+                                         aibrix=aibrix))
+        dict_core.apply(SharedSnapshot(server_now=now, gateways={ME: now}, running=running, aibrix=aibrix))
+        assert [packed_core.running(p.key) for p in pods] == [dict_core.running(p.key) for p in pods], turn
+
+
+def test_token_deltas_keep_their_baselines_when_the_tracked_pods_change():
+    c = core()
+    c.apply(snap(1.0, {}, tokens={POD.key: 500, OTHER.key: 70}))
+    assert c.take_token_deltas() == {}
+    late = Pod("llama", "pod-c", "10.0.0.3:8000", namespace="team")
+    c.counts.track([late])  # a pod joins: the arrays are laid out anew, the baselines stay
+    c.apply(snap(2.0, {}, tokens={POD.key: 510, OTHER.key: 70, late.key: 900}))
+    assert c.take_token_deltas() == {POD.key: 10}  # the newcomer's first read is its baseline
+    c.apply(snap(3.0, {}, tokens={POD.key: 510, OTHER.key: 75, late.key: 903}))
+    assert c.take_token_deltas() == {OTHER.key: 5, late.key: 3}

@@ -233,3 +233,68 @@ def test_a_merge_kept_between_refreshes_fits_as_a_merge_made_anew():
         assert kept.base == pytest.approx(anew.base, rel=1e-9)
         assert kept.shape == pytest.approx(anew.shape, rel=1e-9)
         assert kept.saturated == pytest.approx(anew.saturated, rel=1e-9)
+
+
+def test_the_others_sums_as_one_array_fit_as_the_same_vectors_one_by_one():
+    """RedisState's read comes as one array (PeerSums), its times on the wall clock: merged whole,
+    shifted to the estimator's clock, it fits as the vectors handed over pod by pod do; a record of
+    its own re-merges only that pod; a restarted pod stands aside until the next read."""
+    import numpy as np
+
+    from extproc.state.speed_sums import PeerSums, shifted
+
+    rng = random.Random(4)
+    pods = [Pod("m", f"p{i}", f"10.0.0.{i}:8000", labels={"gpu": ("A100", "L20")[i % 2]}) for i in range(6)]
+    ours, theirs = SpeedEstimator(), SpeedEstimator()
+    for estimator in (ours, theirs):
+        for p in pods[:5]:  # the last pod: only theirs
+            for _ in range(5):
+                estimator.observe(p.key, 0.02 * (1 + rng.random() * 0.3), rng.uniform(1, 16), 100, 0.0)
+                estimator.observe_prefill(p.key, 0.05 * rng.random(), rng.uniform(100, 900), 100, 0.0)
+    theirs.observe(pods[5].key, 0.03, 3.0, 100, 0.5)
+    wall = 1000.0  # their vectors on the wall clock: ours runs 1000 s behind it
+    vectors = {p.key: shifted(theirs.export(p.key), wall) for p in pods}
+    one_by_one = SpeedEstimator()
+    one_by_one._pods = {k: type(v)(*(s.copy() for s in (v.recent, v.long, v.kv, v.prefill, v.mix)),
+                                   v.measured, v.version) for k, v in ours._pods.items()}
+    for p in pods:
+        one_by_one.merge_peers(p.key, [shifted(vectors[p.key], -wall)])
+    rows = {p.key: i for i, p in enumerate(pods)}
+    ours.merge_peer_sums(PeerSums(rows, np.array([vectors[p.key] for p in pods])), -wall)
+    for t in (2.0, 3.0):
+        ours.refresh(pods, t)
+        one_by_one.refresh(pods, t)
+        for p in pods:
+            got, want = ours.speed(p.key), one_by_one.speed(p.key)
+            assert got is not None and want is not None
+            assert (got.base, got.shape, got.saturated, got.spread) == pytest.approx(
+                (want.base, want.shape, want.saturated, want.spread), rel=1e-9)
+    kept = dict(ours._merged)
+    ours.observe(pods[0].key, 0.03, 4.0, 100, 3.5)
+    ours.refresh(pods, 4.0)
+    assert ours._merged[pods[0].key] != kept[pods[0].key]  # merged anew (its own version moved)
+    assert ours._merged[pods[1].key] is kept[pods[1].key]
+    one_by_one.observe(pods[0].key, 0.03, 4.0, 100, 3.5)
+    one_by_one.refresh(pods, 4.0)
+    assert ours.speed(pods[0].key).base == pytest.approx(one_by_one.speed(pods[0].key).base, rel=1e-9)
+    for p in pods:  # a new read: every merge set anew (in place), as the vectors one by one give
+        theirs.observe(p.key, 0.05, 20.0, 100, 4.2)
+    later = {p.key: shifted(theirs.export(p.key), wall) for p in pods}
+    ours.merge_peer_sums(PeerSums(rows, np.array([later[p.key] for p in pods])), -wall)
+    for p in pods:
+        one_by_one.merge_peers(p.key, [shifted(later[p.key], -wall)])
+    ours.refresh(pods, 4.5)
+    one_by_one.refresh(pods, 4.5)
+    for p in pods:
+        got, want = ours.speed(p.key), one_by_one.speed(p.key)
+        assert (got.base, got.shape, got.saturated) == pytest.approx((want.base, want.shape, want.saturated),
+                                                                     rel=1e-9)
+    assert pods[5].key in ours._evidence(pods, 5.0)
+    ours.restarted(pods[5].key)  # known only from theirs: nothing until the next read
+    assert pods[5].key not in ours._evidence(pods, 5.0)
+    ours.merge_peer_sums(None)  # Redis away: each pod on its own records
+    ours.refresh(pods, 6.0)
+    alone = SpeedEstimator()
+    alone._pods = ours._pods
+    alone.refresh(pods, 6.0)
+    assert ours.speed(pods[0].key).base == pytest.approx(alone.speed(pods[0].key).base, rel=1e-12)
