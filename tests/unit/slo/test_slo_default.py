@@ -159,7 +159,7 @@ def test_full_by_the_profiles_but_not_by_measurement_routes_instead_of_waiting(s
 
 
 def test_a_speed_line_that_never_saw_the_load_does_not_admit_past_what_the_profile_measured(slo):
-    from extproc.profiling.selection import BUDGET_MARGIN
+    from extproc.gpu_profiles import BUDGET_MARGIN
     from extproc.state.speed import Speed
 
     s, _ = slo
