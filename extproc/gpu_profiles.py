@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from extproc.state import redis_connect
+from extproc import redis_connect
 
 log = logging.getLogger(__name__)
 

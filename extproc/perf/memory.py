@@ -66,7 +66,7 @@ def run(requests: int = 1_000_000, every: int = 50_000, pods: int = 16,
     from extproc.config import parse
     from extproc.server.gateway import Gateway
     from extproc.server.processor import Stream
-    from extproc.state.record import RequestEnd
+    from extproc.vocabulary import RequestEnd
 
     gw = Gateway(parse({"models": {MODEL: {"pods": [
         {"name": f"pod-{i}", "address": f"10.0.{i // 256}.{i % 256}:8000"} for i in range(pods)]}}}, {}))
