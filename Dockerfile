@@ -1,5 +1,7 @@
 # syntax=docker/dockerfile:1
 # The gateway image: `extproc serve` (the same image runs `extproc optimizer` with another command).
+# The product only: no `tools` extra (matplotlib, tqdm: the simulators' and benchmarks' plots and bars;
+# tests/unit/test_product_imports.py keeps the product from needing them).
 #   docker build -t extproc:0.1.0 .
 #   docker run -v $PWD/gateway.yaml:/etc/extproc/gateway.yaml -p 50052:50052 extproc:0.1.0
 # The install step is the one `make setup` runs in CI (`pip install` of this project's pyproject.toml),
@@ -17,7 +19,7 @@ COPY extproc ./extproc
 RUN python -m pip install -q --upgrade pip && python -m pip install -q .
 
 FROM ${PYTHON_IMAGE}
-ENV PATH=/opt/extproc/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 MPLCONFIGDIR=/tmp
+ENV PATH=/opt/extproc/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 RUN groupadd --system --gid 10001 extproc \
  && useradd --system --uid 10001 --gid extproc --no-create-home --shell /usr/sbin/nologin extproc
 COPY --from=build /opt/extproc /opt/extproc

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from extproc.extras import ToolsMissing
+
 
 def _serve(args: argparse.Namespace) -> int:
     from extproc.server.app import serve
@@ -205,4 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.rest = rest
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ToolsMissing as e:  # a tool's plot or progress bar, in an image without the tools extra
+        print(f"extproc {args.command}: {e}", file=sys.stderr)
+        return 1

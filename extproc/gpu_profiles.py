@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from extproc.state import redis_connect
+from extproc import redis_connect
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,14 @@ def profile_index_key(model: str) -> str:
     """Ours: the set of a model's profile keys (gen-profile adds each key it writes), so readers find
     them without scanning the keyspace."""
     return f"extproc:profiles:{model}"
+
+
+# What the SLO router and gen-profile agree on: a profile's admitted budget (`concurrency_admitted`) is
+# at most 1/BUDGET_MARGIN of the largest budget its benchmark saw meet the SLO (one shape alone, held at
+# its budget, is not what a routed replica sees: a mix, where one long prompt's prefill stalls every other
+# decode, and Poisson arrivals keeping it full; measured in the fleet simulation, docs/optimizer.md), and
+# the router admits past it up to BUDGET_MARGIN times it while a pod's measured speed shows room.
+BUDGET_MARGIN = 2
 
 
 class ProfileError(ValueError):

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from extproc import environment
+from extproc import environment, redis_connect
 from extproc.config.discovery import parse_discovery
 from extproc.config.keys import read_keys
 from extproc.config.pods import model_pods
@@ -37,7 +37,6 @@ from extproc.ratelimit.settings import OVERRIDE_KEYS as RATE_LIMIT_OVERRIDE_KEYS
 from extproc.ratelimit.settings import SECTION_KEYS as RATE_LIMIT_KEYS
 from extproc.ratelimit.settings import RateLimitError, parse_rate_limits
 from extproc.routing.settings import RoutingSettings
-from extproc.state import redis_connect
 
 HEADER_NAME = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]+")  # an RFC 9110 token, lower-cased
 RESERVED_HEADERS = frozenset({"host", "content-length", "content-type", "transfer-encoding", "connection",

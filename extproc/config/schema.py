@@ -23,8 +23,8 @@ from extproc.envoy_contract import DEFAULT_DESTINATION_HEADER
 from extproc.pool.pod import Pod
 from extproc.pool.settings import DISCOVERY_KEYS, DiscoverySettings
 from extproc.ratelimit.settings import RateLimitSettings
+from extproc.redis_connect import RedisTarget
 from extproc.routing.settings import RoutingSettings
-from extproc.state.redis_connect import RedisTarget
 
 # Inference endpoints routed to a pod; anything else (engine admin endpoints included) gets a 404.
 DEFAULT_MODEL_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")

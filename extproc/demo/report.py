@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from extproc.demo.load import Outcome
+from extproc.extras import pyplot
 
 
 @dataclass(slots=True)
@@ -200,10 +201,7 @@ def write_png(results: Sequence[PhaseResult], path: Path, title: str,
               saturated: dict[str, float] | None = None) -> None:
     """Utilization and p99 per pod and phase; with --burst a third panel: the capacity each burst phase
     ended on, against the saturated figure (a black tick per pod)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = list(results[0].pods)
     bursts = [i for i, r in enumerate(results) if r.burst]

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from extproc import extras
+
 
 def add_commands(sub: Any) -> None:
     """Add `fleet-sim` to `extproc`'s subcommands (imports stay lazy)."""
@@ -161,8 +163,7 @@ class _Bars:
         self.bars: dict[str, Any] = {}
         if not enabled:
             return
-        from tqdm import tqdm
-
+        tqdm = extras.tqdm()
         for i, s in enumerate(strategies):
             self.bars[s] = tqdm(total=round(total), desc=f"{s:>16}", unit="sim s", position=i, leave=True,
                                 file=sys.stderr, mininterval=0.5)

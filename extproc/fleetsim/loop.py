@@ -36,7 +36,7 @@ from extproc.routing.framework import waiting_for
 from extproc.routing.outcome import Outcome, Queued, Rejected, Routed
 from extproc.sim.prefix import block_hashes
 from extproc.sim.sequences import CapacityError, SeqState, SimRequest
-from extproc.state.record import TOKENS_FROM_USAGE, RequestEnd
+from extproc.vocabulary import TOKENS_FROM_USAGE, RequestEnd
 
 if TYPE_CHECKING:
     from extproc.routing.framework import Held, VirtualRoom

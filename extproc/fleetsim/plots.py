@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from extproc.extras import pyplot
+
 ROWS = (("utilization", "utilization % of\nsaturated tok/s"), ("qps", "QPS routed"),
         ("tpot_p99_s", "P99 TPOT (ms)\nby arrival"), ("queue", "SLO queue (peak)"),
         ("rejected_per_s", "rejected / s"))
@@ -14,10 +16,7 @@ AUTOSCALE_ROWS = (("replicas", "replicas (optimizer)\nserving + starting"), ("co
 
 
 def plot(report: dict[str, Any], path: str | Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display; safe in CI and worker processes
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     strategies = list(report["strategies"])
     autoscaled = any(s.get("autoscale") for s in report["strategies"].values())

@@ -117,6 +117,7 @@ def optimizer_command(args: argparse.Namespace) -> int:
 async def _serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from extproc import redis_connect
     from extproc.environment import in_cluster, redis_url_from_env
     from extproc.gpu_profiles import ProfileStore
     from extproc.optimizer.deployments import (
@@ -129,7 +130,6 @@ async def _serve(args: argparse.Namespace) -> int:
     from extproc.optimizer.policy import PlanPolicy
     from extproc.optimizer.service import OptimizerService, ServiceSettings
     from extproc.redact import redact_url
-    from extproc.state import redis_connect
 
     file_source = FileDeploymentSource(args.config) if args.config else None
     source: DeploymentSource = file_source or StaticDeploymentSource([])

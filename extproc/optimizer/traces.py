@@ -7,8 +7,8 @@ import logging
 import math
 from typing import Any
 
+from extproc import redis_connect
 from extproc.optimizer.workload import TraceWindow, WorkloadError, parse_trace
-from extproc.state import redis_connect
 from extproc.tracing import INTERVAL_SEC, trace_key
 
 log = logging.getLogger(__name__)

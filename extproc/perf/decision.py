@@ -78,7 +78,7 @@ def decision_times(pod_counts: tuple[int, ...] = (10, 100, 1000), decisions: int
     default, `speed`)."""
     from extproc.openai import Request
     from extproc.perf.stack import strategy_for_bench
-    from extproc.state.record import RequestEnd
+    from extproc.vocabulary import RequestEnd
 
     name = strategy or strategy_for_bench()
     rng = random.Random(1)

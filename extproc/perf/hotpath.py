@@ -27,7 +27,7 @@ from extproc.server.gateway import Gateway
 from extproc.server.processor import Stream, decode
 
 try:  # the finished request as one value (since issue 42); earlier checkouts took keywords
-    from extproc.state.record import RequestEnd
+    from extproc.vocabulary import RequestEnd
 
     def complete(gw: Gateway, key: str) -> None:
         gw.complete(key, RequestEnd(200))

@@ -64,7 +64,7 @@ def _processor(limits: dict[str, Any] | None, redis_url: str | None) -> Any:
 async def _run(requests: int, rounds: int, redis_url: str | None) -> dict[str, float]:
     import grpc
 
-    from extproc.state.record import RequestEnd
+    from extproc.vocabulary import RequestEnd
 
     messages = _messages()
     names = [n for n in VARIANTS if redis_url or n != "on, Redis"]

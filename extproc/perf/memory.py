@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from extproc.extras import ToolsMissing, pyplot
 from extproc.perf.stats import rss_bytes
 
 MODEL = "bench"
@@ -65,7 +66,7 @@ def run(requests: int = 1_000_000, every: int = 50_000, pods: int = 16,
     from extproc.config import parse
     from extproc.server.gateway import Gateway
     from extproc.server.processor import Stream
-    from extproc.state.record import RequestEnd
+    from extproc.vocabulary import RequestEnd
 
     gw = Gateway(parse({"models": {MODEL: {"pods": [
         {"name": f"pod-{i}", "address": f"10.0.{i // 256}.{i % 256}:8000"} for i in range(pods)]}}}, {}))
@@ -100,11 +101,8 @@ def run(requests: int = 1_000_000, every: int = 50_000, pods: int = 16,
 def plot(curve: Curve, path: Path) -> bool:
     """A PNG of the curve when matplotlib is installed (not a dependency of the gateway)."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+        plt = pyplot()
+    except ToolsMissing:
         return False
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot([r / 1e3 for r in curve.requests], [b / 2**20 for b in curve.rss], marker="o")

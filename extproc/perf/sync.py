@@ -68,8 +68,8 @@ import redis
 
 from extproc.localstack import Proc, free_port, wait_until
 from extproc.pool.pod import Pod
+from extproc.redis_connect import RedisTarget
 from extproc.state import speed_sums
-from extproc.state.redis_connect import RedisTarget
 from extproc.state.redis_sync import RedisState
 from extproc.state.shared import LocalState
 
@@ -524,7 +524,7 @@ def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int
     after the other against the same redis-server (or the Redis Cluster whose seed nodes are given:
     it is flushed)."""
     if cluster:
-        from extproc.state import redis_connect
+        from extproc import redis_connect
 
         target = redis_connect.target(None, "cluster", cluster, where="--redis-cluster")
         out = []

@@ -36,7 +36,7 @@ from extproc.perf.sync import (
     _shards,
     make_pods,
 )
-from extproc.state.redis_connect import RedisTarget
+from extproc.redis_connect import RedisTarget
 from extproc.state.redis_sync import RedisState
 from extproc.state.speed import SpeedEstimator
 from extproc.state.sync_core import SPEED_READ_HEARTBEATS, SPEED_WRITE_HEARTBEATS

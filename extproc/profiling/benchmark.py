@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
+from extproc import extras
 from extproc.profiling.client import RequestResult, send
 from extproc.profiling.plan import LoadPlan
 from extproc.profiling.records import MetricLine, write_lines
@@ -120,8 +121,7 @@ class Progress:
     """A tqdm bar measured in scheduled seconds (num_prompts / rate per cell), so its ETA is in time."""
 
     def __init__(self, plan: LoadPlan, stream: TextIO) -> None:
-        from tqdm import tqdm
-
+        tqdm = extras.tqdm()
         self._stream = stream
         self._bar = tqdm(total=sum(plan.scheduled_seconds(c) for c in plan.cells()), unit="s", file=stream,
                          smoothing=0, dynamic_ncols=True, disable=None,  # no bar when not a terminal

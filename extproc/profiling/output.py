@@ -63,7 +63,7 @@ def store_redis(target: RedisTarget, deployment: str, profile: dict[str, Any]) -
 
     import redis
 
-    from extproc.state import redis_connect
+    from extproc import redis_connect
 
     # Redis Cluster or Sentinel: EXTPROC_REDIS_MODE / _NODES / _MASTER_NAME, the URL's credentials.
     try:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from extproc.extras import pyplot
 from extproc.profiling.selection import Grid
 
 
 def plot_grid(grid: Grid, path: str | Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display on servers and in CI
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     panels = [("throughput at SLO, requests/s (hatched: no rate meets it)", grid.tputs, "viridis"),
               ("E2E mean at the chosen rate, s", grid.e2e, "magma_r")]

@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from extproc.gpu_profiles import little_budget
+from extproc.gpu_profiles import BUDGET_MARGIN, little_budget
 from extproc.profiling.records import METRICS, THROUGHPUT_METRICS, BenchmarkError, MetricLine
 
 SLO_METRICS = ("TPUT", "TT", "E2E", "TTFT", "TPAT", "TPOT")  # AIBrix's order; options: lower-case
@@ -169,10 +169,6 @@ def select(lines: Sequence[MetricLine], slos: SLOs, source: str = "benchmark") -
 
 ADMITTED_KEY = "concurrency"  # our benchmark lines of a replica held at its per-pod budget carry this
 BUDGET_FACTORS = (1, 2, 4, 8)  # the budgets a --admitted run tries per cell: Little's budget times these
-# The budget kept is at most half the largest that met the SLO: one shape alone, held at its budget, is
-# not what a routed replica sees (a mix, where one long prompt's prefill stalls every other decode, and
-# Poisson arrivals keeping it full). Measured in the fleet simulation, docs/optimizer.md.
-BUDGET_MARGIN = 2
 
 
 def budget_ladder(tput: float, e2e: float, factors: Sequence[float] = BUDGET_FACTORS) -> list[int]:

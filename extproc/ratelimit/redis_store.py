@@ -18,10 +18,10 @@ import logging
 import time
 from collections.abc import Callable
 
+from extproc import redis_connect
 from extproc.ratelimit.bucket import WINDOW_S, Verdict
 from extproc.ratelimit.settings import Limits
-from extproc.state import redis_connect
-from extproc.state.redis_connect import RedisTarget
+from extproc.redis_connect import RedisTarget
 
 log = logging.getLogger(__name__)
 

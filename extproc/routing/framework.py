@@ -22,7 +22,7 @@ from extproc.routing.outcome import Queued, Rejected, Routed
 from extproc.routing.params import Params, declare
 from extproc.routing.settings import RoutingSettings
 from extproc.routing.store import RoutingState
-from extproc.state.record import PodView, RequestRecord
+from extproc.vocabulary import PodView, RequestRecord
 
 log = logging.getLogger(__name__)
 

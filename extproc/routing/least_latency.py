@@ -18,7 +18,7 @@ from extproc.openai import Request
 from extproc.pool.pod import PodKey
 from extproc.routing.framework import BuildContext, PodView, Profile, register
 from extproc.routing.load import LowestScorePicker, mean_fill
-from extproc.state.record import RequestRecord
+from extproc.vocabulary import RequestRecord
 
 DEFAULT_OUTPUT_TOKENS = 128
 WEIGHT = 0.2  # of each new observation in the averages: about the last ten requests count

@@ -16,8 +16,7 @@ from functools import partial
 from operator import attrgetter, is_, truediv
 
 from extproc.routing.settings import LoadBalanceSettings
-from extproc.state.record import PodView
-from extproc.state.speed import UNKNOWN_SPREAD, Speed
+from extproc.vocabulary import UNKNOWN_SPREAD, PodView, Speed
 
 INF = math.inf
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from extproc.state.record import PodView
+from extproc.vocabulary import PodView
 
 T = TypeVar("T")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
 
 from extproc.pool.pod import PodKey
-from extproc.state.record import PodView
+from extproc.vocabulary import PodView
 
 T = TypeVar("T")
 

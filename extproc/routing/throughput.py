@@ -11,7 +11,7 @@ from extproc.openai import Request
 from extproc.pool.pod import PodKey
 from extproc.routing.framework import BuildContext, PodView, Profile, register
 from extproc.routing.load import LowestScorePicker
-from extproc.state.record import RequestRecord
+from extproc.vocabulary import RequestRecord
 
 WINDOW_SECONDS = 10.0
 

@@ -20,7 +20,7 @@ from extproc.envoy_contract import (
     TALLY_NAMESPACE,
 )
 from extproc.server.gateway import Gateway
-from extproc.state.record import TOKENS_UNKNOWN, RequestEnd
+from extproc.vocabulary import TOKENS_UNKNOWN, RequestEnd
 
 log = logging.getLogger(__name__)
 

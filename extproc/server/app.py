@@ -48,8 +48,8 @@ from extproc.telemetry.health import PodHealth
 from extproc.telemetry.scraper import HealthProber, MetricsScraper
 
 if TYPE_CHECKING:
+    from extproc.redis_connect import RedisTarget
     from extproc.server.otel import RequestSpans
-    from extproc.state.redis_connect import RedisTarget
 
 log = logging.getLogger(__name__)
 

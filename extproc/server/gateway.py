@@ -32,10 +32,9 @@ from extproc.server.metrics import PodMetricsCollector
 from extproc.state.accounting import Accounting, PodFigures
 from extproc.state.inflight import OpenRequest, OpenRequests
 from extproc.state.reconcile import Reconciler
-from extproc.state.record import PodView, RequestEnd, RequestRecord
 from extproc.state.shared import LocalState, SharedState
-from extproc.state.speed import Speed
 from extproc.telemetry.engine_metrics import EngineSample
+from extproc.vocabulary import PodView, RequestEnd, RequestRecord, Speed
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from prometheus_client.utils import floatToGoString
 
 from extproc.config import Config
 from extproc.server.metrics import GatewayCollector
-from extproc.state.record import PodView, RequestRecord
+from extproc.vocabulary import PodView, RequestRecord
 
 # 5 ms to an hour, for long-running inference (the reference's generalLatencyBuckets)
 LATENCY_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15,

@@ -9,7 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from extproc.routing.store import Series
 from extproc.state.accounting import PodFigures
-from extproc.state.record import PodView
+from extproc.vocabulary import PodView
 
 LABELS = ["model", "pod"]
 FAMILIES = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily}

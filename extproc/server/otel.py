@@ -26,7 +26,7 @@ from typing import Any
 
 from extproc.openai import Request
 from extproc.routing.framework import PodView
-from extproc.state.record import RequestRecord
+from extproc.vocabulary import RequestRecord
 
 log = logging.getLogger(__name__)
 

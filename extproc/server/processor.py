@@ -56,7 +56,7 @@ from extproc.routing.session_affinity import MAX_SESSION_KEY_BYTES
 from extproc.server import attributes, body, responses
 from extproc.server.gateway import Gateway
 from extproc.server.heap import HeapTrimmer
-from extproc.state.record import RequestEnd
+from extproc.vocabulary import RequestEnd
 
 log = logging.getLogger(__name__)
 

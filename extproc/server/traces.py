@@ -12,13 +12,13 @@ from collections.abc import Callable
 from extproc.cancellation import raise_if_cancelled
 from extproc.openai import Request
 from extproc.pool.pod import deployment_of
+from extproc.redis_connect import RedisTarget
 from extproc.routing.framework import PodView
 from extproc.routing.outcome import Rejected
 from extproc.server.gateway import Gateway
-from extproc.state.record import RequestRecord
-from extproc.state.redis_connect import RedisTarget
 from extproc.tracing.flusher import TraceFlusher
 from extproc.tracing.window import TraceRecorder
+from extproc.vocabulary import RequestRecord
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def tpot(record: RequestRecord) -> float | None:
 
 
 async def run_tracing(gateway: Gateway, redis: RedisTarget | str) -> None:
-    from extproc.state import redis_connect
+    from extproc import redis_connect
 
     recorder = TraceRecorder()
     gateway.add_hook(TraceHooks(recorder))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from itertools import islice
 
 from extproc.pool.pod import Pod
-from extproc.state.record import RequestRecord
+from extproc.vocabulary import RequestRecord
 
 LEDGER_LIMIT = 4096  # consumptions remembered per pod (the newest `running` of them are counted)
 

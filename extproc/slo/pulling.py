@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
+from extproc.gpu_profiles import BUDGET_MARGIN
 from extproc.openai import Request
-from extproc.profiling.selection import BUDGET_MARGIN
 from extproc.routing.framework import PodView
 from extproc.routing.outcome import Queued, Rejected
 from extproc.slo.model import PER_TOKEN, Signature

@@ -14,9 +14,9 @@ from typing import Any, Protocol
 from extproc.cancellation import raise_if_cancelled
 from extproc.gpu_profiles import ProfileStore
 from extproc.pool.pod import deployment_of
+from extproc.redis_connect import RedisTarget
 from extproc.slo.assignment import assign
 from extproc.slo.state import SloState, learned
-from extproc.state.redis_connect import RedisTarget
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class SloRefresh:
         store = ProfileStore()
         client = None
         if redis:
-            from extproc.state import redis_connect
+            from extproc import redis_connect
             client = redis_connect.open_async(redis, timeout=2)
         try:
             while True:

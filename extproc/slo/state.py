@@ -19,7 +19,7 @@ from extproc.slo.predictor import OutputPredictor
 from extproc.slo.queue import Queues
 from extproc.slo.settings import SloSettings
 from extproc.slo.split import ASSIGNMENT_REFRESH_S, Split
-from extproc.state.record import PodView, RequestRecord
+from extproc.vocabulary import PodView, RequestRecord
 
 STORE_KEY = "slo"  # where the SloState lives in RoutingState.store
 

@@ -27,11 +27,12 @@ from redis.backoff import NoBackoff
 from redis.client import NEVER_DECODE
 from redis.exceptions import NoScriptError
 
+from extproc import redis_connect
 from extproc.cancellation import raise_if_cancelled
 from extproc.pool.pod import Pod, PodKey
-from extproc.state import redis_connect, redis_scripts
+from extproc.redis_connect import RedisTarget
+from extproc.state import redis_scripts
 from extproc.state.packed_totals import SlotMap, as_bytes
-from extproc.state.redis_connect import RedisTarget
 from extproc.state.shared import LocalCounts
 from extproc.state.sync_core import (
     AIBRIX_POD_PATTERN,

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from extproc.pool.pod import Pod, PodKey
+from extproc.vocabulary import Speed
 
 if TYPE_CHECKING:
     from extproc.state.speed_sums import PeerSums
@@ -69,28 +70,8 @@ NOISE_PRIOR_REQUESTS = 4.0
 # figure loses this much certainty (variance of the log base) per second since its last request.
 # A minute unmeasured weighs it like its type's figure; ten minutes, a third as much.
 DRIFT_PER_SECOND = TYPE_SPREAD * TYPE_SPREAD / 60.0
-UNKNOWN_SPREAD = 1.0  # a pod known only from nothing: every score within e^2 of the best ties
 
 
-@dataclass(slots=True, frozen=True)
-class Speed:
-    """One replica's fitted speed. `saturated`: output tokens/s with `batch` requests in flight,
-    the batch the replica saturates at (engine limit or KV cache), for dashboards and the gate.
-    `spread`: the standard error of `base` on a log scale (0.05: ±5 %): scores closer than the
-    estimates' spreads are ties (routing/load_balance.py)."""
-
-    base: float           # seconds per output token with no other request in flight
-    shape: float          # relative slowdown per request in flight
-    saturated: float
-    batch: float
-    spread: float = 0.0
-
-    def tpot(self, batch: float) -> float:
-        return self.base * (1.0 + self.shape * batch)
-
-    def rate(self, batch: float) -> float:
-        """Output tokens/s draining `batch` requests: the capacity at that load."""
-        return batch / self.tpot(batch) if batch > 0 else 0.0
 
 
 _SUMS_LEN = 8  # _Sums.vector()

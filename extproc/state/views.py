@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 from extproc.pool.pod import Pod, PodKey
 from extproc.state.capacity import CapacityEstimator
-from extproc.state.record import PodView, Snapshot
 from extproc.state.shared import SharedState
 from extproc.state.speed import SpeedEstimator
 from extproc.telemetry.engine_metrics import EngineSample
 from extproc.telemetry.health import PodHealth
+from extproc.vocabulary import PodView, Snapshot
 
 SampleSource = Callable[[PodKey, float], EngineSample | None]
 

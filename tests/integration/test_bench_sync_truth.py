@@ -42,7 +42,7 @@ def test_gateways_side_by_side_each_count_every_token(tmp_path: Path) -> None:
     """`--processes`: a process per gateway, concurrently; every gateway counted every token the fleet
     completed on every pod, once, and each one's turns were measured."""
     from extproc.perf.sync_procs import run_processes
-    from extproc.state.redis_connect import RedisTarget
+    from extproc.redis_connect import RedisTarget
 
     server = RedisServer(tmp_path)
     try:
@@ -58,7 +58,7 @@ def test_gateways_side_by_side_each_count_every_token(tmp_path: Path) -> None:
 def test_the_bench_reads_a_clusters_masters(tmp_path: Path) -> None:
     """`--redis-cluster`: the gateways share through a 3-master cluster; every view is exact and
     Redis's CPU is given for each master."""
-    from extproc.state import redis_connect
+    from extproc import redis_connect
     from tests.support.redis_topologies import LocalCluster
 
     cluster = LocalCluster(tmp_path, replicas=False)

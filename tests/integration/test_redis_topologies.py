@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from extproc import redis_connect
 from extproc.gpu_profiles import ProfileStore, profile_key
 from extproc.pool.pod import Pod
 from extproc.profiling.output import parse_redis_url, store_redis
-from extproc.state import redis_connect
 from extproc.state.redis_sync import RedisState
 from extproc.state.sync_core import running_key
 from tests.support.redis_topologies import LocalCluster, LocalSentinel

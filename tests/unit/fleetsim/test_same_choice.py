@@ -15,8 +15,8 @@ from extproc.fleetsim.loop import Clock
 from extproc.openai import Request
 from extproc.routing import strategy_names
 from extproc.server.gateway import Gateway
-from extproc.state.record import RequestEnd
 from extproc.telemetry.engine_metrics import EngineSample
+from extproc.vocabulary import RequestEnd
 
 
 @pytest.mark.parametrize("strategy", strategy_names())

@@ -10,7 +10,7 @@ from extproc.routing.framework import PodView
 from extproc.routing.gate import ImbalanceGate, least_loaded
 from extproc.routing.load import loads
 from extproc.routing.settings import LoadBalanceSettings, ModelRouting
-from extproc.state.speed import Speed
+from extproc.vocabulary import Speed
 from tests.unit.routing.support import REQ, names, view
 
 

@@ -7,7 +7,7 @@ import pytest
 from extproc.routing import Router, RoutingSettings, build
 from extproc.routing.load_balance import LoadBalanceScorer, load_balance_score
 from extproc.routing.settings import LoadBalanceSettings, ModelRouting
-from extproc.state.speed import Speed
+from extproc.vocabulary import Speed
 from tests.unit.routing.support import REQ, view
 
 WORKED = [view("A100", 20, capacity=4000, kv_free=0.30), view("L20", 25, capacity=3000, kv_free=0.60),

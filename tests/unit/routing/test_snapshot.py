@@ -15,8 +15,7 @@ from extproc.routing.load_balance import LoadBalanceScorer
 from extproc.routing.settings import LoadBalanceSettings
 from extproc.routing.snapshot import derived
 from extproc.server.gateway import Gateway
-from extproc.state.record import RequestEnd, Snapshot
-from extproc.state.speed import Speed
+from extproc.vocabulary import RequestEnd, Snapshot, Speed
 from tests.unit.routing.support import REQ
 
 

@@ -24,7 +24,7 @@ from extproc.routing.session_affinity import rendezvous
 from extproc.routing.settings import SettingError, parse_settings
 from extproc.routing.store import RoutingState
 from extproc.routing.throughput import RecentTokens
-from extproc.state.record import RequestRecord
+from extproc.vocabulary import RequestRecord
 from tests.unit.routing.support import REQ, view
 
 CHAT = "/v1/chat/completions"

@@ -25,7 +25,7 @@ from extproc.config import parse
 from extproc.server.attributes import FILTER
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Stream
-from extproc.state.record import RequestEnd
+from extproc.vocabulary import RequestEnd
 
 PODS = [{"name": f"p{i}", "address": f"10.0.0.{i + 1}:8000"} for i in range(4)]
 CONFIG = {"models": {"m": {"pods": PODS}}, "gateway": {"max_body_bytes": 1000},

@@ -12,7 +12,7 @@ from extproc.config.schema import Config
 from extproc.pool import Pool
 from extproc.pool.pod import Pod
 from extproc.server.inference_metrics import InferencePoolCollector, ObjectiveMetrics
-from extproc.state.record import PodView, RequestRecord
+from extproc.vocabulary import PodView, RequestRecord
 
 
 @dataclass

@@ -15,7 +15,7 @@ from extproc.pool.pod import Pod
 from extproc.routing.framework import PodView
 from extproc.server import otel
 from extproc.server.otel import RequestSpans, enabled, from_env
-from extproc.state.record import RequestRecord
+from extproc.vocabulary import RequestRecord
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_PARENT = f"00-{CLIENT_TRACE}-00f067aa0ba902b7-01"

@@ -8,8 +8,8 @@ from extproc.config import parse
 from extproc.openai import Request
 from extproc.server.gateway import Gateway
 from extproc.state.accounting import Accounting
-from extproc.state.record import RequestEnd
 from extproc.state.shared import LocalState
+from extproc.vocabulary import RequestEnd
 
 RAW = {"models": {"m": {"pods": [{"name": "a", "address": "10.0.0.1:8000"}]}}}
 

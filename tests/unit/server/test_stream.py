@@ -17,7 +17,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
 from extproc.config import ConfigError, parse
 from extproc.server.gateway import Gateway
 from extproc.server.processor import Processor, Stream
-from extproc.state.record import RequestEnd
+from extproc.vocabulary import RequestEnd
 from tests.support.ext_proc import stream_replies
 
 CONFIG = {"models": {

@@ -136,7 +136,7 @@ def test_the_server_keeps_the_split_fresh_off_the_request_path(tmp_path):
 
 
 def test_full_by_the_profiles_but_not_by_measurement_routes_instead_of_waiting(slo):
-    from extproc.state.speed import Speed
+    from extproc.vocabulary import Speed
 
     s, _ = slo
 
@@ -159,8 +159,8 @@ def test_full_by_the_profiles_but_not_by_measurement_routes_instead_of_waiting(s
 
 
 def test_a_speed_line_that_never_saw_the_load_does_not_admit_past_what_the_profile_measured(slo):
-    from extproc.profiling.selection import BUDGET_MARGIN
-    from extproc.state.speed import Speed
+    from extproc.gpu_profiles import BUDGET_MARGIN
+    from extproc.vocabulary import Speed
 
     s, _ = slo
 

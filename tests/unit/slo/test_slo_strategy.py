@@ -22,8 +22,8 @@ from extproc.server.processor import Stream
 from extproc.server.traces import TraceHooks
 from extproc.slo.live_room import RetryLater, SloRoom
 from extproc.slo.waiting import SLO_WAITING
-from extproc.state.record import RequestEnd
 from extproc.tracing.window import TraceRecorder
+from extproc.vocabulary import RequestEnd
 
 
 def profile(name: str, tput: float, e2e: float, target: float = 10.0, tput_long: float | None = None):
@@ -109,7 +109,7 @@ def test_predictor_fed_by_completions_changes_the_cell(routing):
     pool = views()
     chosen = s["slo-least-load-pulling"].pick(req(max_tokens=None), pool, 0)
     assert slo.signature(req(max_tokens=None), 0).output_tokens == 256   # default, no history
-    from extproc.state.record import RequestRecord
+    from extproc.vocabulary import RequestRecord
     for _ in range(3):
         slo.post_response(RequestRecord("r", "m", chosen.pod, "slo", 200, 128, 8, "usage", 0.1, 0.5), 1.0)
     assert slo.signature(req(max_tokens=None), 2.0).output_tokens == 8
@@ -125,7 +125,7 @@ def test_a_shape_a_pod_serves_only_alone_takes_an_idle_pod(routing):
 
 
 def test_the_request_that_finishes_takes_its_own_consumption_away(routing):
-    from extproc.state.record import RequestRecord
+    from extproc.vocabulary import RequestRecord
     _, slo = routing
     fast0 = pod("fast0", "fast")
     long, short = req(max_tokens=256), req(max_tokens=8)

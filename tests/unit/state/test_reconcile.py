@@ -7,10 +7,10 @@ from extproc.openai import Request
 from extproc.server.gateway import Gateway
 from extproc.state.accounting import Accounting
 from extproc.state.reconcile import Reconciler
-from extproc.state.record import RequestEnd
 from extproc.state.shared import LocalState
 from extproc.telemetry.engine_metrics import EngineSample
 from extproc.telemetry.health import PodHealth
+from extproc.vocabulary import RequestEnd
 
 
 def sample(running: float, at: float, waiting: float = 0.0, sent: float | None = None) -> EngineSample:

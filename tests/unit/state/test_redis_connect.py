@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from extproc import redis_connect
 from extproc.config import ConfigError, parse
-from extproc.state import redis_connect
-from extproc.state.redis_connect import RedisTarget, RedisTargetError
+from extproc.redis_connect import RedisTarget, RedisTargetError
 
 MODELS = {"m": {"pods": [{"name": "p", "address": "10.0.0.1:80"}]}}
 

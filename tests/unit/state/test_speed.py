@@ -15,9 +15,9 @@ from extproc.routing.load_balance import LoadBalanceScorer
 from extproc.routing.settings import LoadBalanceSettings, SettingError, parse_settings
 from extproc.server.gateway import Gateway
 from extproc.state.accounting import Accounting
-from extproc.state.record import RequestRecord
 from extproc.state.shared import LocalState
-from extproc.state.speed import LoadIntegral, Speed, SpeedEstimator
+from extproc.state.speed import LoadIntegral, SpeedEstimator
+from extproc.vocabulary import RequestRecord, Speed
 
 FAST = Pod("m", "fast", "10.0.0.1:8000", labels={"gpu": "A100"})
 FAST2 = Pod("m", "fast2", "10.0.0.2:8000", labels={"gpu": "A100"})

@@ -1,7 +1,8 @@
-"""The records routing and the gateway's learners pass between them: `PodView` (one pod as one decision
-sees it), `Snapshot` (a model's views between rebuilds), `RequestEnd` (how a request ended, as Envoy's
-access log reports it) and `RequestRecord` (one finished request, the post-response hooks' input). Both
-routing and accounting import them; they import neither."""
+"""The values the routing core, the SLO router and the sharing layer exchange, at the bottom of the
+house (they import only `pool` and, for types, `openai`): `PodView` (one pod as one decision sees it),
+`Snapshot` (a model's views between rebuilds), `Speed` (one replica's fitted speed), `RequestEnd` (how
+a request ended, as Envoy's access log reports it) and `RequestRecord` (one finished request, the
+post-response hooks' input). Routing, the SLO router and `state/` import them; they import none of those."""
 
 from __future__ import annotations
 
@@ -13,13 +14,35 @@ from extproc.pool.pod import Pod
 
 if TYPE_CHECKING:
     from extproc.openai import Request
-    from extproc.state.speed import Speed
 
 # How output_tokens was obtained: the engine's own usage report, counted content-bearing stream
 # events (no usage in the response), or not at all (compressed or unparsable body, cut before usage).
 TOKENS_FROM_USAGE = "usage"
 TOKENS_COUNTED = "counted"
 TOKENS_UNKNOWN = "unknown"
+
+UNKNOWN_SPREAD = 1.0  # a pod known only from nothing: every score within e^2 of the best ties
+
+
+@dataclass(slots=True, frozen=True)
+class Speed:
+    """One replica's fitted speed. `saturated`: output tokens/s with `batch` requests in flight,
+    the batch the replica saturates at (engine limit or KV cache), for dashboards and the gate.
+    `spread`: the standard error of `base` on a log scale (0.05: ±5 %): scores closer than the
+    estimates' spreads are ties (routing/load_balance.py)."""
+
+    base: float           # seconds per output token with no other request in flight
+    shape: float          # relative slowdown per request in flight
+    saturated: float
+    batch: float
+    spread: float = 0.0
+
+    def tpot(self, batch: float) -> float:
+        return self.base * (1.0 + self.shape * batch)
+
+    def rate(self, batch: float) -> float:
+        """Output tokens/s draining `batch` requests: the capacity at that load."""
+        return batch / self.tpot(batch) if batch > 0 else 0.0
 
 
 @dataclass(slots=True)
