@@ -230,12 +230,13 @@ def _floor(args: argparse.Namespace) -> int:
 
 
 def _sync(args: argparse.Namespace) -> int:
-    from extproc.perf import sync
+    from extproc.perf import sync, sync_procs
 
     print(" | ".join(sync.HEADER), flush=True)
     runs = sync.run(list(args.sizes), models=args.models, rate=args.rate, inflight=args.inflight,
                     interval=args.interval, turns=args.turns, speed=args.speed, collector=args.collector,
-                    baseline=args.baseline, cluster=args.redis_cluster, processes=args.processes,
+                    baseline=args.baseline, cluster=args.redis_cluster,
+                    side_by_side=sync_procs.run_processes if args.processes else None,
                     progress=lambda line: print(line, flush=True))
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1))

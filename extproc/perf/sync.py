@@ -324,12 +324,12 @@ def _speed_sharing(pods: int, models: int, gateways: int, rate: float, seconds: 
             "speed_core_share": round((share + merge) / 1000, 3)}
 
 
-def _one(target: RedisTarget, options: dict, processes: bool, progress) -> dict:  # noqa: ANN001
-    """One size's run: the gateways one after another in this process, or side by side, a process each."""
-    if processes:
-        from extproc.perf.sync_procs import run_processes
-
-        return run_processes(target, progress=progress, **options)
+def _one(target: RedisTarget, options: dict, side_by_side: Callable[..., dict] | None,
+         progress) -> dict:  # noqa: ANN001
+    """One size's run: the gateways one after another in this process, or side by side (`side_by_side`,
+    perf/sync_procs.py's `run_processes`: a process each)."""
+    if side_by_side is not None:
+        return side_by_side(target, progress=progress, **options)
     return asyncio.run(run_one(target, progress=progress, **options)).summary()
 
 
@@ -519,7 +519,8 @@ print(json.dumps(module.with_speed_sharing(run.summary(), options)))
 
 def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int, interval: float,
         turns: int, speed: bool = True, collector: str = "on", baseline: Path | None = None,
-        cluster: list[str] | None = None, processes: bool = False, progress=print) -> list[dict]:
+        cluster: list[str] | None = None, side_by_side: Callable[..., dict] | None = None,
+        progress=print) -> list[dict]:
     """Each size with this checkout's RedisState, after the --baseline checkout's when given, one
     after the other against the same redis-server (or the Redis Cluster whose seed nodes are given:
     it is flushed)."""
@@ -529,7 +530,7 @@ def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int
         target = redis_connect.target(None, "cluster", cluster, where="--redis-cluster")
         out = []
         for options in _options(sizes, models, rate, inflight, interval, turns, speed, collector):
-            out.append(with_speed_sharing(_one(target, options, processes, progress), options))
+            out.append(with_speed_sharing(_one(target, options, side_by_side, progress), options))
             progress(format_row(out[-1]))
         return out
     with tempfile.TemporaryDirectory(prefix="bench-sync-") as tmp:
@@ -546,7 +547,7 @@ def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int
                         raise RuntimeError(f"the baseline's run failed:\n{child.stderr[-3000:]}")
                     out.append(json.loads(child.stdout.strip().splitlines()[-1]))
                     progress(format_row(out[-1]))
-                out.append(with_speed_sharing(_one(RedisTarget(url), options, processes, progress), options))
+                out.append(with_speed_sharing(_one(RedisTarget(url), options, side_by_side, progress), options))
                 progress(format_row(out[-1]))
             return out
         finally:

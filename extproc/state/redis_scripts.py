@@ -9,8 +9,7 @@ from __future__ import annotations
 import hashlib
 
 from extproc.state.packed_totals import COMPACT_SLACK, HEADER_BYTES, VALUE_FORMAT
-from extproc.state.speed import SHARED_TAUS
-from extproc.state.speed_sums import ROUNDING
+from extproc.state.speed_sums import ROUNDING, SHARED_TAUS
 
 # Speed evidence (state/speed_sums.py, whose `move` this mirrors): a vector is little-endian doubles,
 # measured, then per group t,w,x,y,xx,xy,yy,n (binary: text cost Redis 100 us a pod in parsing and

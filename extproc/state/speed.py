@@ -40,13 +40,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from extproc.pool.pod import Pod, PodKey
+from extproc.state.speed_sums import BASE_TAU, GROUP, SHAPE_TAU, SPEED_VALUES, PeerSums
 from extproc.vocabulary import Speed
-
-if TYPE_CHECKING:
-    from extproc.state.speed_sums import PeerSums
 
 # Weight (tokens) of the model-wide shape when pooling a GPU type's: a type with less slope
 # information than this (tokens x batch variance) leans on the model's.
@@ -71,16 +68,6 @@ NOISE_PRIOR_REQUESTS = 4.0
 # A minute unmeasured weighs it like its type's figure; ten minutes, a third as much.
 DRIFT_PER_SECOND = TYPE_SPREAD * TYPE_SPREAD / 60.0
 
-
-
-
-_SUMS_LEN = 8  # _Sums.vector()
-SPEED_VALUES = 1 + 4 * _SUMS_LEN  # SpeedEstimator.export: when measured, the four shared sums
-BASE_TAU = 5.0     # seconds: the horizon of `base` (SpeedEstimator's default)
-SHAPE_TAU = 120.0  # seconds: of the slope, the prefill speed and the mix
-# Each shared group's horizon, in `export`'s order (_Pod.shared): sums kept fleet-wide in Redis
-# (state/speed_sums.py) are forgotten at these rates, so they add up to what `merge_peers` would make.
-SHARED_TAUS = (BASE_TAU, SHAPE_TAU, SHAPE_TAU, SHAPE_TAU)
 
 
 class _Sums:
@@ -432,7 +419,7 @@ class SpeedEstimator:
             for source in peers:
                 merged.measured = max(merged.measured, source[0])
                 for i, (sums, tau) in enumerate(groups):
-                    sums.merge(source[1 + i * _SUMS_LEN:1 + (i + 1) * _SUMS_LEN], now, tau)
+                    sums.merge(source[1 + i * GROUP:1 + (i + 1) * GROUP], now, tau)
             out[p.key] = merged
             self._merged[p.key] = (version, peers, merged)
         return out
@@ -471,11 +458,11 @@ class SpeedEstimator:
         decayed[:, 0] = m[:, 0] + self._peer_shift
         with np.errstate(all="ignore"):
             for g, tau in enumerate(taus):
-                i = 1 + g * _SUMS_LEN
+                i = 1 + g * GROUP
                 age = now - (m[:, i] + self._peer_shift)
                 f = np.where(age > 0, np.exp(-age / tau), 1.0)[:, None]
                 decayed[:, i] = now
-                decayed[:, i + 1:i + _SUMS_LEN] = f * m[:, i + 1:i + _SUMS_LEN]
+                decayed[:, i + 1:i + GROUP] = f * m[:, i + 1:i + GROUP]
         base, shape = taus[:2]
         for (key, own, version, pod), row in zip(todo, decayed.tolist()):
             if own is None:

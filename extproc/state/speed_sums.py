@@ -1,7 +1,7 @@
 """Speed evidence summed over the fleet: the vector algebra Redis's SPEED script does, in Python.
 
 A gateway's evidence on a pod is `SpeedEstimator.export`: [measured, then per shared group (t, w, x, y,
-xx, xy, yy, n)], each group's sums forgotten exponentially with its own horizon (speed.SHARED_TAUS).
+xx, xy, yy, n)], each group's sums forgotten exponentially with its own horizon (SHARED_TAUS, below).
 Forgetting is linear, so sums written at different times add once each is decayed to a common time:
 Redis keeps one fleet-wide vector per pod, moved by each gateway's difference to its ledger (as the
 in-flight totals are), and a reader gets one vector per pod whatever the number of gateways. Taking a
@@ -20,9 +20,15 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from extproc.pool.pod import PodKey
-from extproc.state.speed import SHARED_TAUS, SPEED_VALUES
 
-GROUP = 8                          # (t, w, x, y, xx, xy, yy, n)
+GROUP = 8                          # (t, w, x, y, xx, xy, yy, n): speed._Sums.vector()
+SPEED_VALUES = 1 + 4 * GROUP  # speed.SpeedEstimator.export: when measured, the four shared sums
+BASE_TAU = 5.0     # seconds: the horizon of `base` (SpeedEstimator's default)
+SHAPE_TAU = 120.0  # seconds: of the slope, the prefill speed and the mix
+# Each shared group's horizon, in `export`'s order (_Pod.shared): sums kept fleet-wide in Redis
+# (here) are forgotten at these rates, so they add up to what `merge_peers` would make.
+SHARED_TAUS = (BASE_TAU, SHAPE_TAU, SHAPE_TAU, SHAPE_TAU)
+
 NEW_RECORDS = 0.5                  # n grown this much beyond its decay: a record arrived since
 ROUNDING = 1e-9                    # a sum this small against the terms that made it is 0
 

@@ -38,7 +38,7 @@ from collections.abc import Iterable
 
 from extproc.pool.pod import Pod, PodKey
 from extproc.state.shared import LocalCounts
-from extproc.state.speed import SPEED_VALUES
+from extproc.state.speed_sums import SPEED_VALUES
 
 log = logging.getLogger(__name__)
 

@@ -446,7 +446,7 @@ def test_speed_sums_add_and_remove_shares_decayed_to_a_common_time():
 
 
 def test_workers_share_speed_evidence_through_the_segment():
-    from extproc.state.speed import SPEED_VALUES
+    from extproc.state.speed_sums import SPEED_VALUES
     from extproc.state.workers import WorkerState, create_segment
     fd = create_segment(2, slots=8, ring=16, inbox=8)
     one, two = WorkerState(fd, 0), WorkerState(fd, 1)
