@@ -547,7 +547,8 @@ def run(sizes: list[tuple[int, int]], *, models: int, rate: float, inflight: int
                         raise RuntimeError(f"the baseline's run failed:\n{child.stderr[-3000:]}")
                     out.append(json.loads(child.stdout.strip().splitlines()[-1]))
                     progress(format_row(out[-1]))
-                out.append(with_speed_sharing(_one(RedisTarget(url), options, side_by_side, progress), options))
+                one = _one(RedisTarget(url), options, side_by_side, progress)
+                out.append(with_speed_sharing(one, options))
                 progress(format_row(out[-1]))
             return out
         finally:
