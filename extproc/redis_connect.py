@@ -8,7 +8,7 @@ the seed nodes (any reachable one yields the cluster's layout; list several so t
 stop a start), in `sentinel` mode the sentinels, asked for `master_name`'s current master.
 
 On a cluster every multi-key command and script must name keys of one hash slot: the shared state's
-keys of a model carry the `{<model>}` hash tag (state/sync_core.py), and the readers of AIBrix's
+keys of a model carry the `{<model>}` hash tag (sharing/sync_core.py), and the readers of AIBrix's
 untagged keys (profiles, traces) read them key by key in a pipeline, never with MGET.
 """
 

@@ -16,9 +16,9 @@ from extproc.fleetsim.fleet import Replica
 from extproc.fleetsim.shared import SimSharedState, SyncHub
 from extproc.pool.pod import PodKey
 from extproc.server.gateway import Gateway
+from extproc.sharing.shared import LocalState, SharedState
 from extproc.state.accounting import Accounting
 from extproc.state.capacity import CapacityEstimator
-from extproc.state.shared import LocalState, SharedState
 from extproc.telemetry.engine_metrics import EngineSample
 from extproc.telemetry.health import PodHealth
 

@@ -1,6 +1,6 @@
 """Shared state between simulated gateway replicas, with the Redis sync's delay.
 
-Each simulated gateway runs the live backend's pure half, `extproc.state.sync_core.SyncCore`, over its
+Each simulated gateway runs the live backend's pure half, `extproc.sharing.sync_core.SyncCore`, over its
 own `LocalCounts`, exactly as `RedisState` does; only Redis itself is replaced, by `SyncHub`: each
 gateway's ledger (its own in-flight and cumulative tokens per pod), the per-pod totals a read returns
 (the in-flight of the gateways heard within the liveness window, as reaping leaves them; every
@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from extproc.pool.pod import PodKey
-from extproc.state import speed_sums
-from extproc.state.shared import LocalCounts
-from extproc.state.sync_core import SharedSnapshot, SyncCore, SyncedState, WriteBatch
+from extproc.sharing import speed_sums
+from extproc.sharing.shared import LocalCounts
+from extproc.sharing.sync_core import SharedSnapshot, SyncCore, SyncedState, WriteBatch
 
 GATEWAY_TTL = 3.0  # SyncCore's default liveness window
 

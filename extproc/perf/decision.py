@@ -33,8 +33,8 @@ SLOWDOWN = 0.03  # relative slowdown per request in flight (tpot = base x (1 + S
 def _gateway(pods: int, strategy: str, capacity: str | None = None) -> Any:
     from extproc.config import parse
     from extproc.server.gateway import Gateway
+    from extproc.sharing.shared import LocalState
     from extproc.state.accounting import Accounting
-    from extproc.state.shared import LocalState
     from extproc.telemetry.engine_metrics import EngineSample
 
     names = list(GPUS)

@@ -18,9 +18,9 @@ import redis.asyncio as aioredis
 from redis.client import NEVER_DECODE
 
 from extproc.perf.sync import make_pods, start_redis
-from extproc.state import speed_sums
+from extproc.sharing import speed_sums
+from extproc.sharing.sync_core import pod_id, speed_key
 from extproc.state.speed import SpeedEstimator
-from extproc.state.sync_core import pod_id, speed_key
 
 
 async def _run(port: int, pods: int, models: int, rounds: int) -> dict[str, float]:

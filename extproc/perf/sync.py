@@ -69,12 +69,12 @@ import redis
 from extproc.localstack import Proc, free_port, wait_until
 from extproc.pool.pod import Pod
 from extproc.redis_connect import RedisTarget
-from extproc.state import speed_sums
-from extproc.state.redis_sync import RedisState
-from extproc.state.shared import LocalState
+from extproc.sharing import speed_sums
+from extproc.sharing.redis_sync import RedisState
+from extproc.sharing.shared import LocalState
 
 try:  # a --baseline checkout older than the every-other-heartbeat read
-    from extproc.state.sync_core import SPEED_READ_HEARTBEATS, SPEED_WRITE_HEARTBEATS
+    from extproc.sharing.sync_core import SPEED_READ_HEARTBEATS, SPEED_WRITE_HEARTBEATS
 except ImportError:
     SPEED_READ_HEARTBEATS, SPEED_WRITE_HEARTBEATS = 1, 5
 from extproc.state.speed import SpeedEstimator

@@ -37,9 +37,9 @@ from extproc.perf.sync import (
     make_pods,
 )
 from extproc.redis_connect import RedisTarget
-from extproc.state.redis_sync import RedisState
+from extproc.sharing.redis_sync import RedisState
+from extproc.sharing.sync_core import SPEED_READ_HEARTBEATS, SPEED_WRITE_HEARTBEATS
 from extproc.state.speed import SpeedEstimator
-from extproc.state.sync_core import SPEED_READ_HEARTBEATS, SPEED_WRITE_HEARTBEATS
 
 
 def run_processes(target: RedisTarget, gateways: int, pods: int, *, models: int = 4, rate: float = 10.0,

@@ -41,9 +41,9 @@ from extproc.server.serving import REFRESH_SECONDS, HealthServices
 from extproc.server.supervisor import WorkerSpec
 from extproc.server.tls import ReloadingCredentials, TlsError, TlsSettings
 from extproc.server.traces import run_tracing
+from extproc.sharing.shared import LocalState, SharedState
+from extproc.sharing.workers import WorkerState
 from extproc.state.accounting import Accounting
-from extproc.state.shared import LocalState, SharedState
-from extproc.state.workers import WorkerState
 from extproc.telemetry.health import PodHealth
 from extproc.telemetry.scraper import HealthProber, MetricsScraper
 
@@ -169,7 +169,7 @@ def assemble(path: Path, worker: WorkerSpec | None = None) -> Assembly:
     redis = config.redis_target or redis_url
     shared: SharedState
     if redis_url:
-        from extproc.state.redis_sync import RedisState  # the Redis client loads only when used
+        from extproc.sharing.redis_sync import RedisState  # the Redis client loads only when used
 
         sync = config.redis_sync
         shared = RedisState(redis, config.redis_instance, sync_interval=sync.interval_seconds,

@@ -29,10 +29,10 @@ from extproc.routing.framework import Hooks
 from extproc.routing.outcome import Outcome, Rejected, Routed
 from extproc.server.auth import ApiKeys
 from extproc.server.metrics import PodMetricsCollector
+from extproc.sharing.shared import LocalState, SharedState
 from extproc.state.accounting import Accounting, PodFigures
 from extproc.state.inflight import OpenRequest, OpenRequests
 from extproc.state.reconcile import Reconciler
-from extproc.state.shared import LocalState, SharedState
 from extproc.telemetry.engine_metrics import EngineSample
 from extproc.vocabulary import PodView, RequestEnd, RequestRecord, Speed
 

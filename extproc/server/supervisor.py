@@ -1,7 +1,7 @@
 """`extproc serve --workers N`: N gateway processes on one box that act as one gateway.
 
 One Python process routes on one core. The supervisor (this module; it never routes and never
-imports gRPC) creates the shared segment (state/workers.py), starts worker i on the ext_proc port
+imports gRPC) creates the shared segment (sharing/workers.py), starts worker i on the ext_proc port
 `port + i` (Envoy's `extproc` cluster lists the N ports and spreads streams over them round robin:
 `extproc envoy-config --extproc-workers N`), serves the one admin port (/metrics: the workers' merged,
 /healthz: every worker's), restarts a worker that dies, and passes SIGTERM on so each drains.
@@ -30,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from extproc import die_with_parent
 from extproc.ratelimit.worker_store import create_budgets
 from extproc.server.metrics_merge import merge
-from extproc.state.workers import create_segment
+from extproc.sharing.workers import create_segment
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from extproc.openai import Request
 from extproc.pool.pod import Pod, PodKey
+from extproc.sharing.shared import SharedState
+from extproc.sharing.speed_sums import PeerSums, shifted
 from extproc.state.capacity import BusyClock, CapacityEstimator
-from extproc.state.shared import SharedState
 from extproc.state.speed import LoadIntegral, SpeedEstimator
-from extproc.state.speed_sums import PeerSums, shifted
 from extproc.state.views import SampleSource, ViewCache, no_samples
 from extproc.telemetry.health import PodHealth
 from extproc.vocabulary import PodView, RequestRecord, Speed

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from extproc.pool.pod import Pod, PodKey
-from extproc.state.speed_sums import BASE_TAU, GROUP, SHAPE_TAU, SPEED_VALUES, PeerSums
+from extproc.sharing.speed_sums import BASE_TAU, GROUP, SHAPE_TAU, SPEED_VALUES, PeerSums
 from extproc.vocabulary import Speed
 
 # Weight (tokens) of the model-wide shape when pooling a GPU type's: a type with less slope

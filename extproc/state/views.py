@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from extproc.pool.pod import Pod, PodKey
+from extproc.sharing.shared import SharedState
 from extproc.state.capacity import CapacityEstimator
-from extproc.state.shared import SharedState
 from extproc.state.speed import SpeedEstimator
 from extproc.telemetry.engine_metrics import EngineSample
 from extproc.telemetry.health import PodHealth

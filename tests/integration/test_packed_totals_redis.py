@@ -11,10 +11,10 @@ import pytest
 import redis
 
 from extproc.pool.pod import Pod
-from extproc.state import redis_scripts
-from extproc.state.packed_totals import COMPACT_SLACK, SlotMap, decode
-from extproc.state.redis_sync import RedisState, reap_keys, write_keys
-from extproc.state.sync_core import KEY_TTL_SECONDS, names_key, packed_key, running_key, slots_key
+from extproc.sharing import redis_scripts
+from extproc.sharing.packed_totals import COMPACT_SLACK, SlotMap, decode
+from extproc.sharing.redis_sync import RedisState, reap_keys, write_keys
+from extproc.sharing.sync_core import KEY_TTL_SECONDS, names_key, packed_key, running_key, slots_key
 from tests.support.redis_server import RedisServer
 
 pytestmark = [pytest.mark.integration,

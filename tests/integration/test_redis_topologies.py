@@ -16,8 +16,8 @@ from extproc import redis_connect
 from extproc.gpu_profiles import ProfileStore, profile_key
 from extproc.pool.pod import Pod
 from extproc.profiling.output import parse_redis_url, store_redis
-from extproc.state.redis_sync import RedisState
-from extproc.state.sync_core import running_key
+from extproc.sharing.redis_sync import RedisState
+from extproc.sharing.sync_core import running_key
 from tests.support.redis_topologies import LocalCluster, LocalSentinel
 
 pytestmark = [pytest.mark.integration,

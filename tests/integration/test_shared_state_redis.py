@@ -21,8 +21,8 @@ from prometheus_client import CollectorRegistry
 from extproc.environment import redis_url_from_env
 from extproc.localstack import Proc, free_port
 from extproc.pool.pod import Pod
-from extproc.state import speed_sums
-from extproc.state.redis_sync import RedisState
+from extproc.sharing import speed_sums
+from extproc.sharing.redis_sync import RedisState
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")]
@@ -261,7 +261,7 @@ async def test_a_gateway_reaped_while_paused_counts_again_when_it_resumes(redis_
 
 
 async def test_a_redis_too_slow_for_a_turn_is_counted_logged_and_survived(redis_server, gateways, caplog):
-    caplog.set_level(logging.INFO, logger="extproc.state.redis_sync")
+    caplog.set_level(logging.INFO, logger="extproc.sharing.redis_sync")
     a = gateways.start(redis_server.url, "gw-a", op_timeout=0.2)
     b = gateways.start(redis_server.url, "gw-b", op_timeout=0.2)
     a.add_running(POD, 2)
@@ -281,7 +281,7 @@ async def test_a_redis_too_slow_for_a_turn_is_counted_logged_and_survived(redis_
 
 
 async def test_redis_outage_falls_back_locally_and_sharing_resumes(redis_server, gateways, caplog):
-    caplog.set_level(logging.INFO, logger="extproc.state.redis_sync")
+    caplog.set_level(logging.INFO, logger="extproc.sharing.redis_sync")
     a = gateways.start(redis_server.url, "gw-a")
     b = gateways.start(redis_server.url, "gw-b")
     a.add_running(POD, 2)

@@ -16,9 +16,9 @@ import pytest
 import redis
 
 from extproc.localstack import LocalStack, wait_until
-from extproc.state import redis_scripts
-from extproc.state.redis_sync import write_keys
-from extproc.state.sync_core import (
+from extproc.sharing import redis_scripts
+from extproc.sharing.redis_sync import write_keys
+from extproc.sharing.sync_core import (
     GATEWAY_RETENTION_SECONDS,
     GATEWAYS_KEY,
     KEY_TTL_SECONDS,

@@ -7,7 +7,7 @@ import copy
 from dataclasses import dataclass, field
 
 from extproc.perf import sync
-from extproc.state import speed_sums
+from extproc.sharing import speed_sums
 from extproc.state.speed import SpeedEstimator
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from extproc.config import parse
 from extproc.openai import Request
 from extproc.server.gateway import Gateway
+from extproc.sharing.shared import LocalState
 from extproc.state.accounting import Accounting
-from extproc.state.shared import LocalState
 from extproc.vocabulary import RequestEnd
 
 RAW = {"models": {"m": {"pods": [{"name": "a", "address": "10.0.0.1:8000"}]}}}

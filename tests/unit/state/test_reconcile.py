@@ -5,9 +5,9 @@ from __future__ import annotations
 from extproc.config import parse
 from extproc.openai import Request
 from extproc.server.gateway import Gateway
+from extproc.sharing.shared import LocalState
 from extproc.state.accounting import Accounting
 from extproc.state.reconcile import Reconciler
-from extproc.state.shared import LocalState
 from extproc.telemetry.engine_metrics import EngineSample
 from extproc.telemetry.health import PodHealth
 from extproc.vocabulary import RequestEnd

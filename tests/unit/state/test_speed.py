@@ -14,8 +14,8 @@ from extproc.routing.framework import PodView
 from extproc.routing.load_balance import LoadBalanceScorer
 from extproc.routing.settings import LoadBalanceSettings, SettingError, parse_settings
 from extproc.server.gateway import Gateway
+from extproc.sharing.shared import LocalState
 from extproc.state.accounting import Accounting
-from extproc.state.shared import LocalState
 from extproc.state.speed import LoadIntegral, SpeedEstimator
 from extproc.vocabulary import RequestRecord, Speed
 

@@ -241,7 +241,7 @@ def test_the_others_sums_as_one_array_fit_as_the_same_vectors_one_by_one():
     its own re-merges only that pod; a restarted pod stands aside until the next read."""
     import numpy as np
 
-    from extproc.state.speed_sums import PeerSums, shifted
+    from extproc.sharing.speed_sums import PeerSums, shifted
 
     rng = random.Random(4)
     pods = [Pod("m", f"p{i}", f"10.0.0.{i}:8000", labels={"gpu": ("A100", "L20")[i % 2]}) for i in range(6)]

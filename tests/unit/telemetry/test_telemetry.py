@@ -85,8 +85,8 @@ def test_scrapes_refused_eject_now_timeouts_after_three():
 
 def test_routing_views_follow_ejection_and_readmission_at_once():
     from extproc.pool.pod import Pod
+    from extproc.sharing.shared import LocalState
     from extproc.state.accounting import Accounting
-    from extproc.state.shared import LocalState
 
     pods = [Pod("m", "a", "10.0.0.1:8000"), Pod("m", "b", "10.0.0.2:8000")]
     acc = Accounting(LocalState())

@@ -10,7 +10,7 @@ Cluster a model's keys live on one shard and each model's writes are one atomic 
 
   extproc:running:{<model>}           hash, field "<namespace>/<pod>", the in-flight total of every
                                       live gateway (a pod at 0 has no field)
-  extproc:packed:{<model>}            the same totals packed for reading (state/packed_totals.py):
+  extproc:packed:{<model>}            the same totals packed for reading (sharing/packed_totals.py):
   extproc:slots:{<model>}             a string of int32 per slot, the hash pod -> slot and the list
   extproc:slotnames:{<model>}         of each slot's pod; kept by the same scripts as the hash
   extproc:tokens:{<model>}            hash, same fields, the completed output tokens of every gateway
@@ -28,7 +28,7 @@ Cluster a model's keys live on one shard and each model's writes are one atomic 
                                       everything again if it returns)
   extproc:speedsum:{<model>}          ours: hash, field "<ns>/<pod>", the speed evidence of every
                                       gateway summed, as little-endian doubles
-                                      (state/speed_sums.py: each group of sums decayed
+                                      (sharing/speed_sums.py: each group of sums decayed
                                       to its latest time), moved by the SPEED script by the difference
                                       to the gateway's share in its ledger ("s:<ns>/<pod>"), so a
                                       reaped gateway's share leaves it. A gateway writes a pod's
@@ -54,9 +54,9 @@ from itertools import compress, count
 import numpy as np
 
 from extproc.pool.pod import Pod, PodKey
-from extproc.state import speed_sums
-from extproc.state.shared import LocalCounts
-from extproc.state.speed_sums import PeerSums
+from extproc.sharing import speed_sums
+from extproc.sharing.shared import LocalCounts
+from extproc.sharing.speed_sums import PeerSums
 
 # AIBrix's gateway (vllm-project/aibrix, pkg/cache/cache_gateway_snapshot.go, #2159): every 100 ms each
 # AIBrix gateway HSETs a hash aibrix:pod:<POD_NAME>:<namespace>:<pod> (fields gateway_instance_id,
@@ -183,7 +183,7 @@ class SharedSnapshot:
     members: dict[str, set[str]] | None = None         # per model: gateways with a ledger; None: not read
     speed: dict[PodKey, str | bytes] | None = None     # per pod: the fleet's speed sums; None: not read
     # RedisState's read, instead of `running`: per model, its tracked pods that have a slot and their
-    # totals, aligned (state/packed_totals.py); a model not in it reads 0 throughout
+    # totals, aligned (sharing/packed_totals.py); a model not in it reads 0 throughout
     packed: dict[str, tuple[list[PodKey], np.ndarray]] | None = None
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from extproc.state.packed_totals import HEADER_BYTES, SlotMap, as_bytes, decode, encode
+from extproc.sharing.packed_totals import HEADER_BYTES, SlotMap, as_bytes, decode, encode
 
 EPOCH = "1764972000123456"
 OTHER = "1764972999000000"

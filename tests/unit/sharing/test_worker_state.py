@@ -7,8 +7,8 @@ import os
 import pytest
 
 from extproc.pool.pod import Pod
+from extproc.sharing.workers import WorkerState, create_segment
 from extproc.state.accounting import Accounting
-from extproc.state.workers import WorkerState, create_segment
 
 A = Pod("m", "a", "10.0.0.1:8000")
 B = Pod("m", "b", "10.0.0.2:8000")

@@ -3,7 +3,7 @@
 A segment of shared memory (a memfd the supervisor creates and every worker inherits) holds, per pod
 slot, each worker's own in-flight count and cumulative output tokens, one row per worker. A worker
 writes only its own row, so no write needs a lock and a reader sums the rows: the same per-gateway
-field layout as the Redis hashes (state/sync_core.py), read with no delay. Each worker also appends
+field layout as the Redis hashes (sharing/sync_core.py), read with no delay. Each worker also appends
 every change of its in-flight counts to its own ring; the others drain it before each routing decision
 (`peer_changes`), so a burst split over the workers is routed as one process would route it, not onto
 counts up to a view resync old.
@@ -37,8 +37,8 @@ from array import array
 from collections.abc import Iterable
 
 from extproc.pool.pod import Pod, PodKey
-from extproc.state.shared import LocalCounts
-from extproc.state.speed_sums import SPEED_VALUES
+from extproc.sharing.shared import LocalCounts
+from extproc.sharing.speed_sums import SPEED_VALUES
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Reading 5,000 totals as a hash cost each gateway ~11 ms a turn, nearly all of it turning 5,000
 (field, value) replies into Python objects (`extproc bench sync`, 50 × 5,000). The write and reap
-scripts (state/redis_scripts.py) also keep the totals in one string per model: a 16-character epoch,
+scripts (sharing/redis_scripts.py) also keep the totals in one string per model: a 16-character epoch,
 then one little-endian int32 per slot. Slots are given out in order and never reused while the keys
 live, so a gateway keeps the pod of each slot it has seen and reads only the names of new slots; a
 new epoch (the keys were rebuilt) or a shorter list (Redis came back from an older snapshot) starts

@@ -14,10 +14,10 @@ from extproc.environment import redis_url_from_env
 from extproc.fleetsim.shared import SimSharedState, SyncHub
 from extproc.pool.pod import Pod
 from extproc.redact import redact_url
-from extproc.state import speed_sums
-from extproc.state.redis_sync import RedisState
-from extproc.state.shared import LocalCounts, LocalState
-from extproc.state.sync_core import SharedSnapshot, SyncCore
+from extproc.sharing import speed_sums
+from extproc.sharing.redis_sync import RedisState
+from extproc.sharing.shared import LocalCounts, LocalState
+from extproc.sharing.sync_core import SharedSnapshot, SyncCore
 
 POD = Pod("llama", "pod-a", "10.0.0.1:8000", namespace="team")
 OTHER = Pod("llama", "pod-b", "10.0.0.2:8000", namespace="team")
@@ -351,7 +351,7 @@ def test_forwarded_records_are_received_once():
 
 
 def test_the_outbox_is_bounded_while_redis_is_away():
-    from extproc.state.sync_core import MAX_FORWARDS
+    from extproc.sharing.sync_core import MAX_FORWARDS
     c = core()
     for i in range(MAX_FORWARDS + 10):
         c.forward("o", f"o.{i}", 200)
@@ -359,7 +359,7 @@ def test_the_outbox_is_bounded_while_redis_is_away():
 
 
 def test_retries_while_redis_is_down_are_at_most_about_a_second_apart():
-    from extproc.state.redis_sync import retry_pause
+    from extproc.sharing.redis_sync import retry_pause
     pauses = [retry_pause(n, 0.1, 1.2) for n in range(1, 12)]
     assert pauses == sorted(pauses) and pauses[0] < 0.5
     assert max(pauses) <= 1.2  # Redis back: each gateway tries again within this, converging within 2 s
@@ -371,7 +371,7 @@ def evidence(t: float, n: float = 4.0) -> list[float]:
 
 
 def test_speed_share_is_sent_when_records_arrive_in_its_turn_and_the_others_are_the_sums_less_it():
-    from extproc.state.sync_core import SPEED_READ_HEARTBEATS, SPEED_WRITE_HEARTBEATS
+    from extproc.sharing.sync_core import SPEED_READ_HEARTBEATS, SPEED_WRITE_HEARTBEATS
     c = core(heartbeat_interval=1.0)
     c.speed_out[POD.key] = evidence(10.0)
     first = c.plan(10.0)
@@ -446,8 +446,8 @@ def test_speed_sums_add_and_remove_shares_decayed_to_a_common_time():
 
 
 def test_workers_share_speed_evidence_through_the_segment():
-    from extproc.state.speed_sums import SPEED_VALUES
-    from extproc.state.workers import WorkerState, create_segment
+    from extproc.sharing.speed_sums import SPEED_VALUES
+    from extproc.sharing.workers import WorkerState, create_segment
     fd = create_segment(2, slots=8, ring=16, inbox=8)
     one, two = WorkerState(fd, 0), WorkerState(fd, 1)
     one.track([POD])

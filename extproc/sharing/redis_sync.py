@@ -31,10 +31,10 @@ from extproc import redis_connect
 from extproc.cancellation import raise_if_cancelled
 from extproc.pool.pod import Pod, PodKey
 from extproc.redis_connect import RedisTarget
-from extproc.state import redis_scripts
-from extproc.state.packed_totals import SlotMap, as_bytes
-from extproc.state.shared import LocalCounts
-from extproc.state.sync_core import (
+from extproc.sharing import redis_scripts
+from extproc.sharing.packed_totals import SlotMap, as_bytes
+from extproc.sharing.shared import LocalCounts
+from extproc.sharing.sync_core import (
     AIBRIX_POD_PATTERN,
     AIBRIX_POD_PREFIX,
     AIBRIX_SNAPSHOT_TTL_MS,
@@ -350,7 +350,7 @@ class RedisState(SyncedState):
     def _connect(self) -> aioredis.Redis:
         if self._client is None:
             # No client-side retries: the loop's own backoff decides when to try again.
-            # surrogateescape: the speed sums are binary (state/speed_sums.py), every other reply text.
+            # surrogateescape: the speed sums are binary (sharing/speed_sums.py), every other reply text.
             self._client = redis_connect.open_async(
                 self.target, timeout=self.op_timeout, decode_responses=True,
                 encoding_errors="surrogateescape", retry=Retry(NoBackoff(), 0), health_check_interval=0)
@@ -437,7 +437,7 @@ def retry_pause(failures: int, sync_interval: float, jitter: float) -> float:
 
 
 def write_keys(model: str, gateway: str) -> tuple[str, ...]:
-    """KEYS of the WRITE script (state/redis_scripts.py), in its order."""
+    """KEYS of the WRITE script (sharing/redis_scripts.py), in its order."""
     return (running_key(model), tokens_key(model), ledger_key(model, gateway), members_key(model),
             speed_key(model), packed_key(model), slots_key(model), names_key(model))
 

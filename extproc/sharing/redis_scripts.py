@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import hashlib
 
-from extproc.state.packed_totals import COMPACT_SLACK, HEADER_BYTES, VALUE_FORMAT
-from extproc.state.speed_sums import ROUNDING, SHARED_TAUS
+from extproc.sharing.packed_totals import COMPACT_SLACK, HEADER_BYTES, VALUE_FORMAT
+from extproc.sharing.speed_sums import ROUNDING, SHARED_TAUS
 
-# Speed evidence (state/speed_sums.py, whose `move` this mirrors): a vector is little-endian doubles,
+# Speed evidence (sharing/speed_sums.py, whose `move` this mirrors): a vector is little-endian doubles,
 # measured, then per group t,w,x,y,xx,xy,yy,n (binary: text cost Redis 100 us a pod in parsing and
 # formatting, this 18). `move` decays each group of total, old share and new share to the latest of
 # their times and returns the total less old plus new, or nil when no sum is left.
@@ -58,7 +58,7 @@ end
 """.replace("TAUS_HERE", ", ".join(repr(t) for t in SHARED_TAUS)).replace("ROUNDING_HERE", repr(ROUNDING))
 
 
-# The running totals packed (state/packed_totals.py), kept by every script that moves them: a string
+# The running totals packed (sharing/packed_totals.py), kept by every script that moves them: a string
 # of a 16-character epoch then one little-endian int32 per slot, a hash pod -> slot, and a list of the
 # epoch then each slot's pod (so a reader fetches only the slots it has not seen). Slots are given out
 # in order and never reused while the keys live. `ensure` rebuilds all three from the totals hash, under
