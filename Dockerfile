@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # The gateway image: `extproc serve` (the same image runs `extproc optimizer` with another command).
-# The product only: no `tools` extra (matplotlib, tqdm: the simulators' and benchmarks' plots and bars;
-# tests/unit/test_product_imports.py keeps the product from needing them).
+# The product only: the tools' packages stay out of the build context (.dockerignore) and the `tools`
+# extra (matplotlib, tqdm) out of the install; tests/unit/test_dockerfile.py runs the image's commands
+# from the wheel this context builds, tests/unit/test_product_imports.py keeps the product from needing them.
 #   docker build -t extproc:0.1.0 .
 #   docker run -v $PWD/gateway.yaml:/etc/extproc/gateway.yaml -p 50052:50052 extproc:0.1.0
 # The install step is the one `make setup` runs in CI (`pip install` of this project's pyproject.toml),

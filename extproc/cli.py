@@ -113,18 +113,29 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+# The tools' packages: the gateway and optimizer image leaves them out (.dockerignore); the repository's
+# install (`make setup`, `pip install '.[tools]'`) has them.
+TOOL_PACKAGES = ("extproc.sim", "extproc.profiling", "extproc.fleetsim", "extproc.perf", "extproc.demo")
+
+
 def _subcommand_modules() -> tuple[ModuleType, ...]:
     """Every subcommand beyond the gateway's own, in `extproc --help`'s order: each module adds its
     commands with `add_commands(sub)`. Imported here, not at the top, so `import extproc.cli` stays
-    light; `extproc <any command>` builds the whole parser and imports them all."""
+    light; `extproc <any command>` builds the whole parser and imports them all. Without the tools'
+    packages (the image) only the product's commands are offered."""
     from extproc import score_cli
-    from extproc.demo import cli as demo
-    from extproc.fleetsim import cli as fleetsim
     from extproc.optimizer import cli as optimizer
-    from extproc.perf import cli as perf
-    from extproc.profiling import cli as profiling
-    from extproc.sim import cli as sim
 
+    try:
+        from extproc.demo import cli as demo
+        from extproc.fleetsim import cli as fleetsim
+        from extproc.perf import cli as perf
+        from extproc.profiling import cli as profiling
+        from extproc.sim import cli as sim
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith(TOOL_PACKAGES):
+            raise  # a dependency missing from a tool that is there: its own error
+        return score_cli, optimizer
     return (
         sim,  # engine-sim (and engine-sim calibrate)
         profiling,  # benchmark, gen-profile

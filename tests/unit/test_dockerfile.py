@@ -177,3 +177,30 @@ def test_a_wheel_builds_from_exactly_the_build_context(tmp_path: Path) -> None:
     assert "extproc/pool/watch.py" in names and "extproc/config/loader.py" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "extproc = extproc.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    # the product only: no tool's package in the image (issue 42), and its commands run without them
+    tools = ("extproc/sim/", "extproc/profiling/", "extproc/fleetsim/", "extproc/perf/", "extproc/demo/",
+             "extproc/localstack.py")
+    assert not [n for n in names if n.startswith(tools)]
+    assert "extproc/optimizer/service.py" in names and "extproc/gpu_profiles.py" in names
+    unpacked = tmp_path / "image"
+    zipfile.ZipFile(wheel).extractall(unpacked)
+    usage = image_cli(unpacked, "--help")
+    assert usage.returncode == 0, usage.stderr
+    offered = set(re.search(r"\{([\w,-]+)\}", usage.stdout)[1].split(","))
+    assert {"serve", "check-config", "envoy-config", "optimizer", "optimize", "score"} <= offered
+    assert not offered & {"engine-sim", "fleet-sim", "benchmark", "gen-profile", "bench", "demo"}
+    for command in ("serve", "optimizer"):
+        run = image_cli(unpacked, command, "--help")
+        assert run.returncode == 0 and "usage: extproc " + command in run.stdout, run.stderr
+
+
+def image_cli(unpacked: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`extproc ARGV` with the image's wheel first on the path (what the image has of the package), and
+    without this checkout's editable install (its finder would hand out the modules the image lacks)."""
+    code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
+            "if not getattr(f, '__module__', '').startswith('__editable__')]; "
+            f"sys.path.insert(0, {str(unpacked)!r}); import extproc; "
+            f"assert extproc.__file__.startswith({str(unpacked)!r}), extproc.__file__; "
+            "from extproc.cli import main; sys.exit(main(sys.argv[1:]))")
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60,
+                          cwd=unpacked)
