@@ -19,7 +19,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from extproc.demo.load import Outcome, drive
+from extproc.demo.open_loop import Outcome, drive
 from extproc.demo.plan import (
     BURST_LOAD,
     BURST_PHASES,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from extproc.demo.load import Outcome
+from extproc.demo.open_loop import Outcome
 from extproc.extras import pyplot
 
 

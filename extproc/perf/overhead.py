@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from extproc.perf import profile
-from extproc.perf.load import LoadResult, run_load
+from extproc.perf.epoll_client import LoadResult, run_load
 from extproc.perf.stack import BenchPath, Stack
 from extproc.perf.stats import cpu_seconds, median, metric_sum, percentile, tree_cpu_seconds
 

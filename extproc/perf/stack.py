@@ -37,7 +37,7 @@ from extproc.envoy_contract import (
 )
 from extproc.envoy_pool import PoolOptions, render_pool
 from extproc.localstack import VENV_BIN, Proc, free_port, free_ports, http_get, port_open, start_envoy
-from extproc.perf.load import Target
+from extproc.perf.epoll_client import Target
 
 MODEL = "bench"
 PATHS = ("direct", "envoy", "routed", "full", "workers", "tally", "before", "limited", "duplex", "pool",

@@ -39,8 +39,8 @@ from operator import add, attrgetter, is_, is_not, mul, truediv
 
 from extproc.openai import Request
 from extproc.routing.framework import PodView
-from extproc.routing.load import capacities, engine_slots, has_free_slot, imbalanced, kv_penalty
-from extproc.routing.load import speeds as speeds_or_fill  # `speeds` names a local below
+from extproc.routing.load_math import capacities, engine_slots, has_free_slot, imbalanced, kv_penalty
+from extproc.routing.load_math import speeds as speeds_or_fill  # `speeds` names a local below
 from extproc.routing.settings import LoadBalanceSettings
 from extproc.routing.snapshot import derived
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from extproc.openai import Request
 from extproc.routing.framework import BuildContext, MaxScorePicker, PodView, Profile, register
-from extproc.routing.load import mean_fill
+from extproc.routing.load_math import mean_fill
 
 
 class KvFreeScorer:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from extproc.openai import Request
 from extproc.pool.pod import PodKey
 from extproc.routing.framework import BuildContext, PodView, Profile, register
-from extproc.routing.load import LowestScorePicker, mean_fill
+from extproc.routing.load_math import LowestScorePicker, mean_fill
 from extproc.vocabulary import RequestRecord
 
 DEFAULT_OUTPUT_TOKENS = 128

@@ -40,7 +40,7 @@ from operator import add, attrgetter, gt, le
 
 from extproc.openai import Request
 from extproc.routing.framework import BuildContext, PodView, Profile, register
-from extproc.routing.load import (
+from extproc.routing.load_math import (
     INF,
     LowestScorePicker,
     capacities,

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from extproc.openai import Request
 from extproc.routing.framework import BuildContext, PodView, Profile, register
-from extproc.routing.load import LowestScorePicker
 from extproc.routing.load_balance import LoadBalanceScorer
+from extproc.routing.load_math import LowestScorePicker
 
 
 class TwoChoices:

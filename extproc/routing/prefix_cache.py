@@ -23,7 +23,7 @@ from typing import Any
 from extproc.openai import CHARS_PER_TOKEN, Request
 from extproc.pool.pod import PodKey
 from extproc.routing.framework import BuildContext, MaxScorePicker, PodView, Profile, register
-from extproc.routing.load import overloaded
+from extproc.routing.load_math import overloaded
 from extproc.routing.params import Params
 from extproc.routing.settings import LoadBalanceSettings, SettingError
 from extproc.routing.store import Series

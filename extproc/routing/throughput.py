@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from extproc.openai import Request
 from extproc.pool.pod import PodKey
 from extproc.routing.framework import BuildContext, PodView, Profile, register
-from extproc.routing.load import LowestScorePicker
+from extproc.routing.load_math import LowestScorePicker
 from extproc.vocabulary import RequestRecord
 
 WINDOW_SECONDS = 10.0

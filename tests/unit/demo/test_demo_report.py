@@ -7,7 +7,7 @@ import pytest
 
 from extproc.config import parse
 from extproc.demo.__main__ import CAPACITY, OBSERVED, gateway_config, mode_shown
-from extproc.demo.load import Outcome
+from extproc.demo.open_loop import Outcome
 from extproc.demo.report import PhaseResult, p99, quantile_from_buckets, summarise, table
 
 POOL = [("slow", "L20"), ("fast", "A100-80GB")]

@@ -13,7 +13,7 @@ import yaml
 
 from extproc.envoy_bootstrap import BootstrapOptions
 from extproc.perf import upstream
-from extproc.perf.load import Target, request_bytes, run_load
+from extproc.perf.epoll_client import Target, request_bytes, run_load
 from extproc.perf.memory import Curve, slope
 from extproc.perf.overhead import Run, Settings, summarize
 from extproc.perf.report import render, target_status

@@ -8,7 +8,7 @@ from extproc.pool.pod import Pod
 from extproc.routing import Router, RoutingSettings
 from extproc.routing.framework import PodView
 from extproc.routing.gate import ImbalanceGate, least_loaded
-from extproc.routing.load import loads
+from extproc.routing.load_math import loads
 from extproc.routing.settings import LoadBalanceSettings, ModelRouting
 from extproc.vocabulary import Speed
 from tests.unit.routing.support import REQ, names, view

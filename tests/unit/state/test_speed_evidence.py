@@ -14,8 +14,8 @@ import pytest
 from extproc.openai import Request
 from extproc.pool.pod import Pod
 from extproc.routing.framework import PodView
-from extproc.routing.load import LowestScorePicker
 from extproc.routing.load_balance import LoadBalanceScorer
+from extproc.routing.load_math import LowestScorePicker
 from extproc.routing.settings import LoadBalanceSettings
 from extproc.state.speed import SpeedEstimator
 
