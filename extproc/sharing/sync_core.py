@@ -251,8 +251,10 @@ class SyncCore:
         self.speed_out: dict[PodKey, list[float]] = {}
         self.peer_speed: PeerSums | dict[PodKey, list[list[float]]] = {}
         self._columns: dict[str, _Column] = {}           # per model, with a packed read (`_apply_packed`)
-        self._moved: set[PodKey] = set()                # own counts written since the last read
-        self._tokens_moved: set[PodKey] = set()         # own token totals written since the last read
+        # own counts and token totals written since the last read; dicts, not sets: handed on in the
+        # order written, so a run does not depend on the string hash's seed (the fleet simulation's seeds)
+        self._moved: dict[PodKey, None] = {}
+        self._tokens_moved: dict[PodKey, None] = {}
         self._token_column: _TokenColumn | None = None   # the tracked pods' token figures as arrays
         self._written_raw: dict[PodKey, bytes] = {}     # ... as sent (the sums' reader subtracts it)
         self._outbox: dict[str, list[str]] = {}
@@ -340,7 +342,7 @@ class SyncCore:
         self._beats += 1
         written, slots, pods, out = self._written_speed, self._speed_slot, self.counts.pods, self.speed_out
         turn = self._slot_keys[beat]
-        for key in out.keys() - written.keys():  # Redis lacks it: now, whatever its turn
+        for key in [k for k in out if k not in written]:  # Redis lacks it: now, whatever its turn
             if key in pods:
                 if key not in slots:
                     slot = slots[key] = len(slots) % SPEED_WRITE_HEARTBEATS
@@ -363,9 +365,9 @@ class SyncCore:
 
     def confirm(self, batch: WriteBatch, now: float) -> None:
         self._written_running.update(batch.running)
-        self._moved.update(batch.running)
+        self._moved.update(dict.fromkeys(batch.running))
         self._written_tokens.update(batch.tokens)
-        self._tokens_moved.update(batch.tokens)
+        self._tokens_moved.update(dict.fromkeys(batch.tokens))
         for key in list(self._retiring):
             if batch.running.get(key) == 0:
                 del self._retiring[key]
@@ -476,7 +478,7 @@ class SyncCore:
         if not self._columns:  # first read, or the last went through the dict: afresh
             self.others = {}
         others, written = self.others, self._written_running
-        moved, self._moved = self._moved, set()
+        moved, self._moved = self._moved, {}
         old, columns = self._columns, {}
         for model, (keys, _) in packed.items():
             column = old.pop(model, None)
@@ -525,7 +527,7 @@ class SyncCore:
             for key in self._tokens_moved:
                 if (i := column.at.get(key)) is not None:
                     column.own[i] = written.get(key, 0)
-        moved, self._tokens_moved = self._tokens_moved, set()
+        moved, self._tokens_moved = self._tokens_moved, {}
         for key in moved:  # own tokens published, not yet handed out locally (the rest were)
             own = written.get(key, 0)
             taken = counts.taken(key)
