@@ -14,10 +14,10 @@ re-plan reads the last `span_s` of them and keeps one factor per deployment on i
     `ceiling`, twice the benchmark) only while the type's P99 TPOT is at most `headroom` (0.8) of the
     SLO and the router refused none of the model's requests, by sqrt(that room) a step (a tenth to a
     quarter): the profile undercounts it (a coarse rate grid, gen-profile's "kept up" rule on long
-    answers), and its replicas show room the plan can use; while
-    the router refuses any, a factor above 1 goes back toward it (by a fifth a step; the refusal may be
-    charged to another type, whose factor the rule above cuts, but the raise made the fleet short).
-    Never beyond 1 for a profile with `concurrency_admitted` (ceiling_of).
+    answers), and its replicas show room the plan can use; while the router refuses any, a factor above
+    1 goes back toward it (by a fifth a step; the refusal may be charged to another type, whose factor
+    the rule above cuts, but the raise made the fleet short). Never beyond 1 for a profile with
+    `concurrency_admitted` (ceiling_of).
 
 It moves only on evidence: `min_requests` in the span, and never in the first `span_s` it watches a
 deployment (a fleet just started, or just handed to the optimizer, is not the plan's doing). After a
