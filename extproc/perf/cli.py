@@ -109,8 +109,9 @@ def add_commands(sub: Any) -> None:
                         "redis-server of the bench's own; Redis's figures summed over its masters, and "
                         "given per master")
     s.add_argument("--processes", action="store_true",
-                   help="the gateways side by side, one process each (extproc/perf/sync_procs.py), instead of "
-                        "one after another in this process; the views and speed sums are checked only there")
+                   help="the gateways side by side, one process each (extproc/perf/sync_procs.py), "
+                        "instead of one after another in this process; the views and speed sums are "
+                        "checked only there")
     s.add_argument("--json", type=Path, help="write every run's summary here")
     s.set_defaults(func=_sync)
 

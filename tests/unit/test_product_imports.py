@@ -19,8 +19,9 @@ EXTRA = ("matplotlib", "tqdm")
 
 
 def loaded_after(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"],
-                         capture_output=True, text=True, check=True, timeout=120).stdout
+    listing = "import json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", f"{code}\n{listing}"], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
     return set(json.loads(out.splitlines()[-1]))
 
 

@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[3]
 def report(tmp_path: Path, hash_seed: int) -> dict:
     out = tmp_path / f"run-{hash_seed}.json"
     env = {**os.environ, "PYTHONHASHSEED": str(hash_seed), "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-m", "extproc", "fleet-sim", "--scenario", "gpu-loss", "--strategies",
-                    "load-balance", "--duration", "90", "--rate-scale", "0.3", "--gateways", "2", "--seed", "0",
-                    "--no-progress", "--jobs", "1", "--json", str(out)],
+    subprocess.run([sys.executable, "-m", "extproc", "fleet-sim", "--scenario", "gpu-loss",
+                    "--strategies", "load-balance", "--duration", "90", "--rate-scale", "0.3",
+                    "--gateways", "2", "--seed", "0", "--no-progress", "--jobs", "1", "--json", str(out)],
                    env=env, cwd=tmp_path, check=True, capture_output=True, timeout=300)
     return json.loads(out.read_text())
 
