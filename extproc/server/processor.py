@@ -564,7 +564,11 @@ class Processor(external_processor_pb2_grpc.ExternalProcessorServicer):
                     # response, and a gateway crash would then cut every running generation.
                     return
         except asyncio.CancelledError:
-            cancelled = True
+            # Envoy resets the stream when the request ends before this handler returned (a short
+            # answer can finish while the routing reply's write is still completing): once that reply
+            # was handed to gRPC, the request's access-log record accounts it. Only a stream cancelled
+            # before it (the client gone while we routed or it waited) has nothing coming.
+            cancelled = not stream.finished
             raise
         finally:
             stream.close(cancelled)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import grpc
 import pytest
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.service.ext_proc.v3.external_processor_pb2 import (
@@ -388,3 +389,37 @@ def test_error_bodies_list_the_strategies_once_and_cut_what_the_client_sent(gw: 
     status, error = error_of(Stream(gw).handle(body_first({**CHAT, "model": "gpt-nope"})))
     assert error["message"] == "the model 'gpt-nope' does not exist"  # short names whole, not marked
     assert in_flight(gw) == 0 and running(gw) == 0
+
+
+async def test_a_reset_while_the_routing_reply_is_written_leaves_the_request_to_its_record(gw: Gateway):
+    """Envoy resets the routing stream when the request has already ended (a 3 ms answer) while the
+    handler is still completing the reply's write: the request was routed and served, and its
+    access-log record, which comes next, must find it open (an abort first ended its span as aborted,
+    status 0, and the record found nothing: CI saw it in tests/integration/test_otel_e2e.py)."""
+    async def envoy():
+        yield req_headers()
+        yield req_body(CHAT)
+
+    written = []
+
+    async def reset_during_write(reply) -> None:
+        written.append(reply)
+        if len(written) == 2:  # the body's reply, which routes: what grpc.aio raises on Envoy's reset
+            raise asyncio.CancelledError
+
+    messages = envoy().__aiter__()
+
+    async def read():
+        try:
+            return await messages.__anext__()
+        except StopAsyncIteration:
+            return grpc.aio.EOF
+
+    with pytest.raises(asyncio.CancelledError):
+        await Processor(gw).serve(read, reset_during_write)
+    assert in_flight(gw) == 1 and running(gw) == 1  # still open: its record is on its way
+    key = written[-1].dynamic_metadata.fields["extproc"].struct_value.fields["key"].string_value
+    gw.complete(key, RequestEnd(200, output_tokens=3))
+    assert in_flight(gw) == 0 and running(gw) == 0
+    assert gw.requests_total.labels("m", "p0", "least-request", "200")._value.get() \
+        + gw.requests_total.labels("m", "p1", "least-request", "200")._value.get() == 1
