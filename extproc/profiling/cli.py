@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from extproc.profiling.plan import DEFAULT_INPUT_LENS, DEFAULT_NUM_PROMPTS, DEFAULT_OUTPUT_LENS, DEFAULT_RATES
-from extproc.profiling.selection import PERCENTILES, SLO_HELP, SLO_METRICS
+from extproc.profiling.selection import MAX_BUDGET, PERCENTILES, SLO_HELP, SLO_METRICS
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
@@ -66,7 +66,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     b.add_argument("--budget-factors", type=_list(float), nargs="+", default=None,
                    help="with --admitted: the budgets k to try per cell, as multiples of Little's budget "
                         "max(1, floor(tput x e2e)) (default 1 2 4 8; gen-profile keeps the one that served "
-                        "most within the SLO)")
+                        "most within the SLO); past the largest, a budget that met every SLO of the profile "
+                        "and served at least 10%% more than half of it is doubled again, up to --max-budget")
+    b.add_argument("--max-budget", type=int, default=MAX_BUDGET,
+                   help="with --admitted: the largest budget tried (default %(default)s, vLLM's default "
+                        "max_num_seqs; set your engine's)")
     b.add_argument("--drain-timeout", type=float, default=600.0,
                    help="cut a cell off as overloaded when requests still run this long after its last "
                         "arrival (with --admitted: when one request runs this long; seconds, default 600)")
@@ -106,6 +110,8 @@ def _benchmark(args: argparse.Namespace) -> int:
         return _error("benchmark", "--num-prompts must be at least 1")
     if args.budget_factors and not all(f > 0 for f in _flatten(args.budget_factors)):
         return _error("benchmark", "--budget-factors must be positive")
+    if args.max_budget < 1:
+        return _error("benchmark", "--max-budget must be at least 1")
     try:
         admitted = load_profile(args.admitted) if args.admitted is not None else None
     except ProfileError as exc:
@@ -114,6 +120,7 @@ def _benchmark(args: argparse.Namespace) -> int:
         input_lens=_flatten(args.input_lens), output_lens=_flatten(args.output_lens),
         rates=_flatten(args.rates), num_prompts=args.num_prompts, seed=args.seed,
         max_backlog=args.max_backlog, drain_timeout=args.drain_timeout, admitted=admitted,
+        max_budget=args.max_budget,
         **({"budget_factors": _flatten(args.budget_factors)} if args.budget_factors else {}))
     opts = BenchmarkOptions(
         model=args.model, endpoint=args.endpoint, output=args.output, plan=plan, append=args.append,
@@ -146,6 +153,8 @@ def _benchmark(args: argparse.Namespace) -> int:
             summary += f"; {len(report.overloaded)} overloaded cells"
         if report.skipped:
             summary += f"; {len(report.skipped)} higher-rate cells skipped after an overload"
+        if report.climbed:
+            summary += f"; {report.climbed} budgets run past the ladder (they met the SLO below)"
         if report.interrupted:
             sys.stderr.write(f"interrupted: the unfinished cell was dropped; {summary}\n")
             return EXIT_INTERRUPTED

@@ -62,6 +62,12 @@ class SLOs:
         default = 0.0 if metric in THROUGHPUT_METRICS else math.inf
         return self.target(metric) != default
 
+    @classmethod
+    def of_profile(cls, slos: Mapping[str, float]) -> SLOs:
+        """From a profile's `slos` (`as_profile`'s shape)."""
+        return cls(int(slos.get("percentile", 0)),
+                   {k: float(v) for k, v in slos.items() if k != "percentile"})
+
     @property
     def stat_key(self) -> str:
         return f"P{self.percentile}" if self.percentile else "mean"
@@ -169,6 +175,33 @@ def select(lines: Sequence[MetricLine], slos: SLOs, source: str = "benchmark") -
 
 ADMITTED_KEY = "concurrency"  # our benchmark lines of a replica held at its per-pod budget carry this
 BUDGET_FACTORS = (1, 2, 4, 8)  # the budgets a --admitted run tries per cell: Little's budget times these
+
+
+# Past the factors, a budget that met the SLO and still served more than the one before is doubled again
+# (`climb_to`): a replica that batches well meets a TPOT SLO at budgets far above 8x Little's budget, and
+# a ladder cut there leaves the largest passing budget unknown (and the kept one, half of it, low).
+CLIMB_GAIN = 1.1  # ... when it served at least 10 % more requests/s than the budget half its size
+MAX_BUDGET = 256  # vLLM's default max_num_seqs: past what the engine runs at once a budget only queues
+
+
+def climb_to(lines: Iterable[MetricLine], below: Iterable[MetricLine] | None, slos: SLOs,
+             budget: int, max_budget: int = MAX_BUDGET) -> int | None:
+    """The next budget of a cell's ladder after `budget` ran (its `lines`; `below`: the rung before's),
+    or None: it missed an SLO, served under CLIMB_GAIN x the rung before, or 2 x budget passes the cap."""
+    if 2 * budget > max_budget or not rung_passes(lines, slos):
+        return None
+    def tput(rung: Iterable[MetricLine]) -> float:
+        return next((x.stat("mean") or 0.0 for x in rung if x.metric == "TPUT"), 0.0)
+    if below is not None and tput(lines) < CLIMB_GAIN * tput(below):
+        return None
+    return 2 * budget
+
+
+def rung_passes(lines: Iterable[MetricLine], slos: SLOs) -> bool:
+    """Every SLO met by one cell's lines (gen-profile's test, TPAT derived as it derives it)."""
+    table = index_lines(lines)
+    keys = {(i, o, r) for (i, o, r, _) in table}
+    return len(keys) == 1 and all(slos.passes(m, table.get((*next(iter(keys)), m))) for m in SLO_METRICS)
 
 
 def budget_ladder(tput: float, e2e: float, factors: Sequence[float] = BUDGET_FACTORS) -> list[int]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -27,7 +27,7 @@ from extproc.profiling.client import RequestResult
 from extproc.profiling.measure import CellOutcome, cell_lines
 from extproc.profiling.plan import LoadPlan
 from extproc.profiling.records import MetricLine
-from extproc.profiling.selection import ADMITTED_KEY
+from extproc.profiling.selection import ADMITTED_KEY, SLOs, climb_to
 from extproc.profiling.workload import Cell, arrival_times
 
 
@@ -70,6 +70,7 @@ class Report:
     overloaded: list[Cell] = field(default_factory=list)
     failed_requests: int = 0
     interrupted: bool = False
+    climbed: int = 0  # admitted budgets run past the plan's ladder
 
 
 def prompt_rng(plan: LoadPlan, cell: Cell, run: str) -> random.Random:
@@ -129,7 +130,7 @@ async def run_cell(endpoint: Endpoint, plan: LoadPlan, cell: Cell,
 async def run_admitted_cell(endpoint: Endpoint, plan: LoadPlan, cell: Cell,
                             on_sent: Callable[[], None] = lambda: None) -> CellOutcome:
     """`cell.rate` clients, the k-th starting k x stagger seconds in, each sending its next request when
-    its last one ends, `num_prompts` in all: the replica held at the router's per-pod budget.
+    its last one ends, `plan.prompts(cell)` in all: the replica held at the router's per-pod budget.
 
     A closed loop cannot build a backlog, so the cell is cut off only when one request runs
     `drain_timeout` seconds: a budget of one request at a time for long answers may rightly take far
@@ -138,7 +139,7 @@ async def run_admitted_cell(endpoint: Endpoint, plan: LoadPlan, cell: Cell,
     loop = asyncio.get_running_loop()
     start = loop.time()
     results: list[RequestResult] = []
-    left = plan.num_prompts
+    left = plan.prompts(cell)
     overloaded = ""
 
     async def client(delay: float) -> None:
@@ -161,7 +162,8 @@ async def run_admitted_cell(endpoint: Endpoint, plan: LoadPlan, cell: Cell,
 def _outcome(endpoint: Endpoint, plan: LoadPlan, cell: Cell, results: list[RequestResult], duration: float,
              overloaded: str) -> CellOutcome:
     errors = Counter(endpoint.redact(r.error) for r in results if not r.ok)
-    return CellOutcome(cell, plan.num_prompts, results, duration, plan.num_prompts - len(results),
+    planned = plan.prompts(cell)
+    return CellOutcome(cell, planned, results, duration, planned - len(results),
                        overloaded, errors)
 
 
@@ -188,7 +190,10 @@ async def run_sweep(endpoint: Endpoint, plan: LoadPlan, write: Callable[[list[Me
     report = Report()
     skip_after: dict[tuple[int, int], float] = {}  # (input, output) → the rate that overloaded
     run = run_cell if plan.admitted is None else run_admitted_cell
-    for cell in plan.cells():
+    cells = deque(plan.cells())
+    climb = _Climb(plan) if plan.admitted is not None else None
+    while cells:
+        cell = cells.popleft()
         if (cell.input_tokens, cell.output_tokens) in skip_after:
             report.skipped.append(cell)
             progress.advance(plan.scheduled_seconds(cell))
@@ -206,7 +211,7 @@ async def run_sweep(endpoint: Endpoint, plan: LoadPlan, write: Callable[[list[Me
         if outcome is None:
             report.interrupted = True
             break
-        progress.advance((plan.num_prompts - sent) / cell.rate)
+        progress.advance((plan.prompts(cell) - sent) / cell.rate)
         lines = cell_lines(outcome, model, plan.seed, temperature)
         if plan.admitted is not None:
             lines = [replace(x, extra={**x.extra, ADMITTED_KEY: int(cell.rate)}) for x in lines]
@@ -216,8 +221,29 @@ async def run_sweep(endpoint: Endpoint, plan: LoadPlan, write: Callable[[list[Me
         if outcome.overloaded:
             report.overloaded.append(cell)
             skip_after[(cell.input_tokens, cell.output_tokens)] = cell.rate
+        elif climb is not None and (higher := climb.after(cell, lines, cells)) is not None:
+            cells.appendleft(higher)
+            report.climbed += 1
         progress.note(describe(outcome))
     return report
+
+
+class _Climb:
+    """An admitted cell's ladder past its top rung: once the plan's last budget of an (input, output) ran,
+    each budget that met the SLO and served more is followed by twice it (`selection.climb_to`)."""
+
+    def __init__(self, plan: LoadPlan) -> None:
+        assert plan.admitted is not None
+        self.slos, self.cap = SLOs.of_profile(plan.admitted.slos), plan.max_budget
+        self.last: dict[tuple[int, int], list[MetricLine]] = {}
+
+    def after(self, cell: Cell, lines: list[MetricLine], queued: deque[Cell]) -> Cell | None:
+        shape = (cell.input_tokens, cell.output_tokens)
+        below, self.last[shape] = self.last.get(shape), lines
+        if any((c.input_tokens, c.output_tokens) == shape for c in queued):
+            return None  # the plan's own ladder is not done
+        k = climb_to(lines, below, self.slos, int(cell.rate), self.cap)
+        return None if k is None else Cell(cell.input_tokens, cell.output_tokens, float(k))
 
 
 async def _unless_stopped(work, stop: asyncio.Event) -> CellOutcome | None:  # type: ignore[no-untyped-def]

@@ -256,8 +256,8 @@ def test_aibrix_files_parse_and_turn_into_profiles(log_dir: Path) -> None:
 
 def test_admitted_run_records_what_a_routed_replica_serves(benchmarks: dict[str, tuple[Path, str]],
                                                           log_dir: Path, slow_sim: SimProcess) -> None:
-    """benchmark --admitted holds the replica at each budget of the ladder (Little's budget x the factors)
-    for each cell of a profile; gen-profile --admitted records what it served as tputs_admitted (never
+    """benchmark --admitted holds the replica at each budget of the ladder (Little's budget x the factors,
+    then doubled while a budget meets the SLO and serves more, up to --max-budget) for each cell of a profile; gen-profile --admitted records what it served as tputs_admitted (never
     below tputs) and the budget as concurrency_admitted, and refuses the file as the rate run itself."""
     path, _ = benchmarks["slow"]
     base = log_dir / "slow-base.json"
@@ -266,7 +266,7 @@ def test_admitted_run_records_what_a_routed_replica_serves(benchmarks: dict[str,
                    "-o", str(base)).returncode == 0
     runs = log_dir / "slow-admitted.jsonl"
     result = extproc("benchmark", "-m", MODEL, "--endpoint", slow_sim.url, "-o", str(runs), "--admitted",
-                     str(base), "--num-prompts", "12", "--budget-factors", "1", "2")
+                     str(base), "--num-prompts", "12", "--budget-factors", "1", "2", "--max-budget", "4")
     assert result.returncode == 0, result.stderr
     lines = jsonl(runs)
     profile = load_profile(base)
@@ -275,9 +275,12 @@ def test_admitted_run_records_what_a_routed_replica_serves(benchmarks: dict[str,
     for x in lines:
         o, i = profile.cell(x["input_tokens"], x["output_tokens"])
         little = max(1, math.floor(profile.tputs[o][i] * profile.e2e[o][i]))
-        assert x["concurrency"] in (little, 2 * little) and x["request_rate"] == x["concurrency"]
+        assert x["concurrency"] in (little, 2 * little, 4 * little) and x["request_rate"] == x["concurrency"]
+        assert x["concurrency"] <= max(4, little)
         ladders.setdefault((o, i), set()).add(x["concurrency"])
-    assert any(len(ks) == 2 for ks in ladders.values())  # both budgets run where the first did not overload
+    assert any(len(ks) >= 2 for ks in ladders.values())  # both budgets run where the first did not overload
+    climbed = sum(len(ks) - 2 for ks in ladders.values() if len(ks) > 2)
+    assert (f"{climbed} budgets run past the ladder" in result.stderr) == (climbed > 0)
     out = log_dir / "slow-with-admitted.json"
     result = extproc("gen-profile", "llama2-7b-slow", "--benchmark", str(path), "--cost", "1", *tpot,
                      "--admitted", str(runs), "-o", str(out))

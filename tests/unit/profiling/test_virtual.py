@@ -89,7 +89,7 @@ def test_an_admitted_cell_is_cut_off_by_a_request_that_hangs_not_by_its_length()
     # one request at a time (Little's budget 1), 256 tokens: each ~3 s, 10 of them ~30 s in all
     profile = parse_profile({"gpu": "a100", "cost": 1.0, "tputs": [[0.3]], "indexes": [[256], [128]],
                              "e2e": [[3.0]], "slos": {"percentile": 99, "tpot": 0.05}, "created": 1.0})
-    plan = LoadPlan(num_prompts=10, drain_timeout=10.0, admitted=profile, budget_factors=(1,))
+    plan = LoadPlan(num_prompts=10, drain_timeout=10.0, admitted=profile, budget_factors=(1,), max_budget=1)
     [tput] = [line for line in benchmark(engine(), plan, "m") if line.metric == "TPUT"]
     assert "overloaded" not in tput.extra and tput.extra["failed"] == 0 and tput.extra["unfinished"] == 0
     assert 10 / tput.stats["mean"] > 10.0  # longer than the timeout in all
@@ -102,3 +102,40 @@ def test_the_grid_fits_the_models_context() -> None:
     plan = LoadPlan(input_lens=(128, 4096, 6144, 8192), output_lens=(16, 1024))
     assert plan.fit(8192).input_lens == (128, 4096, 6144, 7168)  # 8192 + any answer does not fit 8K
     assert plan.fit(32768) is plan and LoadPlan().fit(8192).input_lens[-1] == 8192 - 4096
+
+
+def admitted_budgets(slos: dict[str, float], **plan: object) -> list[tuple[int, float, float, int]]:
+    """(budget, TPUT, P99 TPOT, requests sent) of each admitted run of one 512-in / 64-out cell on an
+    A100, in run order."""
+    from extproc.gpu_profiles import parse_profile
+
+    profile = parse_profile({"gpu": "a100", "cost": 1.0, "tputs": [[2.0]], "indexes": [[64], [512]],
+                             "e2e": [[1.0]], "slos": slos, "created": 1.0})
+    lines = benchmark(engine(), LoadPlan(num_prompts=20, admitted=profile, **plan), "m")  # type: ignore[arg-type]
+    tpot = {x.request_rate: x.stats["P99"] for x in lines if x.metric == "TPOT"}
+    return [(int(x.request_rate), x.stats["mean"], tpot[x.request_rate], x.extra["samples"])
+            for x in lines if x.metric == "TPUT"]
+
+
+def test_an_admitted_ladder_climbs_past_its_factors_until_a_budget_misses_or_stops_serving_more() -> None:
+    runs = admitted_budgets({"percentile": 99, "tpot": 0.05}, budget_factors=(1, 2), max_budget=256)
+    budgets = [k for k, *_ in runs]
+    assert budgets[:2] == [2, 4] and len(budgets) > 3, runs  # Little's budget 2, x2, then climbed
+    assert all(b == 2 * a for a, b in zip(budgets, budgets[1:]))
+    # every rung climbed from met the SLO and served at least 10 % more than the one below it
+    for (_, below, _, _), (_, t, p99, _) in zip(runs[1:-1], runs[2:-1]):
+        assert p99 < 0.05 and t >= 1.1 * below
+    k, t, p99, _ = runs[-1]
+    assert p99 >= 0.05 or t < 1.1 * runs[-2][1] or 2 * k > 256, runs  # why it stopped
+    # at least three requests per client, so a large budget's run is not all its ramp
+    assert [n for *_, n in runs] == [max(20, 3 * k) for k in budgets]
+
+
+def test_a_ladder_whose_top_budget_misses_does_not_climb() -> None:
+    runs = admitted_budgets({"percentile": 99, "tpot": 0.001}, budget_factors=(1, 2))
+    assert [k for k, *_ in runs] == [2, 4]
+
+
+def test_the_ladder_stops_at_the_largest_budget() -> None:
+    runs = admitted_budgets({"percentile": 99, "tpot": 0.05}, budget_factors=(1, 2), max_budget=8)
+    assert [k for k, *_ in runs] == [2, 4, 8]
