@@ -3,7 +3,8 @@ AIBrix's benchmark JSONL, one finished cell at a time.
 
 Open-loop Poisson load per (input, output, rate) cell; with `admitted` (a profile made from such a run),
 each of the profile's cells with the replica held at a per-pod budget of k requests in flight, for k =
-Little's budget max(1, floor(tput x e2e)) times each of `budget_factors` (1, 2, 4, 8). Those lines go to a
+Little's budget max(1, floor(tput x e2e)) times each of `budget_factors` (1, 2, 4, 8), and with
+`max_budget` doubled past them while the largest meets the profile's SLOs and serves more. Those lines go to a
 file of their own, since AIBrix's gen_profile would read them as rates. The load generator, the
 measurement and the overload rule are profiling/sweep.py's, which the fleet simulation runs in virtual time.
 """

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from extproc.profiling.plan import DEFAULT_INPUT_LENS, DEFAULT_NUM_PROMPTS, DEFAULT_OUTPUT_LENS, DEFAULT_RATES
-from extproc.profiling.selection import MAX_BUDGET, PERCENTILES, SLO_HELP, SLO_METRICS
+from extproc.profiling.selection import PERCENTILES, SLO_HELP, SLO_METRICS
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
@@ -66,11 +66,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     b.add_argument("--budget-factors", type=_list(float), nargs="+", default=None,
                    help="with --admitted: the budgets k to try per cell, as multiples of Little's budget "
                         "max(1, floor(tput x e2e)) (default 1 2 4 8; gen-profile keeps the one that served "
-                        "most within the SLO); past the largest, a budget that met every SLO of the profile "
-                        "and served at least 10%% more than half of it is doubled again, up to --max-budget")
-    b.add_argument("--max-budget", type=int, default=MAX_BUDGET,
-                   help="with --admitted: the largest budget tried (default %(default)s, vLLM's default "
-                        "max_num_seqs; set your engine's)")
+                        "most within the SLO)")
+    b.add_argument("--max-budget", type=int, default=None,
+                   help="with --admitted: past the factors, double the largest budget while it meets every "
+                        "SLO of the profile and serves at least 10%% more than half of it, up to this one "
+                        "(e.g. 256, vLLM's default max_num_seqs; off by default); each budget then sends at "
+                        "least 3 requests per client")
     b.add_argument("--drain-timeout", type=float, default=600.0,
                    help="cut a cell off as overloaded when requests still run this long after its last "
                         "arrival (with --admitted: when one request runs this long; seconds, default 600)")
@@ -110,7 +111,7 @@ def _benchmark(args: argparse.Namespace) -> int:
         return _error("benchmark", "--num-prompts must be at least 1")
     if args.budget_factors and not all(f > 0 for f in _flatten(args.budget_factors)):
         return _error("benchmark", "--budget-factors must be positive")
-    if args.max_budget < 1:
+    if args.max_budget is not None and args.max_budget < 1:
         return _error("benchmark", "--max-budget must be at least 1")
     try:
         admitted = load_profile(args.admitted) if args.admitted is not None else None

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from extproc.gpu_profiles import GpuProfile
-from extproc.profiling.selection import BUDGET_FACTORS, MAX_BUDGET, budget_ladder
+from extproc.profiling.selection import BUDGET_FACTORS, budget_ladder
 from extproc.profiling.workload import Cell, doubling
 
 # The default grid covers what users send, long prompts included: powers of two to 8K, plus 6K, where a long
@@ -35,7 +35,7 @@ class LoadPlan:
     # (an admitted cell: with one request running this long)
     admitted: GpuProfile | None = None  # run each of its cells at the router's budget instead
     budget_factors: tuple[float, ...] = BUDGET_FACTORS  # admitted: the budgets tried, x Little's budget
-    max_budget: int = MAX_BUDGET  # admitted: no budget above this (the ladder climbs past the factors to it)
+    max_budget: int | None = None  # admitted: climb past the factors up to this budget (None: the factors only)
 
     def cells(self) -> list[Cell]:
         """AIBrix's order: input lengths, then output lengths, then rates, each ascending. Admitted: the
@@ -49,12 +49,17 @@ class LoadPlan:
 
     def _ladder(self, tput: float, e2e: float) -> list[int]:
         ladder = budget_ladder(tput, e2e, self.budget_factors)
+        if self.max_budget is None:
+            return ladder
         return [k for k in ladder if k <= self.max_budget] or [min(ladder[0], self.max_budget)]
 
     def prompts(self, cell: Cell) -> int:
-        """Requests a cell sends: `num_prompts`; an admitted cell at least 3 per client (with fewer its run
-        is mostly the ramp up to the budget, and the rate it reads is the ramp's)."""
-        return self.num_prompts if self.admitted is None else max(self.num_prompts, 3 * int(cell.rate))
+        """Requests a cell sends: `num_prompts`; climbing (`max_budget`), an admitted cell at least 3 per
+        client (with fewer a large budget's run is mostly the ramp up to it, and the rate it reads the
+        ramp's)."""
+        if self.admitted is None or self.max_budget is None:
+            return self.num_prompts
+        return max(self.num_prompts, 3 * int(cell.rate))
 
     def fit(self, max_model_len: int) -> LoadPlan:
         """The grid with every input length too long to leave room for the longest output replaced by the
@@ -86,5 +91,7 @@ class LoadPlan:
                "--rates", csv(self.rates), "--num-prompts", str(self.num_prompts), "--seed", str(self.seed),
                "--max-backlog", str(self.max_backlog), "--drain-timeout", f"{self.drain_timeout:g}"]
         if self.admitted is not None:
-            out += ["--budget-factors", csv(self.budget_factors), "--max-budget", str(self.max_budget)]
+            out += ["--budget-factors", csv(self.budget_factors)]
+            if self.max_budget is not None:
+                out += ["--max-budget", str(self.max_budget)]
         return out

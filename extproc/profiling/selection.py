@@ -177,15 +177,15 @@ ADMITTED_KEY = "concurrency"  # our benchmark lines of a replica held at its per
 BUDGET_FACTORS = (1, 2, 4, 8)  # the budgets a --admitted run tries per cell: Little's budget times these
 
 
-# Past the factors, a budget that met the SLO and still served more than the one before is doubled again
-# (`climb_to`): a replica that batches well meets a TPOT SLO at budgets far above 8x Little's budget, and
-# a ladder cut there leaves the largest passing budget unknown (and the kept one, half of it, low).
+# With a largest budget (`--max-budget`), past the factors a budget that met the SLO and still served more
+# than the one before is doubled again (`climb_to`): a replica that batches well meets a TPOT SLO at
+# budgets far above 8x Little's budget, and a ladder cut there leaves the largest passing budget unknown
+# (and the kept one, half of it, low). Off by default: docs/optimizer.md ("Acceptance") has what it moved.
 CLIMB_GAIN = 1.1  # ... when it served at least 10 % more requests/s than the budget half its size
-MAX_BUDGET = 256  # vLLM's default max_num_seqs: past what the engine runs at once a budget only queues
 
 
 def climb_to(lines: Iterable[MetricLine], below: Iterable[MetricLine] | None, slos: SLOs,
-             budget: int, max_budget: int = MAX_BUDGET) -> int | None:
+             budget: int, max_budget: int) -> int | None:
     """The next budget of a cell's ladder after `budget` ran (its `lines`; `below`: the rung before's),
     or None: it missed an SLO, served under CLIMB_GAIN x the rung before, or 2 x budget passes the cap."""
     if 2 * budget > max_budget or not rung_passes(lines, slos):

@@ -191,7 +191,7 @@ async def run_sweep(endpoint: Endpoint, plan: LoadPlan, write: Callable[[list[Me
     skip_after: dict[tuple[int, int], float] = {}  # (input, output) → the rate that overloaded
     run = run_cell if plan.admitted is None else run_admitted_cell
     cells = deque(plan.cells())
-    climb = _Climb(plan) if plan.admitted is not None else None
+    climb = _Climb(plan) if plan.admitted is not None and plan.max_budget is not None else None
     while cells:
         cell = cells.popleft()
         if (cell.input_tokens, cell.output_tokens) in skip_after:
@@ -233,7 +233,7 @@ class _Climb:
     each budget that met the SLO and served more is followed by twice it (`selection.climb_to`)."""
 
     def __init__(self, plan: LoadPlan) -> None:
-        assert plan.admitted is not None
+        assert plan.admitted is not None and plan.max_budget is not None
         self.slos, self.cap = SLOs.of_profile(plan.admitted.slos), plan.max_budget
         self.last: dict[tuple[int, int], list[MetricLine]] = {}
 

@@ -187,14 +187,14 @@ def test_the_ladder_climbs_while_a_budget_meets_the_slo_and_serves_more() -> Non
 
     slos = SLOs(percentile=99, targets={"e2e": 1.0})
     at8, at16 = admitted_lines(100, 10, 8, 9.0, 0.9), admitted_lines(100, 10, 16, 12.0, 0.95)
-    assert climb_to(at16, at8, slos, 16) == 32  # passed, 12 >= 1.1 x 9
-    assert climb_to(at8, None, slos, 8) == 16  # the first rung has nothing below it to compare
+    assert climb_to(at16, at8, slos, 16, 256) == 32  # passed, 12 >= 1.1 x 9
+    assert climb_to(at8, None, slos, 8, 256) == 16  # the first rung has nothing below it to compare
     flat = admitted_lines(100, 10, 16, 9.5, 0.95)
-    assert climb_to(flat, at8, slos, 16) is None  # 9.5 < 1.1 x 9: more budget only queues
+    assert climb_to(flat, at8, slos, 16, 256) is None  # 9.5 < 1.1 x 9: more budget only queues
     missed = admitted_lines(100, 10, 16, 12.0, 1.2)
-    assert climb_to(missed, at8, slos, 16) is None  # E2E 1.2 misses
+    assert climb_to(missed, at8, slos, 16, 256) is None  # E2E 1.2 misses
     assert climb_to(at16, at8, slos, 16, max_budget=31) is None  # 32 is past the cap
     assert climb_to(at16, at8, slos, 16, max_budget=32) == 32
     no_ttft = [x for x in at16 if x.metric != "TTFT"]
-    assert climb_to(no_ttft, at8, slos, 16) is None  # a missing line passes nothing, as in gen-profile
+    assert climb_to(no_ttft, at8, slos, 16, 256) is None  # a missing line passes nothing, as in gen-profile
     assert SLOs.of_profile(slos.as_profile()) == slos

@@ -89,7 +89,7 @@ def test_an_admitted_cell_is_cut_off_by_a_request_that_hangs_not_by_its_length()
     # one request at a time (Little's budget 1), 256 tokens: each ~3 s, 10 of them ~30 s in all
     profile = parse_profile({"gpu": "a100", "cost": 1.0, "tputs": [[0.3]], "indexes": [[256], [128]],
                              "e2e": [[3.0]], "slos": {"percentile": 99, "tpot": 0.05}, "created": 1.0})
-    plan = LoadPlan(num_prompts=10, drain_timeout=10.0, admitted=profile, budget_factors=(1,), max_budget=1)
+    plan = LoadPlan(num_prompts=10, drain_timeout=10.0, admitted=profile, budget_factors=(1,))
     [tput] = [line for line in benchmark(engine(), plan, "m") if line.metric == "TPUT"]
     assert "overloaded" not in tput.extra and tput.extra["failed"] == 0 and tput.extra["unfinished"] == 0
     assert 10 / tput.stats["mean"] > 10.0  # longer than the timeout in all
@@ -132,8 +132,13 @@ def test_an_admitted_ladder_climbs_past_its_factors_until_a_budget_misses_or_sto
 
 
 def test_a_ladder_whose_top_budget_misses_does_not_climb() -> None:
-    runs = admitted_budgets({"percentile": 99, "tpot": 0.001}, budget_factors=(1, 2))
+    runs = admitted_budgets({"percentile": 99, "tpot": 0.001}, budget_factors=(1, 2), max_budget=256)
     assert [k for k, *_ in runs] == [2, 4]
+
+
+def test_without_a_largest_budget_the_ladder_is_its_factors() -> None:
+    runs = admitted_budgets({"percentile": 99, "tpot": 0.05}, budget_factors=(1, 2))
+    assert [(k, n) for k, _, _, n in runs] == [(2, 20), (4, 20)]
 
 
 def test_the_ladder_stops_at_the_largest_budget() -> None:
