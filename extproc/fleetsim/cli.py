@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from typing import Any
 
 from extproc import extras
@@ -34,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profiles", metavar="DIR",
                    help="GPU profiles (AIBrix JSON, gpu = the deployment name) for the optimizer's plan and "
                         "the slo* strategies' router alike, instead of profiles measured on the engine model")
+    p.add_argument("--profile-max-budget", type=int, metavar="N", default=None,
+                   help="measure the engine model's profiles with `benchmark --admitted --max-budget N` (the "
+                        "budget ladder climbs; the scenario's profiling.max_budget; default: the factors only)")
     p.add_argument("--plot", metavar="OUT.png", help="utilization and QPS over time per GPU type")
     p.add_argument("--markdown", metavar="OUT.md", help="also write the markdown table to a file")
     p.add_argument("--find-max-rate", action="store_true",
@@ -68,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"fleet-sim: {exc}", file=sys.stderr)
         return 2
     scenario = scenario.scaled(args.rate_scale, args.duration)
+    if args.profile_max_budget is not None:
+        if args.profile_max_budget < 1:
+            print("fleet-sim: --profile-max-budget must be >= 1", file=sys.stderr)
+            return 2
+        scenario = replace(scenario, profile_max_budget=args.profile_max_budget)
     strategies = [s.strip() for s in args.strategies.split(",")] if args.strategies else list(scenario.strategies)
     if args.gateways < 1:
         print("fleet-sim: --gateways must be >= 1", file=sys.stderr)

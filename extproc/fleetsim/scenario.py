@@ -135,6 +135,8 @@ class Scenario:
     engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig overrides for every replica
     description: str = ""
     autoscale: Autoscale | None = None  # the optimizer's defaults for --optimizer
+    # the virtual profiles' `benchmark --admitted --max-budget` (None: the ladder's factors only)
+    profile_max_budget: int | None = None
 
     @property
     def total_rate(self) -> float:
@@ -176,7 +178,7 @@ def load(name_or_path: str) -> Scenario:
 
 
 _TOP = {"name", "description", "model", "fleet", "streams", "duration_s", "warmup_s", "slo", "events",
-        "strategies", "gateway", "engine", "autoscale"}
+        "strategies", "gateway", "engine", "autoscale", "profiling"}
 
 
 def parse(raw: Any, default_name: str = "scenario") -> Scenario:
@@ -207,11 +209,25 @@ def parse(raw: Any, default_name: str = "scenario") -> Scenario:
     gw = raw.get("gateway") or {}
     timing = GatewayTiming(**{k: float(v) for k, v in gw.items()})
     strategies = raw.get("strategies") or list(DEFAULT_STRATEGIES)
+    max_budget = _profiling(raw.get("profiling"))
     return Scenario(
         name=str(raw.get("name", default_name)), model=model, groups=groups, streams=streams,
         duration_s=duration, warmup_s=warmup, slo=slo, rate_changes=changes, losses=losses,
         strategies=tuple(str(s) for s in strategies), timing=timing, engine=dict(raw.get("engine") or {}),
-        description=str(raw.get("description", "")).strip(), autoscale=autoscale)
+        description=str(raw.get("description", "")).strip(), autoscale=autoscale,
+        profile_max_budget=max_budget)
+
+
+def _profiling(raw: Any) -> int | None:
+    """`profiling: {max_budget: N}`: how the virtual profiles are measured (`benchmark --admitted`)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - {"max_budget"}:
+        raise ConfigError("profiling: expected a mapping with max_budget only")
+    v = raw.get("max_budget")
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        raise ConfigError(f"profiling.max_budget{line_of(raw, 'max_budget')}: expected an integer >= 1, got {v!r}")
+    return v
 
 
 SCHEDULE_KEYS = frozenset({"interval_s", "window_s", "stabilization_s"})  # with POLICY_KEYS (provision_s)

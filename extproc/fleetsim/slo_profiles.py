@@ -39,7 +39,7 @@ def scenario_slos(scenario: Scenario) -> SLOs:
 def virtual_profile(scenario: Scenario, gpu: str, deployment: str,
                     plan: LoadPlan | None = None) -> GpuProfile:
     """The GPU type's profile (AIBrix's format) for the scenario's model and SLO, named `deployment`."""
-    plan = plan or FLEET_PLAN
+    plan = plan or profile_plan(scenario)
     slos = scenario_slos(scenario)
     key = (gpu, scenario.model, tuple(sorted(scenario.engine.items())), tuple(sorted(slos.targets.items())),
            plan)
@@ -48,6 +48,11 @@ def virtual_profile(scenario: Scenario, gpu: str, deployment: str,
         _CACHE[key] = measure_profile(lambda: build_engine(scenario, gpu), fitted, scenario.model, gpu, 1.0,
                                       slos)
     return replace(_CACHE[key], gpu=deployment)
+
+
+def profile_plan(scenario: Scenario) -> LoadPlan:
+    """FLEET_PLAN with the scenario's `profiling.max_budget` (`--profile-max-budget`): the ladder climbs."""
+    return replace(FLEET_PLAN, max_budget=scenario.profile_max_budget)
 
 
 _CACHE: dict[tuple[object, ...], GpuProfile] = {}

@@ -109,6 +109,11 @@ def test_cli_writes_json_markdown_and_plot(tmp_path, capsys):
     assert "| least-request | **cluster** |" in capsys.readouterr().out
 
 
+def test_cli_refuses_a_profile_max_budget_below_one(capsys):
+    assert main(["fleet-sim", "--scenario", "slo-a10-l20", "--profile-max-budget", "0", "--no-progress"]) == 2
+    assert "--profile-max-budget must be >= 1" in capsys.readouterr().err
+
+
 def test_shared_prefixes_hit_more_where_routing_follows_them():
     shared = {"name": "chats", "rate": 20, "prefix": {"groups": 60, "tokens": 1500, "skew": 0},
               "prompt": {"mean": 60, "sigma": 0.5, "max": 400},

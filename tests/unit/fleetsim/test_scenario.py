@@ -32,6 +32,8 @@ def test_production_results_pairs_two_gpu_types():
     ({"fleet": [{"gpu": "A100"}], "streams": [CHAT], "bogus": 1}, "bogus"),
     ({"fleet": [{"gpu": "A100"}], "streams": [CHAT], "events": [{"kind": "lose-replicas", "at": 1,
                                                                   "gpu": "L20", "fraction": 0.5}]}, "L20"),
+    ({"fleet": [{"gpu": "A100"}], "streams": [CHAT], "profiling": {"max_budget": 0}}, "profiling.max_budget"),
+    ({"fleet": [{"gpu": "A100"}], "streams": [CHAT], "profiling": {"budget": 8}}, "profiling"),
 ])
 def test_bad_scenarios_are_refused(raw, message):
     with pytest.raises((ValueError, KeyError), match=message):
@@ -86,3 +88,12 @@ def test_autoscale_takes_the_optimizers_policy_keys_and_refuses_bad_ones_by_name
                      ({"add_cost": -1}, "autoscale.add_cost"), ({"window_s": 5}, "autoscale.window_s")):
         with pytest.raises(ConfigError, match=key):
             parse({**base, "autoscale": bad})
+
+
+def test_the_virtual_profiles_ladder_climbs_when_the_scenario_says_so():
+    from extproc.fleetsim.slo_profiles import FLEET_PLAN, profile_plan
+
+    plain = parse({"fleet": [{"gpu": "A100"}], "streams": [CHAT]})
+    climbing = parse({"fleet": [{"gpu": "A100"}], "streams": [CHAT], "profiling": {"max_budget": 256}})
+    assert profile_plan(plain) == FLEET_PLAN and FLEET_PLAN.max_budget is None
+    assert profile_plan(climbing).max_budget == 256
