@@ -42,9 +42,11 @@ class Scorer(Protocol):
 
 
 class Picker(Protocol):
-    """Chooses one pod. A picker whose choice moves state of its own (round robin) may also offer
-    `following(pods, chosen) -> list[PodView]`: what comes after its pick, without moving (the
-    endpoint-picker protocol's fallbacks); others are simply asked again over what is left."""
+    """Chooses one pod. For the endpoint-picker protocol's fallbacks a picker may also offer
+    `order(pods, scores) -> list[PodView]` (every pod, best first, as its picks would come: one scoring
+    pass orders them all), or, when its choice moves state of its own (round robin), `following(pods,
+    chosen) -> list[PodView]`: what comes after its pick, without moving; others are asked again over
+    what is left."""
 
     def pick(self, pods: Sequence[PodView], scores: Sequence[float]) -> PodView: ...
 
@@ -89,6 +91,11 @@ class MaxScorePicker:
         winners = [p for p, s in zip(pods, scores) if s == best]
         return winners[0] if len(winners) == 1 else self._rng.choice(winners)
 
+    def order(self, pods: Sequence[PodView], scores: Sequence[float]) -> list[PodView]:
+        rng = self._rng.random
+        return [p for _, _, p in sorted(((-s, rng(), p) for p, s in zip(pods, scores)),
+                                         key=lambda t: t[:2])]
+
 
 class RandomPicker:
     def __init__(self, rng: random.Random) -> None:
@@ -96,6 +103,9 @@ class RandomPicker:
 
     def pick(self, pods: Sequence[PodView], scores: Sequence[float]) -> PodView:
         return self._rng.choice(pods)
+
+    def order(self, pods: Sequence[PodView], scores: Sequence[float]) -> list[PodView]:
+        return self._rng.sample(list(pods), len(pods))
 
 
 @dataclass(slots=True)
@@ -146,6 +156,17 @@ class Profile:
         if len(pods) == 1:
             return pods[0]
         return self.picker.pick(pods, self.totals(request, pods, now) if self.scorers else [])
+
+    def ranked(self, request: Request, pods: Sequence[PodView], now: float) -> list[PodView] | None:
+        """Every candidate, best first, from one scoring pass (the protocol's ordered fallbacks); None when
+        the picker cannot order (a strategy that holds requests back is asked pod by pod instead)."""
+        order = getattr(self.picker, "order", None)
+        if order is None:
+            return None
+        pods = self.candidates(request, pods, now)
+        if len(pods) < 2:
+            return list(pods)
+        return order(pods, self.totals(request, pods, now) if self.scorers else [0.0] * len(pods))
 
 
 class Hooks:

@@ -153,3 +153,10 @@ class LowestScorePicker:
         least = min(usage)
         tied = [p for p, u in zip(tied, usage) if u == least]
         return tied[0] if len(tied) == 1 else self._rng.choice(tied)
+
+    def order(self, pods: Sequence[PodView], scores: Sequence[float]) -> list[PodView]:
+        """Every pod as `pick` ranks them: finite scores ascending (+Inf and NaN last), then the least KV
+        usage, then at random."""
+        rng = self._rng.random
+        keyed = [(s if s == s else INF, kv_usage(p), rng(), p) for p, s in zip(pods, scores)]
+        return [t[3] for t in sorted(keyed, key=lambda t: t[:3])]

@@ -222,13 +222,16 @@ class Gateway:
             return []
         now = self.clock()
         eligible = self._eligible(request, now)
-        # A picker with state of its own (round robin) names what follows its pick without moving;
-        # the others are asked again, over what is left.
+        # A picker with state of its own (round robin) names what follows its pick without moving; a
+        # scoring one orders every pod in one pass; the others are asked again, over what is left.
         following = getattr(getattr(profile, "picker", None), "following", None)
         chosen = next((v for v in eligible if v.pod is first), None)
         if following is not None and chosen is not None:
             return [v.pod for v in following(eligible, chosen)[:n]]
         left = [v for v in eligible if v is not chosen]
+        ranked = getattr(profile, "ranked", None)
+        if ranked is not None and (order := ranked(request, left, now)) is not None:
+            return [v.pod for v in order[:n]]
         out: list[Pod] = []
         while left and len(out) < n:
             nxt = profile.pick(request, left, now, True)

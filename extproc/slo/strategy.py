@@ -59,6 +59,10 @@ class SloProfile(Profile):
             return None
         return self.policy.pick(request, pods, now, queued)
 
+    def ranked(self, request: Request, pods: Sequence[PodView], now: float) -> None:
+        """The policy's admission decides each pick, so its fallbacks are asked for one by one."""
+        return None
+
 
 def _factory(variant: str):
     def make(ctx: BuildContext) -> Profile:

@@ -37,3 +37,46 @@ def test_random_covers_all_pods():
 
 def test_no_candidates_gives_none():
     assert build("least-request").pick(REQ, [], 0.0) is None
+
+
+def repeated_picks(profile, pods) -> list[str]:
+    """The fallbacks as asking the strategy again over what is left would give them."""
+    left, out = list(pods), []
+    while left:
+        nxt = profile.pick(REQ, left, 0.0)
+        out.append(nxt.pod.name)
+        left = [v for v in left if v is not nxt]
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["least-request", "load-balance", "least-kv-cache"])
+def test_one_scoring_pass_orders_pods_as_repeated_picks_would(strategy):
+    """Per-pod scores (no ties): the ordered list from one pass is the sequence of picks over what is
+    left, so the protocol's fallbacks keep their meaning while scoring once."""
+    profile = build(strategy, RoutingSettings(seed=3))
+    pods = [PodView(Pod("m", f"p{i}", f"10.0.0.{i}:80"), r, kv_free=f)
+            for i, (r, f) in enumerate([(5, 0.5), (1, 0.9), (3, 0.7), (7, 0.3), (2, 0.8)])]
+    ranked = profile.ranked(REQ, pods, 0.0)
+    assert ranked is not None and [v.pod.name for v in ranked] == repeated_picks(profile, pods)
+
+
+def test_the_order_passes_over_unusable_scores_last_and_breaks_ties_at_random():
+    import random
+
+    from extproc.routing.load_math import LowestScorePicker
+
+    pods = views(0, 0, 0, 0, 0)
+    inf, nan = float("inf"), float("nan")
+    picker = LowestScorePicker(random.Random(4))
+    firsts = Counter()
+    for _ in range(200):
+        order = [v.pod.name for v in picker.order(pods, [2.0, inf, 1.0, nan, 1.0])]
+        assert set(order[:2]) == {"p2", "p4"} and order[2] == "p0" and set(order[3:]) == {"p1", "p3"}
+        firsts[order[0]] += 1
+    assert min(firsts.values()) > 60  # the tie at 1.0 goes either way
+
+
+def test_a_policy_that_admits_is_asked_pod_by_pod():
+    from extproc.slo.strategy import SloProfile
+
+    assert SloProfile.ranked(None, REQ, views(1, 2), 0.0) is None  # type: ignore[arg-type]
