@@ -11,6 +11,7 @@ Everything here is pure: time comes in as `now`, nothing does I/O.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from extproc.openai import OpenAIError, Request
 from extproc.pool.pod import Pod
+from extproc.routing.ordering import best_first
 from extproc.routing.outcome import Queued, Rejected, Routed
 from extproc.routing.params import Params, declare
 from extproc.routing.settings import RoutingSettings
@@ -43,8 +45,8 @@ class Scorer(Protocol):
 
 class Picker(Protocol):
     """Chooses one pod. For the endpoint-picker protocol's fallbacks a picker may also offer
-    `order(pods, scores) -> list[PodView]` (every pod, best first, as its picks would come: one scoring
-    pass orders them all), or, when its choice moves state of its own (round robin), `following(pods,
+    `order(pods, scores, n) -> list[PodView]` (the first n pods, best first, as its picks would come: one
+    scoring pass orders them), or, when its choice moves state of its own (round robin), `following(pods,
     chosen) -> list[PodView]`: what comes after its pick, without moving; others are asked again over
     what is left."""
 
@@ -91,10 +93,8 @@ class MaxScorePicker:
         winners = [p for p, s in zip(pods, scores) if s == best]
         return winners[0] if len(winners) == 1 else self._rng.choice(winners)
 
-    def order(self, pods: Sequence[PodView], scores: Sequence[float]) -> list[PodView]:
-        rng = self._rng.random
-        return [p for _, _, p in sorted(((-s, rng(), p) for p, s in zip(pods, scores)),
-                                         key=lambda t: t[:2])]
+    def order(self, pods: Sequence[PodView], scores: Sequence[float], n: int | None = None) -> list[PodView]:
+        return best_first(pods, [-s if s == s else math.inf for s in scores], n, self._rng)
 
 
 class RandomPicker:
@@ -104,8 +104,8 @@ class RandomPicker:
     def pick(self, pods: Sequence[PodView], scores: Sequence[float]) -> PodView:
         return self._rng.choice(pods)
 
-    def order(self, pods: Sequence[PodView], scores: Sequence[float]) -> list[PodView]:
-        return self._rng.sample(list(pods), len(pods))
+    def order(self, pods: Sequence[PodView], scores: Sequence[float], n: int | None = None) -> list[PodView]:
+        return self._rng.sample(list(pods), len(pods) if n is None else min(n, len(pods)))
 
 
 @dataclass(slots=True)
@@ -157,16 +157,18 @@ class Profile:
             return pods[0]
         return self.picker.pick(pods, self.totals(request, pods, now) if self.scorers else [])
 
-    def ranked(self, request: Request, pods: Sequence[PodView], now: float) -> list[PodView] | None:
-        """Every candidate, best first, from one scoring pass (the protocol's ordered fallbacks); None when
-        the picker cannot order (a strategy that holds requests back is asked pod by pod instead)."""
+    def ranked(self, request: Request, pods: Sequence[PodView], now: float,
+               n: int | None = None) -> list[PodView] | None:
+        """The first `n` candidates (all: None), best first, from one scoring pass (the protocol's
+        ordered fallbacks); None when the picker cannot order (a strategy that holds requests back is
+        asked pod by pod instead)."""
         order = getattr(self.picker, "order", None)
         if order is None:
             return None
         pods = self.candidates(request, pods, now)
         if len(pods) < 2:
-            return list(pods)
-        return order(pods, self.totals(request, pods, now) if self.scorers else [0.0] * len(pods))
+            return list(pods[:n])
+        return order(pods, self.totals(request, pods, now) if self.scorers else [0.0] * len(pods), n)
 
 
 class Hooks:

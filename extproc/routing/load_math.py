@@ -9,12 +9,14 @@ time of its own.
 
 from __future__ import annotations
 
+
 import math
 import random
 from collections.abc import Sequence
 from functools import partial
 from operator import attrgetter, is_, truediv
 
+from extproc.routing.ordering import best_first
 from extproc.routing.settings import LoadBalanceSettings
 from extproc.vocabulary import UNKNOWN_SPREAD, PodView, Speed
 
@@ -154,9 +156,7 @@ class LowestScorePicker:
         tied = [p for p, u in zip(tied, usage) if u == least]
         return tied[0] if len(tied) == 1 else self._rng.choice(tied)
 
-    def order(self, pods: Sequence[PodView], scores: Sequence[float]) -> list[PodView]:
-        """Every pod as `pick` ranks them: finite scores ascending (+Inf and NaN last), then the least KV
-        usage, then at random."""
-        rng = self._rng.random
-        keyed = [(s if s == s else INF, kv_usage(p), rng(), p) for p, s in zip(pods, scores)]
-        return [t[3] for t in sorted(keyed, key=lambda t: t[:3])]
+    def order(self, pods: Sequence[PodView], scores: Sequence[float], n: int | None = None) -> list[PodView]:
+        """The first `n` pods (all: None) as `pick` ranks them: finite scores ascending (+Inf and NaN
+        last), ties by the least KV usage, then at random."""
+        return best_first(pods, [s if s == s else INF for s in scores], n, self._rng, kv_usage)

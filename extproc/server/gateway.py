@@ -230,8 +230,8 @@ class Gateway:
             return [v.pod for v in following(eligible, chosen)[:n]]
         left = [v for v in eligible if v is not chosen]
         ranked = getattr(profile, "ranked", None)
-        if ranked is not None and (order := ranked(request, left, now)) is not None:
-            return [v.pod for v in order[:n]]
+        if ranked is not None and (order := ranked(request, left, now, n)) is not None:
+            return [v.pod for v in order]
         out: list[Pod] = []
         while left and len(out) < n:
             nxt = profile.pick(request, left, now, True)

@@ -59,7 +59,7 @@ class SloProfile(Profile):
             return None
         return self.policy.pick(request, pods, now, queued)
 
-    def ranked(self, request: Request, pods: Sequence[PodView], now: float) -> None:
+    def ranked(self, request: Request, pods: Sequence[PodView], now: float, n: int | None = None) -> None:
         """The policy's admission decides each pick, so its fallbacks are asked for one by one."""
         return None
 
