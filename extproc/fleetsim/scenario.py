@@ -226,7 +226,8 @@ def _profiling(raw: Any) -> int | None:
         raise ConfigError("profiling: expected a mapping with max_budget only")
     v = raw.get("max_budget")
     if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-        raise ConfigError(f"profiling.max_budget{line_of(raw, 'max_budget')}: expected an integer >= 1, got {v!r}")
+        raise ConfigError(f"profiling.max_budget{line_of(raw, 'max_budget')}: expected an integer >= 1, "
+                          f"got {v!r}")
     return v
 
 

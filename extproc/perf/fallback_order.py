@@ -40,7 +40,8 @@ def main() -> None:
                 return statistics.median(min(timeit.repeat(fn, number=2000, repeat=5)) / 2000 * 1e6
                                          for _ in range(3))
 
-            print(f"{strategy}, {n} pods: repeated picks {us(repeated):.1f} µs, one pass {us(one_pass):.1f} µs")
+            print(f"{strategy}, {n} pods: repeated picks {us(repeated):.1f} µs, "
+                  f"one pass {us(one_pass):.1f} µs")
 
 
 if __name__ == "__main__":

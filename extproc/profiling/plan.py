@@ -35,7 +35,7 @@ class LoadPlan:
     # (an admitted cell: with one request running this long)
     admitted: GpuProfile | None = None  # run each of its cells at the router's budget instead
     budget_factors: tuple[float, ...] = BUDGET_FACTORS  # admitted: the budgets tried, x Little's budget
-    max_budget: int | None = None  # admitted: climb past the factors up to this budget (None: the factors only)
+    max_budget: int | None = None  # admitted: climb past the factors up to this (None: the factors only)
 
     def cells(self) -> list[Cell]:
         """AIBrix's order: input lengths, then output lengths, then rates, each ascending. Admitted: the

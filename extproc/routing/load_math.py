@@ -9,7 +9,6 @@ time of its own.
 
 from __future__ import annotations
 
-
 import math
 import random
 from collections.abc import Sequence

@@ -257,7 +257,8 @@ def test_aibrix_files_parse_and_turn_into_profiles(log_dir: Path) -> None:
 def test_admitted_run_records_what_a_routed_replica_serves(benchmarks: dict[str, tuple[Path, str]],
                                                           log_dir: Path, slow_sim: SimProcess) -> None:
     """benchmark --admitted holds the replica at each budget of the ladder (Little's budget x the factors,
-    then doubled while a budget meets the SLO and serves more, up to --max-budget) for each cell of a profile; gen-profile --admitted records what it served as tputs_admitted (never
+    then doubled while a budget meets the SLO and serves more, up to --max-budget) for each cell of a
+    profile; gen-profile --admitted records what it served as tputs_admitted (never
     below tputs) and the budget as concurrency_admitted, and refuses the file as the rate run itself."""
     path, _ = benchmarks["slow"]
     base = log_dir / "slow-base.json"
