@@ -218,8 +218,8 @@ class Gateway:
         listed. Nothing is counted on them: the request is accounted to the pod that serves it
         (`served_by`)."""
         n = self.config.fallback_endpoints - 1
-        if n <= 0:
-            return []
+        if n <= 0 or len(self.pool.ready_pods(request.model)) < 2:
+            return []  # nothing to list after the pick: spare the views and the scoring
         now = self.clock()
         eligible = self._eligible(request, now)
         # A picker with state of its own (round robin) names what follows its pick without moving; a
