@@ -190,6 +190,7 @@ def climb_to(lines: Iterable[MetricLine], below: Iterable[MetricLine] | None, sl
     or None: it missed an SLO, served under CLIMB_GAIN x the rung before, or 2 x budget passes the cap."""
     if 2 * budget > max_budget or not rung_passes(lines, slos):
         return None
+
     def tput(rung: Iterable[MetricLine]) -> float:
         return next((x.stat("mean") or 0.0 for x in rung if x.metric == "TPUT"), 0.0)
     if below is not None and tput(lines) < CLIMB_GAIN * tput(below):
