@@ -290,7 +290,7 @@ def _loadavg() -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="extproc bench")
+    parser = argparse.ArgumentParser(prog="extproc")  # its one subcommand prints as "extproc bench"
     add_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["bench", *(argv if argv is not None else sys.argv[1:])])
     return int(args.func(args) or 0)

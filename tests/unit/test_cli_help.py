@@ -63,3 +63,15 @@ def test_every_command_has_a_handler():
         "bench", "score", "demo", "optimize", "optimizer"]
     unhandled = list(_unhandled(top, "extproc"))
     assert not unhandled, unhandled
+
+
+def test_the_bench_module_run_alone_names_itself_as_the_cli_does(capsys):
+    """`python -m extproc.perf.cli` (how a checkout without the wheel runs it) prints the same usage
+    line as `extproc bench` (it printed "extproc bench bench")."""
+    import pytest
+
+    from extproc.perf.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert capsys.readouterr().out.startswith("usage: extproc bench [-h]")
