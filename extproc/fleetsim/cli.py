@@ -36,9 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="GPU profiles (AIBrix JSON, gpu = the deployment name) for the optimizer's plan and "
                         "the slo* strategies' router alike, instead of profiles measured on the engine model")
     p.add_argument("--profile-max-budget", type=int, metavar="N", default=None,
-                   help="measure the engine model's profiles with `benchmark --admitted --max-budget N` "
-                        "(the budget ladder climbs; the scenario's profiling.max_budget; default: the "
-                        "factors only)")
+                   help="measure the engine model's profiles with "
+                        "`extproc benchmark --admitted --max-budget N` (the budget ladder climbs; the "
+                        "scenario's profiling.max_budget; default: the factors only)")
     p.add_argument("--plot", metavar="OUT.png", help="utilization and QPS over time per GPU type")
     p.add_argument("--markdown", metavar="OUT.md", help="also write the markdown table to a file")
     p.add_argument("--find-max-rate", action="store_true",
