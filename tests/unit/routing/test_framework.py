@@ -80,3 +80,21 @@ def test_a_policy_that_admits_is_asked_pod_by_pod():
     from extproc.slo.strategy import SloProfile
 
     assert SloProfile.ranked(None, REQ, views(1, 2), 0.0) is None  # type: ignore[arg-type]
+
+
+def test_best_first_takes_the_first_n_and_rotates_a_tie_at_random():
+    import random
+
+    from extproc.routing.ordering import best_first
+
+    pods = views(0, 0, 0, 0)
+    rng = random.Random(5)
+    assert best_first([], [], 3, rng) == []
+    assert best_first(pods, [3.0, 1.0, 2.0, 0.5], 0, rng) == []
+    assert [v.pod.name for v in best_first(pods, [3.0, 1.0, 2.0, 0.5], None, rng)] == ["p3", "p1", "p2", "p0"]
+    assert [v.pod.name for v in best_first(pods, [3.0, 1.0, 2.0, 0.5], 9, rng)] == ["p3", "p1", "p2", "p0"]
+    firsts = Counter(best_first(pods, [1.0, 1.0, 1.0, 2.0], 2, rng)[0].pod.name for _ in range(300))
+    assert set(firsts) == {"p0", "p1", "p2"} and min(firsts.values()) > 60  # the tie's first is random
+    # a tiebreak orders within the tie only, after the rotation (stable): the lowest wins every time
+    order = best_first(pods, [1.0, 1.0, 1.0, 0.0], None, rng, tiebreak=lambda v: -v.pod.address.count("2"))
+    assert [v.pod.name for v in order][:2] == ["p3", "p2"]
