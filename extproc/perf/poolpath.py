@@ -57,7 +57,8 @@ def main(n: int, pods: int) -> None:
         stream = Stream(gw)
         for raw in data:
             answer = stream.handle(decode(raw))
-            for reply in answer if isinstance(answer, list) else (answer,) if answer is not None else ():
+            replies = answer if isinstance(answer, list) else [answer] if answer is not None else []
+            for reply in replies:
                 reply.SerializeToString()
         stream.close(False)
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from extproc.profiling.plan import DEFAULT_INPUT_LENS, DEFAULT_NUM_PROMPTS, DEFAULT_OUTPUT_LENS, DEFAULT_RATES
-from extproc.profiling.selection import PERCENTILES, SLO_HELP, SLO_METRICS
+from extproc.profiling.selection import PERCENTILES, SLO_HELP, SLO_METRICS, SLOs
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
@@ -117,6 +117,13 @@ def _benchmark(args: argparse.Namespace) -> int:
         admitted = load_profile(args.admitted) if args.admitted is not None else None
     except ProfileError as exc:
         return _error("benchmark", str(exc))
+    if admitted is not None and args.max_budget is not None:  # the climb is judged on the profile's SLOs
+        try:
+            climb_slos = SLOs.of_profile(admitted.slos)
+        except ValueError as exc:
+            return _error("benchmark", f"--max-budget: {args.admitted}: slos: {exc}")
+        if not climb_slos.targets:
+            return _error("benchmark", f"--max-budget: {args.admitted} names no SLO to climb against")
     plan = LoadPlan(
         input_lens=_flatten(args.input_lens), output_lens=_flatten(args.output_lens),
         rates=_flatten(args.rates), num_prompts=args.num_prompts, seed=args.seed,

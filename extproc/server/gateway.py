@@ -229,8 +229,7 @@ class Gateway:
         if following is not None and chosen is not None:
             return [v.pod for v in following(eligible, chosen)[:n]]
         left = [v for v in eligible if v is not chosen]
-        ranked = getattr(profile, "ranked", None)
-        if ranked is not None and (order := ranked(request, left, now, n)) is not None:
+        if (order := profile.ranked(request, left, now, n)) is not None:
             return [v.pod for v in order]
         out: list[Pod] = []
         while left and len(out) < n:

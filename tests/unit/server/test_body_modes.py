@@ -233,6 +233,27 @@ def test_the_fallback_list_is_the_pick_then_the_next_best_by_the_same_strategy(g
     assert sum(running(gw).values()) == 3  # the fallbacks are not counted: only each pick is
 
 
+def test_a_strategy_that_admits_is_asked_for_each_fallback(gw: Gateway):
+    """An slo* strategy's policy decides every pick (it may hold a request back), so its fallbacks come
+    from asking it again over what is left, not from its picker's one-pass order. A stub policy that
+    always takes the highest address shows which: the picker's order would put the tied pods at random."""
+    import random
+
+    from extproc.openai import Request
+    from extproc.routing.load_math import LowestScorePicker
+    from extproc.slo.strategy import SloProfile
+
+    class Highest:
+        def pick(self, request, pods, now, queued=False):  # noqa: ANN001, ANN201
+            return max(pods, key=lambda v: v.pod.address)
+
+    profile = SloProfile("slo", LowestScorePicker(random.Random(0)), exclusive=True, policy=Highest())
+    first = gw.pool.pod_at("10.0.0.4:8000")
+    for _ in range(5):
+        listed = gw.fallbacks(Request(model="m", path="/v1/chat/completions"), profile, first)
+        assert [p.address for p in listed] == ["10.0.0.3:8000", "10.0.0.2:8000"]
+
+
 def test_the_list_length_follows_the_config(gw: Gateway):
     gw.apply(parse({**CONFIG, "gateway": {**CONFIG["gateway"], "fallback_endpoints": 1}}, {}))
     _, answer = route_of(gw)
