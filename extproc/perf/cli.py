@@ -49,9 +49,10 @@ def add_commands(sub: Any) -> None:
     o.add_argument("--stream-tokens", type=int, default=64, help="output tokens per streamed request")
     o.add_argument("--itl-ms", type=float, default=20.0, help="upstream pace: ms between tokens of a stream")
     o.add_argument("--paths", type=lambda t: tuple(t.split(",")), default=("direct", "envoy", "routed", "full"),
-                   help="subset of direct,envoy,routed,full,workers,tally,limited,duplex,pool,pool-floor "
-                        "(processes to start; duplex: full with a full-duplex body, pool: `extproc "
-                        "envoy-config --pool`, pool-floor: that Envoy with a fixed-answer picker)")
+                   help="subset of direct,envoy,routed,full,workers,tally,limited,duplex,pool,pool-buffered,"
+                        "pool-floor (processes to start; duplex: full with a full-duplex body, "
+                        "pool: `extproc envoy-config --pool`, pool-buffered: that pool with a buffered body, "
+                        "pool-floor: the pool's Envoy with a fixed-answer picker)")
     o.add_argument("--stream-paths", type=lambda t: tuple(t.split(",")), default=("envoy", "full"),
                    help="paths of the streaming sweep, of envoy,routed,full,tally (tally: Envoy + the Lua "
                         "tally without a gateway: the Lua's share of (c); needs it in --paths too)")

@@ -211,10 +211,18 @@ ACCESS_LOG_PATHS = ("full", "workers", "before", "limited", "duplex")  # the pat
 # (label prefix in the summary, path) of the paths through a gateway
 GATEWAY_PATHS = (("routed_", "routed"), ("", "full"), ("workers_", "workers"), ("before_", "before"),
                  ("limited_", "limited"), ("duplex_", "duplex"), ("pool_", "pool"),
-                 ("pool_before_", "pool-before"), ("pool_floor_", "pool-floor"))
-# Paths set beside the buffered full path ("full"), round by round: (label prefix, path)
-BODY_MODE_PATHS = (("duplex_", "duplex"), ("pool_", "pool"), ("pool_before_", "pool-before"),
-                   ("pool_floor_", "pool-floor"))
+                 ("pool_buffered_", "pool-buffered"), ("pool_before_", "pool-before"),
+                 ("pool_floor_", "pool-floor"))
+# Paths set beside a buffered one, round by round: (label prefix, path, reference path, its name in the
+# keys). A body mode is judged within its attachment style: our bootstrap's full duplex beside its
+# buffered body, the pool's full duplex beside the same pool with a buffered body; and every pool path
+# beside our bootstrap's buffered path, which shows what the pool's protocol (its extra messages) costs.
+BODY_MODE_PATHS = (("duplex_", "duplex", "full", "buffered"),
+                   ("pool_", "pool", "pool-buffered", "pool_buffered"),
+                   ("pool_", "pool", "full", "buffered"),
+                   ("pool_buffered_", "pool-buffered", "full", "buffered"),
+                   ("pool_before_", "pool-before", "full", "buffered"),
+                   ("pool_floor_", "pool-floor", "full", "buffered"))
 
 def summarize(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -224,7 +232,8 @@ def summarize(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any]:
         for label, path in (("upstream", "direct"), ("direct", "envoy"), ("routed", "routed"),
                             ("gateway", "full"), ("workers", "workers"), ("before", "before"),
                             ("limited", "limited"), ("duplex", "duplex"), ("pool", "pool"),
-                            ("pool_before", "pool-before"), ("pool_floor", "pool-floor")):
+                            ("pool_buffered", "pool-buffered"), ("pool_before", "pool-before"),
+                            ("pool_floor", "pool-floor")):
             if key(path) in runs:
                 row[f"{label}_p50_ms"] = _med(runs[key(path)], "p50_ms")
                 row[f"{label}_p99_ms"] = _med(runs[key(path)], "p99_ms")
@@ -239,13 +248,13 @@ def summarize(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any]:
                 row[f"{label}envoy_cpu_us_per_request"] = _per(runs[key(path)], "envoy", "completed")
         if key("envoy") in runs:
             row["direct_envoy_cpu_us_per_request"] = _per(runs[key("envoy")], "envoy", "completed")
-        for label, path in BODY_MODE_PATHS:  # vs the buffered full path, per round: what the mode costs
-            if key(path) in runs and key("full") in runs:
-                pairs = list(zip(runs[key(path)], runs[key("full")]))
-                row[f"{label}vs_buffered_p50_ratio"] = median(a.p50_ms / b.p50_ms for a, b in pairs)
-                row[f"{label}vs_buffered_rps_ratio"] = median(b.rps / a.rps for a, b in pairs if a.rps)
-                row[f"{label}vs_buffered_cpu_ratio"] = median(
-                    _cpu_per(a) / _cpu_per(b) for a, b in pairs if _cpu_per(b))
+        for label, path, ref, ref_name in BODY_MODE_PATHS:  # beside a buffered path, per round
+            if key(path) in runs and key(ref) in runs:
+                pairs = list(zip(runs[key(path)], runs[key(ref)]))
+                vs = f"{label}vs_{ref_name}"
+                row[f"{vs}_p50_ratio"] = median(a.p50_ms / b.p50_ms for a, b in pairs)
+                row[f"{vs}_rps_ratio"] = median(b.rps / a.rps for a, b in pairs if a.rps)
+                row[f"{vs}_cpu_ratio"] = median(_cpu_per(a) / _cpu_per(b) for a, b in pairs if _cpu_per(b))
         for label, path in (("", "full"), ("workers_", "workers"), ("before_", "before"),
                             ("limited_", "limited")):  # vs Envoy alone
             if key(path) in runs and key("envoy") in runs:

@@ -41,7 +41,7 @@ from extproc.perf.epoll_client import Target
 
 MODEL = "bench"
 PATHS = ("direct", "envoy", "routed", "full", "workers", "tally", "before", "limited", "duplex", "pool",
-         "pool-before", "pool-floor")
+         "pool-buffered", "pool-before", "pool-floor")
 # The "limited" path's limits: high enough that every request is admitted, so it times the check alone.
 BENCH_RATE_LIMITS = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12}
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
@@ -195,6 +195,10 @@ class Stack:
         if "pool" in paths:  # Envoy as a gateway configures an InferencePool (`envoy-config --pool`)
             gateway, grpc_port = self._gateway("pool", address)
             self.paths["pool"] = self._pool_path("pool", address, grpc_port, gateway)
+        if "pool-buffered" in paths:  # the same pool with a buffered body (a pool's buffered annotation)
+            gateway, grpc_port = self._gateway("pool-buffered", address)
+            self.paths["pool-buffered"] = self._pool_path("pool-buffered", address, grpc_port, gateway,
+                                                          body_mode="BUFFERED")
         if "pool-before" in paths and self.baseline is not None:  # the same, the baseline's picker
             gateway, grpc_port = self._gateway("pool-before", address, {"PYTHONPATH": str(self.baseline)})
             self.paths["pool-before"] = self._pool_path("pool-before", address, grpc_port, gateway)
@@ -221,13 +225,14 @@ class Stack:
             envoy.wait_ready(lambda: port_open(envoy_port))
             self.paths["before"] = BenchPath("before", Target(envoy_port), envoy, gateway)
 
-    def _pool_path(self, name: str, address: str, grpc_port: int, gateway: Gateway) -> BenchPath:
-        """Envoy as `extproc envoy-config --pool` writes it, in front of this picker."""
+    def _pool_path(self, name: str, address: str, grpc_port: int, gateway: Gateway,
+                   body_mode: str = "FULL_DUPLEX_STREAMED") -> BenchPath:
+        """Envoy as `extproc envoy-config --pool [--body-mode ...]` writes it, in front of this picker."""
         envoy_port = free_port()
         options = BootstrapOptions(listen_port=envoy_port, listen_address="127.0.0.1",
                                    admin_port=free_port(), extproc_port=grpc_port)
-        envoy = self._proc(start_envoy(f"envoy-{name}", render_pool(options, PoolOptions(pods=(address,))),
-                                       self.log_dir))
+        text = render_pool(options, PoolOptions(pods=(address,), body_mode=body_mode))
+        envoy = self._proc(start_envoy(f"envoy-{name}", text, self.log_dir))
         envoy.wait_ready(lambda: port_open(envoy_port))
         return BenchPath(name, Target(envoy_port), envoy, gateway)
 

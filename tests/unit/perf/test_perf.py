@@ -214,6 +214,31 @@ def test_summary_subtracts_envoy_alone_per_round_and_picks_the_best_tallied_rate
     assert "(c) full path" in render(summary, s.concurrencies)
 
 
+def test_a_body_mode_is_set_beside_the_buffered_body_of_its_own_attachment() -> None:
+    """Full duplex is judged within its attachment (our bootstrap's buffered path; the same pool with a
+    buffered body), round by round; the pool beside our bootstrap is reported, not held to the bar."""
+    s = Settings(concurrencies=(1,), streams=(), rounds=2, stream_rounds=0)
+    cpu = {"gateway": 0.001, "envoy": 0.001}
+
+    def rounds(path: str, *rps: float) -> list[Run]:
+        return [_run(path, 1, p50_ms=1000 / r, p99_ms=2000 / r, rps=r, completed=10, cpu_s=cpu) for r in rps]
+
+    runs = {"req/1/full": rounds("full", 500, 400), "req/1/duplex": rounds("duplex", 450, 400),
+            "req/1/pool-buffered": rounds("pool-buffered", 300, 250),
+            "req/1/pool": rounds("pool", 250, 200)}
+    row = summarize(runs, s)["c1"]
+    assert row["duplex_vs_buffered_rps_ratio"] == pytest.approx((500 / 450 + 1) / 2)
+    assert row["pool_vs_pool_buffered_rps_ratio"] == pytest.approx((1.2 + 1.25) / 2)
+    assert row["pool_vs_buffered_rps_ratio"] == pytest.approx((2 + 2) / 2)
+    assert row["pool_buffered_vs_buffered_cpu_ratio"] == pytest.approx(1.0)
+    status = {name: ok for name, _, ok in target_status({"c1": row, "stream": {"levels": []}})}
+    assert status["c1 full-duplex <= 1.15x buffered per request (bootstrap)"] is True  # x1.056
+    assert status["c1 full-duplex <= 1.15x buffered per request (pool)"] is False  # x1.2 and x1.25
+    assert status["c64 full-duplex <= 1.15x buffered per request (pool)"] is None  # not measured
+    text = render({"c1": row, "stream": {"levels": []}}, s.concurrencies)
+    assert "pool: full-duplex body beside buffered" in text and "pool, buffered body" in text
+
+
 def test_top_frames_folds_line_numbers_and_shares_samples() -> None:
     from extproc.perf.profile import top_frames
 
