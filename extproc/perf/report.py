@@ -99,7 +99,7 @@ def body_modes_table(summary: dict[str, Any], concurrencies: tuple[int, ...]) ->
         row = summary.get(f"c{c}", {})
         for vs, name in COMPARISONS:
             if f"{vs}_p50_ratio" in row:
-                lines.append(f"  c{c:<4} {name:40} p50 x{_f(row[f'{vs}_p50_ratio'], 3)}  "
+                lines.append(f"  c{c:<4} {name:48} p50 x{_f(row[f'{vs}_p50_ratio'], 3)}  "
                              f"time per request (1/req/s) x{_f(row[f'{vs}_rps_ratio'], 3)}  "
                              f"gateway+Envoy CPU per request x{_f(row[f'{vs}_cpu_ratio'], 3)}")
     return "\n".join(lines)
