@@ -191,6 +191,16 @@ def direction_changes(values: list[int], times: list[float], span_s: float) -> i
     return max((sum(1 for u in turns if t <= u < t + span_s) for t in turns), default=0)
 
 
+def turns_while_loaded(timeline: Timeline, duration_s: float) -> dict[str, int]:
+    """Direction changes of each deployment's asked count in any 5 minutes while the scenario sends
+    requests (start-up included, which is the loop's doing). Not after `duration_s`: arrivals have
+    stopped, the trace windows hold only the slowest requests' completions, and a plan read from them
+    is the drain's, not a load's."""
+    loaded = [k for k, t in enumerate(timeline.times) if t < duration_s]
+    times = [timeline.times[k] for k in loaded]
+    return {d: direction_changes([v[k] for k in loaded], times, 300.0) for d, v in timeline.desired.items()}
+
+
 def summary(timeline: Timeline, warmup_s: float, duration_s: float) -> dict[str, object]:
     measured = [k for k, t in enumerate(timeline.times) if warmup_s <= t < duration_s]
     cost = [timeline.cost_per_hour[k] for k in measured]
@@ -200,8 +210,7 @@ def summary(timeline: Timeline, warmup_s: float, duration_s: float) -> dict[str,
         "replicas_end": {d: v[-1] for d, v in timeline.billed.items() if v},
         "replicas_range": {d: [min(v[k] for k in measured), max(v[k] for k in measured)]
                            if measured else [0, 0] for d, v in timeline.billed.items()},
-        "turns_per_5min": {d: direction_changes(v, timeline.times, 300.0)
-                           for d, v in timeline.desired.items()},
+        "turns_per_5min": turns_while_loaded(timeline, duration_s),
         "plan_errors": timeline.errors[:5],
         "feedback_end": timeline.factors[-1] if timeline.factors else {},
         "series": {"t": timeline.times, "replicas": timeline.billed, "desired": timeline.desired,

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from extproc.fleetsim.arrivals import generate
-from extproc.fleetsim.autoscale import direction_changes
+from extproc.fleetsim.autoscale import Timeline, direction_changes, turns_while_loaded
 from extproc.fleetsim.fleet import build_replicas
 from extproc.fleetsim.loop import REJECTED, run
 from extproc.fleetsim.metrics import summarize
@@ -145,6 +145,18 @@ def test_direction_changes_counts_turns_within_a_span():
     assert direction_changes([1, 2, 3, 3, 3, 3, 3, 3, 3, 3], times, 300) == 0
     assert direction_changes([1, 2, 1, 2, 1, 2, 2, 2, 2, 2], times, 300) == 4
     assert direction_changes([1, 2, 1, 2, 1, 2, 2, 2, 2, 2], times, 15) == 2  # turns 10 s apart
+
+
+def test_turns_are_counted_while_the_scenario_sends_requests_not_in_its_drain():
+    """A count that comes down at the load's fall and goes up once arrivals have stopped (the trace then
+    holds only the slowest requests' completions) turned once while loaded; the start-up counts."""
+    times = [float(t) for t in range(0, 200, 10)]
+    a10 = [6, 9, 16, 16, 16, 16, 16, 16, 16, 16, 14, 12, 10, 8, 6, 4, 2, 2, 3, 3]  # up, down; up at 180 s
+    l20 = [12, 4, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6]  # down, up: both at start-up
+    tl = Timeline(times=times, desired={"a10": a10, "l20": l20})
+    assert direction_changes(a10, times, 300.0) == 2  # the whole series, drain included
+    assert turns_while_loaded(tl, 180.0) == {"a10": 1, "l20": 1}
+    assert turns_while_loaded(tl, 200.0) == {"a10": 2, "l20": 1}
 
 
 def test_a_lost_replica_can_be_provisioned_again_and_serves():
