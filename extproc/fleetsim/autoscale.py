@@ -30,6 +30,7 @@ from extproc.optimizer.service import REPLICA_UNITS
 from extproc.optimizer.traces import window_ends
 from extproc.optimizer.workload import parse_trace
 from extproc.server.traces import TraceHooks
+from extproc.slo.fleet_factors import encode, factors_key
 from extproc.tracing.window import TraceRecorder, trace_key
 
 EPOCH = 1_700_000_000.0  # virtual time 0 as unix time (trace keys carry window ends in unix seconds)
@@ -87,6 +88,8 @@ class Optimizer:
             if raw is not None:
                 windows.append(parse_trace(end, json.loads(raw)))
         result = plan_model(self.state, windows, wall, self.settings.window_s, self.profiles, self.policy)
+        # published as the service publishes them; the loop hands them to its gateways (loop.on_replan)
+        self.redis[factors_key(self.model)] = encode(self.state.feedback.factors, wall)
         if result.error:
             self.timeline.errors.append(f"{now:.0f}s: {result.error}")
         self.timeline.factors.append({d: self.state.feedback.factor(d) for d in self.groups})

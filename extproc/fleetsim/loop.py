@@ -36,6 +36,8 @@ from extproc.routing.framework import waiting_for
 from extproc.routing.outcome import Outcome, Queued, Rejected, Routed
 from extproc.sim.prefix import block_hashes
 from extproc.sim.sequences import CapacityError, SeqState, SimRequest
+from extproc.slo.fleet_factors import decode, factors_key
+from extproc.slo.state import learned
 from extproc.vocabulary import TOKENS_FROM_USAGE, RequestEnd
 
 if TYPE_CHECKING:
@@ -427,6 +429,12 @@ class FleetRun:
     def on_replan(self, _: int, t: float) -> bool:
         if self.scaler is not None:  # (scheduled only with --optimizer)
             self.scaler.replan(t)
+            # every gateway's SLO router reads the optimizer's cuts, as the live ones do from Redis
+            cuts = decode(self.scaler.optimizer.redis.get(factors_key(self.model)))
+            for g in self.gws:
+                state = learned(g.gateway.router.state.store) if g.gateway.router is not None else None
+                if state is not None:
+                    state.set_cuts(self.model, cuts)
         return False
 
     # -- fleet changes ---------------------------------------------------------------------------

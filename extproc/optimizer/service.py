@@ -37,6 +37,7 @@ from extproc.optimizer.planning import PlanSettings, limits_of, plan_demands, pl
 from extproc.optimizer.policy import PlanPolicy
 from extproc.optimizer.traces import read_windows
 from extproc.optimizer.workload import DEFAULT_WINDOW_SECONDS
+from extproc.slo.fleet_factors import encode, factors_key, ttl_seconds
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,7 @@ class OptimizerService:
             result = await asyncio.to_thread(plan_model, state, windows, now, self.settings.window_seconds,
                                              profiles, self.policy)
         demands, plan, error = result.demands, result.plan, result.error
+        await self._guarded("publishing the SLO cuts", self.publish_cuts(state, now))
         if not demands:
             state.apply(now, [], None, None)
             return
@@ -170,6 +172,14 @@ class OptimizerService:
             )
         else:
             log.warning("%s: no plan: %s", state.model, error)
+
+    async def publish_cuts(self, state: ModelState, now: float) -> None:
+        """The feedback's cuts for the gateways' SLO routers (slo/fleet_factors.py), every re-plan."""
+        if self.redis is None:
+            return
+        await asyncio.wait_for(self.redis.set(factors_key(state.model), encode(state.feedback.factors, now),
+                                              ex=ttl_seconds(self.settings.interval)),
+                               self.settings.io_timeout)
 
     async def run(self) -> None:
         """Re-plan forever, every `interval` seconds from the start of the previous cycle."""

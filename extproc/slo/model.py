@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from extproc.gpu_profiles import GpuProfile
 
@@ -43,6 +43,9 @@ class DeploymentModel:
     metric: str | None                   # the SLO the queue's urgency is measured in; None: no target
     target: float | None
     estimated: bool = False
+    # The GPU optimizer's feedback factor on this deployment (slo/fleet_factors.py): below 1 its pods
+    # missed the SLO at the profile's budget, and a pod holds that share of it, as the plan counts it.
+    admission: float = 1.0
 
     def cell(self, sig: Signature) -> tuple[int, int]:
         return self.profile.cell(sig.input_tokens, sig.output_tokens)
@@ -58,8 +61,10 @@ class DeploymentModel:
         if tput <= 0 or not e2e > 0:  # e2e NaN: the profile does not know this cell's latency
             return None
         if self.profile.concurrency_admitted is not None:  # measured: the budget the plan counted on too
-            return 1.0 / self.profile.budget(o, i)
-        return min(1.0, 1.0 / (tput * e2e))
+            share = 1.0 / self.profile.budget(o, i)
+        else:
+            share = min(1.0, 1.0 / (tput * e2e))
+        return share if self.admission >= 1.0 else min(1.0, share / self.admission)
 
     def expected(self, sig: Signature) -> float:
         """The expected value of the SLO's metric for this signature (seconds, or seconds per token)."""
@@ -114,11 +119,14 @@ def deployment_model(name: str, profile: GpuProfile) -> DeploymentModel | None:
     return None
 
 
-def build_table(profiles: Mapping[str, GpuProfile]) -> dict[str, DeploymentModel]:
-    """deployment name -> load model, for the profiles that can give one."""
+def build_table(profiles: Mapping[str, GpuProfile],
+                admission: Mapping[str, float] | None = None) -> dict[str, DeploymentModel]:
+    """deployment name -> load model, for the profiles that can give one; `admission`: the optimizer's
+    cuts per deployment (fleet_factors.decode)."""
     out = {}
     for name, profile in profiles.items():
         m = deployment_model(name, profile)
         if m is not None:
-            out[name] = m
+            cut = (admission or {}).get(name, 1.0)
+            out[name] = replace(m, admission=cut) if cut < 1.0 else m
     return out

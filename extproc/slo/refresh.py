@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from extproc.cancellation import raise_if_cancelled
@@ -16,6 +16,7 @@ from extproc.gpu_profiles import ProfileStore
 from extproc.pool.pod import deployment_of
 from extproc.redis_connect import RedisTarget
 from extproc.slo.assignment import assign
+from extproc.slo.fleet_factors import decode, factors_key
 from extproc.slo.state import SloState, learned
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,17 @@ class SloRefresh:
             split = await asyncio.to_thread(assign, table, pods, rates)
             state.split.store(model, tuple(sorted(pods.items())), now, split)
 
+    async def refresh_cuts(self, state: SloState, client: Any, models: Iterable[str]) -> None:
+        """The GPU optimizer's feedback cuts per model (slo/fleet_factors.py); Redis down: keep them (the
+        key's expiry is what ends a stopped optimizer's cuts, not a gateway's lost connection)."""
+        for model in models:
+            try:
+                raw = await asyncio.wait_for(client.get(factors_key(model)), timeout=5)
+            except Exception as exc:
+                log.warning("the optimizer's SLO cuts from Redis unavailable: %s", exc)
+                return
+            state.set_cuts(model, decode(raw))
+
     async def refresh_profiles(self, store: ProfileStore, client: Any = None) -> None:
         state = self.state
         if state is None:
@@ -93,6 +105,7 @@ class SloRefresh:
                 await asyncio.wait_for(store.refresh_redis(client, deployments), timeout=5)
             except Exception as exc:  # Redis down: keep what we have
                 log.warning("SLO profiles from Redis unavailable: %s", exc)
+            await self.refresh_cuts(state, client, models)
         for model in models:
             found = {}
             for pod in self._gw.pool.all_pods():

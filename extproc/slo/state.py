@@ -36,6 +36,7 @@ class SloState:
         self.settings = settings or SloSettings()
         self.tables: dict[str, dict[str, DeploymentModel]] = {}
         self._sources: dict[str, dict[str, GpuProfile]] = {}  # what each table was built from
+        self._cuts: dict[str, dict[str, float]] = {}  # the optimizer's, per model (slo/fleet_factors.py)
         self.predictors: dict[str, OutputPredictor] = {}
         self.ledger = Ledger()
         self.queues = Queues(self.settings.max_queue)
@@ -53,8 +54,18 @@ class SloState:
         if self._sources.get(model) == profiles:
             return  # unchanged: no rebuild, no repeated "estimated" / "left out" log lines
         self._sources[model] = profiles
-        self.tables[model] = build_table(profiles)
+        self.tables[model] = build_table(profiles, self._cuts.get(model))
         self.split.forget(model)
+
+    def set_cuts(self, model: str, cuts: Mapping[str, float]) -> None:
+        """The GPU optimizer's feedback cuts for one model (deployment -> factor < 1; {}: none): each cut
+        deployment's pods admit that share of their budgets (slo/fleet_factors.py)."""
+        cuts = dict(cuts)
+        if self._cuts.get(model, {}) == cuts:
+            return
+        self._cuts[model] = cuts
+        if model in self._sources:
+            self.tables[model] = build_table(self._sources[model], cuts)
 
     def table(self, model: str) -> dict[str, DeploymentModel]:
         return self.tables.get(model) or {}

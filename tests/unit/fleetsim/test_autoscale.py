@@ -159,6 +159,27 @@ def test_turns_are_counted_while_the_scenario_sends_requests_not_in_its_drain():
     assert turns_while_loaded(tl, 200.0) == {"a10": 2, "l20": 1}
 
 
+def test_the_loop_hands_the_optimizers_cuts_to_every_gateways_slo_router(monkeypatch):
+    """As live gateways read them from Redis (slo/fleet_factors.py): after each re-plan, each gateway's SLO
+    state gets the feedback's cuts, and only cuts."""
+    from extproc.optimizer.feedback import Feedback
+    from extproc.slo.state import SloState
+
+    def update(self, windows, now, profiles, grew=None):  # noqa: ANN001, ANN202
+        self.factors.update({"slow": 0.5, "fast": 1.2})
+
+    handed: list[tuple[str, dict]] = []
+    set_cuts = SloState.set_cuts
+    monkeypatch.setattr(Feedback, "update", update)
+    monkeypatch.setattr(SloState, "set_cuts", lambda self, model, cuts: (
+        handed.append((model, dict(cuts))), set_cuts(self, model, cuts))[-1])
+    sc = scenario(duration_s=60, warmup_s=10, events=[])
+    run(sc, "slo", generate(sc, 1), seed=1, gateways=2, optimizer=True, gpu_profiles=PROFILES)
+    assert len(handed) >= 2 * 5  # two gateways, every 10 s re-plan
+    assert {model for model, _ in handed} == {sc.model}
+    assert all(cuts == {"slow": 0.5} for _, cuts in handed)
+
+
 def test_a_lost_replica_can_be_provisioned_again_and_serves():
     sc = scenario(duration_s=300, events=[
         {"kind": "lose-replicas", "at": 50, "gpu": "A100", "fraction": 1.0},

@@ -14,6 +14,7 @@ from extproc.gpu_profiles import ProfileStore, dump_profile
 from extproc.optimizer.deployments import Deployment, StaticDeploymentSource
 from extproc.optimizer.policy import PlanPolicy
 from extproc.optimizer.service import OptimizerService, ServiceSettings, metrics_text
+from extproc.slo.fleet_factors import decode, factors_key
 from extproc.tracing import TraceRecorder
 from tests.support.get_pipeline import GetPipeline
 from tests.unit.optimizer.support import LONG, SHORT, profile
@@ -25,7 +26,14 @@ MODEL = "llama"
 class MemoryRedis:
     def __init__(self) -> None:
         self.data: dict[str, str] = {}
+        self.ttl: dict[str, int | None] = {}
         self.down = False
+
+    async def set(self, key: str, value: str, ex: int | None = None) -> None:
+        if self.down:
+            raise ConnectionError("redis is down")
+        self.data[key] = value
+        self.ttl[key] = ex
 
     async def mget(self, keys: list[str]) -> list[str | None]:
         if self.down:
@@ -135,6 +143,20 @@ async def test_traces_drive_the_plan(
     await service.tick(NOW)
     assert (await metric(client, "/metrics/default/a")).endswith(" 0")
     assert (await metric(client, "/metrics/default/b")).endswith(" 100")
+
+
+async def test_each_replan_publishes_the_feedbacks_cuts_for_the_gateways(
+    service: OptimizerService, redis: MemoryRedis
+) -> None:
+    """The SLO routers hold a cut deployment's pods to that share of their budgets (slo/fleet_factors.py);
+    the key expires so a stopped optimizer's cuts do not outlive it."""
+    redis.traffic(NOW, short=200, long=100)
+    await service.tick(NOW)
+    assert decode(redis.data[factors_key(MODEL)]) == {}  # no cut yet
+    service.fleet.models[MODEL].feedback.factors.update({"a": 0.8, "b": 1.3})  # as Feedback.update does
+    await service.tick(NOW + 10)
+    assert decode(redis.data[factors_key(MODEL)]) == {"a": 0.8}  # a raise does not travel
+    assert redis.ttl[factors_key(MODEL)] == 60  # six 10 s re-plans
 
 
 async def test_override_and_clear(service: OptimizerService, client: TestClient, redis: MemoryRedis) -> None:
