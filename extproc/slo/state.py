@@ -138,3 +138,8 @@ class SloState:
         yield Series("extproc_slo_utilization", "Mean utilization of a deployment's pods in SLO routing's "
                      "load model (sum of in-flight consumptions; 1.0 = at the SLO rate)", "gauge",
                      ("model", "deployment"), samples)
+        yield Series("extproc_slo_optimizer_cut", "The GPU optimizer's feedback cut a deployment's pods "
+                     "admit by: the share of their profile's budget (1 or absent: none)", "gauge",
+                     ("model", "deployment"),
+                     [((model, dep), f) for model, cuts in sorted(self._cuts.items())
+                      for dep, f in sorted(cuts.items())])

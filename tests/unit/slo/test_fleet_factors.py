@@ -84,9 +84,12 @@ def test_the_gateways_refresh_reads_the_cuts_and_keeps_them_through_an_outage() 
     refresh = SloRefresh(gw)
     asyncio.run(refresh.refresh_cuts(state, redis, ["m"]))
     assert state.table("m")["a10"].consumption(SIG) == pytest.approx(0.5)
+    cut = {"model": "m", "deployment": "a10"}
+    assert gw.registry.get_sample_value("extproc_slo_optimizer_cut", cut) == 0.5
     redis.down = True
     asyncio.run(refresh.refresh_cuts(state, redis, ["m"]))
     assert state.table("m")["a10"].consumption(SIG) == pytest.approx(0.5)  # kept
     redis.down, redis.data = False, {}
     asyncio.run(refresh.refresh_cuts(state, redis, ["m"]))
     assert state.table("m")["a10"].consumption(SIG) == pytest.approx(0.25)  # expired: none
+    assert gw.registry.get_sample_value("extproc_slo_optimizer_cut", cut) is None
