@@ -25,6 +25,7 @@ from extproc.gpu_profiles import GpuProfile, parse_profile
 from extproc.localstack import VENV_BIN, LocalStack, Proc, free_port, http_get, wait_until
 from extproc.profiling.plan import LoadPlan
 from extproc.profiling.workload import prompt_text
+from extproc.slo.fleet_factors import factors_key, ttl_seconds
 from tests.integration.sim_fixtures import SimProcess, start_sim
 from tests.support.recipe import profile_gpu
 from tests.support.redis_server import RedisServer
@@ -203,6 +204,13 @@ def test_from_benchmark_to_plan(log_dir: Path, redis: RedisServer, sims: dict[st
         assert box and box[0] and set(box[0]) == {200}, box[0][:10] if box else "no traffic sent"
         traces = redis_keys(redis.url, f"aibrix:{MODEL}_request_trace_*")
         assert traces, "no trace window in Redis"
+        # the feedback's cuts for the gateways' SLO routers, rewritten every re-plan, expiring
+        client = redis_client.Redis.from_url(redis.url)
+        try:
+            cuts, ttl = client.get(factors_key(MODEL)), client.ttl(factors_key(MODEL))
+        finally:
+            client.close()
+        assert cuts is not None and "factors" in json.loads(cuts) and 0 < ttl <= ttl_seconds(1), (cuts, ttl)
     finally:
         assert optimizer.stop() == 0, optimizer.log()
     # 4. The plan covers what was sent, by the profiles it planned from; whole replicas per Deployment
