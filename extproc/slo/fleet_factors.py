@@ -37,14 +37,19 @@ def encode(factors: Mapping[str, float], now: float) -> str:
 
 
 def decode(raw: str | bytes | None) -> dict[str, float]:
-    """deployment -> cut in [FLOOR, 1); {} for a missing or malformed value (no cut is the safe reading:
-    the profiles' own budgets)."""
+    """deployment -> cut in [FLOOR, 1), named as the SLO router names deployments: the optimizer keys a
+    deployment `namespace/name` (gpu_profiles.deployment_key), the router by its name, so the name is
+    kept (the smaller cut where two namespaces share one). {} for a missing or malformed value: no cut
+    is the safe reading, the profiles' own budgets."""
     if not raw:
         return {}
     try:
-        data = json.loads(raw)
-        factors = data["factors"]
-        return {str(d): max(FLOOR, float(f)) for d, f in factors.items()
-                if isinstance(f, int | float) and not isinstance(f, bool) and math.isfinite(f) and f < 1.0}
+        factors = json.loads(raw)["factors"]
+        cuts: dict[str, float] = {}
+        for key, f in factors.items():
+            if isinstance(f, int | float) and not isinstance(f, bool) and math.isfinite(f) and f < 1.0:
+                name = str(key).rsplit("/", 1)[-1]
+                cuts[name] = min(cuts.get(name, 1.0), max(FLOOR, float(f)))
+        return cuts
     except (ValueError, TypeError, KeyError, AttributeError):
         return {}

@@ -153,9 +153,12 @@ async def test_each_replan_publishes_the_feedbacks_cuts_for_the_gateways(
     redis.traffic(NOW, short=200, long=100)
     await service.tick(NOW)
     assert decode(redis.data[factors_key(MODEL)]) == {}  # no cut yet
-    service.fleet.models[MODEL].feedback.factors.update({"a": 0.8, "b": 1.3})  # as Feedback.update does
+    state = service.fleet.models[MODEL]
+    # the feedback keys its factors as the plan names deployments, `namespace/name` (profile_for)
+    assert sorted(p.gpu for p in service.profiles_of(state).values() if p) == ["default/a", "default/b"]
+    state.feedback.factors.update({"default/a": 0.8, "default/b": 1.3})  # as Feedback.update does
     await service.tick(NOW + 10)
-    assert decode(redis.data[factors_key(MODEL)]) == {"a": 0.8}  # a raise does not travel
+    assert decode(redis.data[factors_key(MODEL)]) == {"a": 0.8}  # by name, as routers key them; no raise
     assert redis.ttl[factors_key(MODEL)] == 60  # six 10 s re-plans
 
 

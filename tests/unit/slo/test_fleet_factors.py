@@ -36,6 +36,9 @@ def test_only_cuts_travel_and_a_bad_value_reads_as_none() -> None:
     assert decode(None) == {} and decode(b"") == {} and decode("not json") == {} and decode("[]") == {}
     assert decode(json.dumps({"factors": {"a": "0.5", "b": True, "c": math.nan, "d": 0.01, "e": 2.0}})) \
         == {"d": FLOOR}
+    # the optimizer's `namespace/name` keys, read as the router's deployment names
+    raw = encode({"prod/a10": 0.8, "dev/a10": 0.6, "prod/l20": 0.9}, now=1.0)
+    assert decode(raw) == {"a10": 0.6, "l20": 0.9}
     assert factors_key("llama") == "extproc:slo_factors:llama"
     assert ttl_seconds(10) == 60 and ttl_seconds(30) == 180
 
