@@ -17,6 +17,7 @@ from typing import Any
 
 from extproc.perf import profile
 from extproc.perf.epoll_client import LoadResult, run_load
+from extproc.perf.report import BODY_MODES
 from extproc.perf.stack import BenchPath, Stack
 from extproc.perf.stats import cpu_seconds, median, metric_sum, percentile, tree_cpu_seconds
 
@@ -213,16 +214,7 @@ GATEWAY_PATHS = (("routed_", "routed"), ("", "full"), ("workers_", "workers"), (
                  ("limited_", "limited"), ("duplex_", "duplex"), ("pool_", "pool"),
                  ("pool_buffered_", "pool-buffered"), ("pool_before_", "pool-before"),
                  ("pool_floor_", "pool-floor"))
-# Paths set beside a buffered one, round by round: (label prefix, path, reference path, its name in the
-# keys). A body mode is judged within its attachment style: our bootstrap's full duplex beside its
-# buffered body, the pool's full duplex beside the same pool with a buffered body; and every pool path
-# beside our bootstrap's buffered path, which shows what the pool's protocol (its extra messages) costs.
-BODY_MODE_PATHS = (("duplex_", "duplex", "full", "buffered"),
-                   ("pool_", "pool", "pool-buffered", "pool_buffered"),
-                   ("pool_", "pool", "full", "buffered"),
-                   ("pool_buffered_", "pool-buffered", "full", "buffered"),
-                   ("pool_before_", "pool-before", "full", "buffered"),
-                   ("pool_floor_", "pool-floor", "full", "buffered"))
+
 
 def summarize(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -248,7 +240,7 @@ def summarize(runs: dict[str, list[Run]], s: Settings) -> dict[str, Any]:
                 row[f"{label}envoy_cpu_us_per_request"] = _per(runs[key(path)], "envoy", "completed")
         if key("envoy") in runs:
             row["direct_envoy_cpu_us_per_request"] = _per(runs[key("envoy")], "envoy", "completed")
-        for label, path, ref, ref_name in BODY_MODE_PATHS:  # beside a buffered path, per round
+        for label, path, ref, ref_name, _ in BODY_MODES:  # beside a buffered path, per round
             if key(path) in runs and key(ref) in runs:
                 pairs = list(zip(runs[key(path)], runs[key(ref)]))
                 vs = f"{label}vs_{ref_name}"

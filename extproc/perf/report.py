@@ -10,13 +10,17 @@ PATH_LABELS = (("upstream", "upstream, no proxy"), ("direct", "(a) Envoy alone")
                ("limited", "(c) full path, rate limits on"), ("duplex", "(c) full path, full-duplex body"),
                ("pool", "pool (envoy-config --pool)"), ("pool_buffered", "pool, buffered body"),
                ("pool_before", "pool, before (--baseline)"), ("pool_floor", "pool, fixed-answer picker"))
-# The body-mode comparisons (overhead.BODY_MODE_PATHS): (key prefix, what is set beside what)
-COMPARISONS = (("duplex_vs_buffered", "full-duplex body beside buffered (our bootstrap)"),
-               ("pool_vs_pool_buffered", "pool: full-duplex body beside buffered"),
-               ("pool_vs_buffered", "pool beside our bootstrap, buffered"),
-               ("pool_buffered_vs_buffered", "pool, buffered body, beside ours"),
-               ("pool_before_vs_buffered", "pool, before (--baseline), beside ours"),
-               ("pool_floor_vs_buffered", "pool, fixed-answer picker, beside ours"))
+# Paths set beside a buffered one, round by round (overhead.summarize computes, body_modes_table prints):
+# (label prefix, path, the buffered path beside it, its name in the keys, what the line says). A body
+# mode is judged within its attachment: our bootstrap's full duplex beside its buffered body, the pool's
+# beside the same pool with a buffered body; every pool path is also set beside our bootstrap's buffered
+# path, which shows what the pool's protocol (its extra messages) costs.
+BODY_MODES = (("duplex_", "duplex", "full", "buffered", "full-duplex body beside buffered (our bootstrap)"),
+              ("pool_", "pool", "pool-buffered", "pool_buffered", "pool: full-duplex body beside buffered"),
+              ("pool_", "pool", "full", "buffered", "pool beside our bootstrap, buffered"),
+              ("pool_buffered_", "pool-buffered", "full", "buffered", "pool, buffered body, beside ours"),
+              ("pool_before_", "pool-before", "full", "buffered", "pool, before (--baseline), beside ours"),
+              ("pool_floor_", "pool-floor", "full", "buffered", "pool, fixed-answer picker, beside ours"))
 
 # (what, where in the summary, at least/at most, limit)
 TARGETS = (  # issue 20
@@ -97,7 +101,8 @@ def body_modes_table(summary: dict[str, Any], concurrencies: tuple[int, ...]) ->
     lines = []
     for c in concurrencies:
         row = summary.get(f"c{c}", {})
-        for vs, name in COMPARISONS:
+        for label, _, _, ref_name, name in BODY_MODES:
+            vs = f"{label}vs_{ref_name}"
             if f"{vs}_p50_ratio" in row:
                 lines.append(f"  c{c:<4} {name:48} p50 x{_f(row[f'{vs}_p50_ratio'], 3)}  "
                              f"time per request (1/req/s) x{_f(row[f'{vs}_rps_ratio'], 3)}  "

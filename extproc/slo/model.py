@@ -120,13 +120,13 @@ def deployment_model(name: str, profile: GpuProfile) -> DeploymentModel | None:
 
 
 def build_table(profiles: Mapping[str, GpuProfile],
-                admission: Mapping[str, float] | None = None) -> dict[str, DeploymentModel]:
-    """deployment name -> load model, for the profiles that can give one; `admission`: the optimizer's
-    cuts per deployment (fleet_factors.decode)."""
+                cuts: Mapping[str, float] | None = None) -> dict[str, DeploymentModel]:
+    """deployment name -> load model, for the profiles that can give one; `cuts`: the optimizer's
+    feedback cuts per deployment (fleet_factors.decode)."""
     out = {}
     for name, profile in profiles.items():
         m = deployment_model(name, profile)
         if m is not None:
-            cut = (admission or {}).get(name, 1.0)
+            cut = (cuts or {}).get(name, 1.0)
             out[name] = replace(m, admission=cut) if cut < 1.0 else m
     return out

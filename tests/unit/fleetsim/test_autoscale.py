@@ -170,9 +170,13 @@ def test_the_loop_hands_the_optimizers_cuts_to_every_gateways_slo_router(monkeyp
 
     handed: list[tuple[str, dict]] = []
     set_cuts = SloState.set_cuts
+
+    def recorded(self, model, cuts):  # noqa: ANN001, ANN202
+        handed.append((model, dict(cuts)))
+        set_cuts(self, model, cuts)
+
     monkeypatch.setattr(Feedback, "update", update)
-    monkeypatch.setattr(SloState, "set_cuts", lambda self, model, cuts: (
-        handed.append((model, dict(cuts))), set_cuts(self, model, cuts))[-1])
+    monkeypatch.setattr(SloState, "set_cuts", recorded)
     sc = scenario(duration_s=60, warmup_s=10, events=[])
     run(sc, "slo", generate(sc, 1), seed=1, gateways=2, optimizer=True, gpu_profiles=PROFILES)
     assert len(handed) >= 2 * 5  # two gateways, every 10 s re-plan

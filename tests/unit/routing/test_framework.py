@@ -76,8 +76,6 @@ def test_the_order_passes_over_unusable_scores_last_and_breaks_ties_at_random():
     assert min(firsts.values()) > 60  # the tie at 1.0 goes either way
 
 
-
-
 def test_best_first_takes_the_first_n_and_rotates_a_tie_at_random():
     import random
 
