@@ -21,6 +21,9 @@ DEFAULT_INPUT_LENS = tuple(sorted({*doubling(4, 8192), 6144}))
 DEFAULT_OUTPUT_LENS = tuple(doubling(4, 4096))
 DEFAULT_RATES = tuple(float(r) for r in doubling(1, 64))
 DEFAULT_NUM_PROMPTS = 100
+# Where a cell's ladder climbs without --max-budget (LoadPlan.climb_cap): vLLM's default max_num_seqs, the
+# most requests a replica runs at once.
+UNMEASURED_CAP = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +38,7 @@ class LoadPlan:
     # (an admitted cell: with one request running this long)
     admitted: GpuProfile | None = None  # run each of its cells at the router's budget instead
     budget_factors: tuple[float, ...] = BUDGET_FACTORS  # admitted: the budgets tried, x Little's budget
-    max_budget: int | None = None  # admitted: climb past the factors up to this (None: the factors only)
+    max_budget: int | None = None  # admitted: climb past the factors up to this (None: see climb_cap)
 
     def cells(self) -> list[Cell]:
         """AIBrix's order: input lengths, then output lengths, then rates, each ascending. Admitted: the
@@ -53,11 +56,24 @@ class LoadPlan:
             return ladder
         return [k for k in ladder if k <= self.max_budget] or [min(ladder[0], self.max_budget)]
 
+    def climb_cap(self, cell: Cell) -> int | None:
+        """Admitted: the largest budget the cell's ladder may climb to past its factors; None: no climb.
+        `max_budget` where given. Without it, only a cell whose rate run met the SLO at no rate climbs, to
+        UNMEASURED_CAP: its Little's budget is a placeholder (1), not a measurement, so the factors
+        multiplied nothing, and its top rung (8) is where the ladder stopped, not where the replica did."""
+        p = self.admitted
+        if p is None:
+            return None
+        if self.max_budget is not None:
+            return self.max_budget
+        o, i = p.cell(cell.input_tokens, cell.output_tokens)
+        return UNMEASURED_CAP if p.tputs[o][i] <= 0 else None
+
     def prompts(self, cell: Cell) -> int:
-        """Requests a cell sends: `num_prompts`; climbing (`max_budget`), an admitted cell at least 3 per
-        client (with fewer a large budget's run is mostly the ramp up to it, and the rate it reads the
-        ramp's)."""
-        if self.admitted is None or self.max_budget is None:
+        """Requests a cell sends: `num_prompts`; where the ladder may climb (`climb_cap`), an admitted cell
+        at least 3 per client (with fewer a large budget's run is mostly the ramp up to it, and the rate it
+        reads the ramp's)."""
+        if self.climb_cap(cell) is None:
             return self.num_prompts
         return max(self.num_prompts, 3 * int(cell.rate))
 

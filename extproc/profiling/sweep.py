@@ -191,7 +191,7 @@ async def run_sweep(endpoint: Endpoint, plan: LoadPlan, write: Callable[[list[Me
     skip_after: dict[tuple[int, int], float] = {}  # (input, output) → the rate that overloaded
     run = run_cell if plan.admitted is None else run_admitted_cell
     cells = deque(plan.cells())
-    climb = _Climb(plan) if plan.admitted is not None and plan.max_budget is not None else None
+    climb = _Climb(plan) if plan.admitted is not None else None
     while cells:
         cell = cells.popleft()
         if (cell.input_tokens, cell.output_tokens) in skip_after:
@@ -230,11 +230,16 @@ async def run_sweep(endpoint: Endpoint, plan: LoadPlan, write: Callable[[list[Me
 
 class _Climb:
     """An admitted cell's ladder past its top rung: once the plan's last budget of an (input, output) ran,
-    each budget that met the SLO and served more is followed by twice it (`selection.climb_to`)."""
+    each budget that met the SLO and served more is followed by twice it (`selection.climb_to`), up to
+    the plan's `climb_cap` for the cell."""
 
     def __init__(self, plan: LoadPlan) -> None:
-        assert plan.admitted is not None and plan.max_budget is not None
-        self.slos, self.cap = SLOs.of_profile(plan.admitted.slos), plan.max_budget
+        assert plan.admitted is not None
+        self.plan = plan
+        try:  # `benchmark --max-budget` refuses such a profile up front; without it there is nothing to climb
+            self.slos: SLOs | None = SLOs.of_profile(plan.admitted.slos)
+        except ValueError:
+            self.slos = None
         self.last: dict[tuple[int, int], list[MetricLine]] = {}
 
     def after(self, cell: Cell, lines: list[MetricLine], queued: deque[Cell]) -> Cell | None:
@@ -242,7 +247,10 @@ class _Climb:
         below, self.last[shape] = self.last.get(shape), lines
         if any((c.input_tokens, c.output_tokens) == shape for c in queued):
             return None  # the plan's own ladder is not done
-        k = climb_to(lines, below, self.slos, int(cell.rate), self.cap)
+        cap = self.plan.climb_cap(cell)
+        if cap is None or self.slos is None or not self.slos.targets:
+            return None
+        k = climb_to(lines, below, self.slos, int(cell.rate), cap)
         return None if k is None else Cell(cell.input_tokens, cell.output_tokens, float(k))
 
 

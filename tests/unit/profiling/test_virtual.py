@@ -104,12 +104,14 @@ def test_the_grid_fits_the_models_context() -> None:
     assert plan.fit(32768) is plan and LoadPlan().fit(8192).input_lens[-1] == 8192 - 4096
 
 
-def admitted_budgets(slos: dict[str, float], **plan: object) -> list[tuple[int, float, float, int]]:
+def admitted_budgets(slos: dict[str, float], rate_tput: float = 2.0,
+                     **plan: object) -> list[tuple[int, float, float, int]]:
     """(budget, TPUT, P99 TPOT, requests sent) of each admitted run of one 512-in / 64-out cell on an
-    A100, in run order."""
+    A100, in run order; `rate_tput`: what the rate run's profile read for the cell (0: no rate met the
+    SLO)."""
     from extproc.gpu_profiles import parse_profile
 
-    profile = parse_profile({"gpu": "a100", "cost": 1.0, "tputs": [[2.0]], "indexes": [[64], [512]],
+    profile = parse_profile({"gpu": "a100", "cost": 1.0, "tputs": [[rate_tput]], "indexes": [[64], [512]],
                              "e2e": [[1.0]], "slos": slos, "created": 1.0})
     lines = benchmark(engine(), LoadPlan(num_prompts=20, admitted=profile, **plan), "m")  # type: ignore[arg-type]
     tpot = {x.request_rate: x.stats["P99"] for x in lines if x.metric == "TPOT"}
@@ -139,6 +141,19 @@ def test_a_ladder_whose_top_budget_misses_does_not_climb() -> None:
 def test_without_a_largest_budget_the_ladder_is_its_factors() -> None:
     runs = admitted_budgets({"percentile": 99, "tpot": 0.05}, budget_factors=(1, 2))
     assert [(k, n) for k, _, _, n in runs] == [(2, 20), (4, 20)]
+
+
+def test_a_cell_no_rate_served_within_the_slo_climbs_without_a_largest_budget() -> None:
+    """Its Little's budget (1) is a placeholder, not a measurement: the ladder searches from it, up to
+    UNMEASURED_CAP, and stops where a budget misses or serves no more."""
+    from extproc.profiling.plan import UNMEASURED_CAP
+
+    runs = admitted_budgets({"percentile": 99, "tpot": 0.05}, rate_tput=0.0, budget_factors=(1, 2))
+    budgets = [k for k, *_ in runs]
+    assert budgets[:2] == [1, 2] and len(budgets) > 3 and budgets[-1] <= UNMEASURED_CAP, runs
+    k, t, p99, _ = runs[-1]
+    assert p99 >= 0.05 or t < 1.1 * runs[-2][1] or 2 * k > UNMEASURED_CAP, runs
+    assert [n for *_, n in runs] == [max(20, 3 * k) for k in budgets]
 
 
 def test_the_ladder_stops_at_the_largest_budget() -> None:
