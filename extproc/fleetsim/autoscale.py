@@ -50,6 +50,10 @@ class Timeline:
     factors: list[dict[str, float]] = field(default_factory=list)  # the feedback's, per re-plan
     rps: list[float] = field(default_factory=list)  # the workload the optimizer read, per re-plan
     refused: list[int] = field(default_factory=list)  # router refusals in the windows read (meta_rejected)
+    # (time, cost per hour from then on) at every change of what is billed: a replica asked for (billed
+    # while it starts), cancelled, or gone when its last request ended. The mean is its integral: a
+    # draining replica costs the seconds it drains, not a whole re-plan interval from the decision.
+    bills: list[tuple[float, float]] = field(default_factory=list)
 
 
 class Optimizer:
@@ -118,7 +122,17 @@ class Optimizer:
         for d in self.groups:
             t.desired.setdefault(d, []).append(desired.get(d, 0))
             t.billed.setdefault(d, []).append(billed.get(d, 0))
-        t.cost_per_hour.append(sum(billed.get(d, 0) * g.cost for d, g in self.groups.items()))
+        t.cost_per_hour.append(self.bill(now, billed))
+
+    def bill(self, now: float, billed: Mapping[str, int]) -> float:
+        """What is billed from `now` on (replicas per deployment); returns its cost per hour."""
+        cost = sum(billed.get(d, 0) * g.cost for d, g in self.groups.items())
+        bills = self.timeline.bills
+        if bills and bills[-1][0] == now:
+            bills[-1] = (now, cost)
+        elif not bills or bills[-1][1] != cost:
+            bills.append((now, cost))
+        return cost
 
 
 class FleetScaler:
@@ -161,9 +175,12 @@ class FleetScaler:
                         self._stop(r)
         if changed:
             self.reconfigure()
-        groups = self.optimizer.groups
-        self.optimizer.record(t, desired, {d: sum(1 for r in self.replicas if r.deployment == d
-                                                  and (r.alive or r.starting)) for d in groups})
+        self.optimizer.record(t, desired, self.billed())
+
+    def billed(self) -> dict[str, int]:
+        """Replicas billed per deployment: serving, draining or starting."""
+        return {d: sum(1 for r in self.replicas if r.deployment == d and (r.alive or r.starting))
+                for d in self.optimizer.groups}
 
     def provisioned(self, r: Replica) -> None:
         if r.starting and self.ready_at.get(r.index) == self.clock():  # else cancelled or re-started
@@ -176,6 +193,7 @@ class FleetScaler:
         if r.alive and not r.ready and not r.open:
             self._stop(r)
             self.reconfigure()
+            self.optimizer.bill(self.clock(), self.billed())
 
     def _stop(self, r: Replica) -> None:
         r.alive, r.ready = False, True
@@ -204,11 +222,23 @@ def turns_while_loaded(timeline: Timeline, duration_s: float) -> dict[str, int]:
     return {d: direction_changes([v[k] for k in loaded], times, 300.0) for d, v in timeline.desired.items()}
 
 
+def mean_cost(bills: list[tuple[float, float]], start: float, end: float) -> float:
+    """The mean cost per hour over [start, end) of a step function ((time, cost from then on), in time
+    order); 0 before its first step."""
+    if end <= start:
+        return 0.0
+    total = 0.0
+    for (t, cost), (t_next, _) in zip(bills, [*bills[1:], (math.inf, 0.0)]):
+        lo, hi = max(t, start), min(t_next, end)
+        if hi > lo:
+            total += cost * (hi - lo)
+    return total / (end - start)
+
+
 def summary(timeline: Timeline, warmup_s: float, duration_s: float) -> dict[str, object]:
     measured = [k for k, t in enumerate(timeline.times) if warmup_s <= t < duration_s]
-    cost = [timeline.cost_per_hour[k] for k in measured]
     return {
-        "cost_per_hour_mean": sum(cost) / len(cost) if cost else 0.0,
+        "cost_per_hour_mean": mean_cost(timeline.bills, warmup_s, duration_s),
         "cost_per_hour_end": timeline.cost_per_hour[-1] if timeline.cost_per_hour else 0.0,
         "replicas_end": {d: v[-1] for d, v in timeline.billed.items() if v},
         "replicas_range": {d: [min(v[k] for k in measured), max(v[k] for k in measured)]

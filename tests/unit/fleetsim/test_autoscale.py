@@ -9,7 +9,7 @@ import math
 import pytest
 
 from extproc.fleetsim.arrivals import generate
-from extproc.fleetsim.autoscale import Timeline, direction_changes, turns_while_loaded
+from extproc.fleetsim.autoscale import Timeline, direction_changes, mean_cost, turns_while_loaded
 from extproc.fleetsim.fleet import build_replicas
 from extproc.fleetsim.loop import REJECTED, run
 from extproc.fleetsim.metrics import summarize
@@ -66,6 +66,32 @@ def test_the_plan_scales_the_cheaper_type_after_a_step_and_settles():
     summary = summarize(res)["autoscale"]
     assert summary["cost_per_hour_end"] == pytest.approx(
         tl.billed["fast"][-1] * 2.0 + tl.billed["slow"][-1] * 1.0)
+    # the mean is the bill's integral, not the re-plans' samples
+    assert summary["cost_per_hour_mean"] == pytest.approx(mean_cost(tl.bills, sc.warmup_s, sc.duration_s))
+
+
+def test_a_draining_replica_is_billed_until_its_last_request_ends():
+    # 8 L20 at 3 req/s of 400-token answers (45 in flight), planned at 1 req/s a replica: the plan wants
+    # about 3 once the stabilization (300 s) lets go of the initial fleet; those removed with requests in
+    # flight drain, each billed until it is empty
+    answers = {**CHAT, "rate": 3, "output": {"mean": 400, "sigma": 0.3, "max": 1000}}
+    sc = scenario(fleet=[{"gpu": "L20", "replicas": 8, "initial": 8, "cost": 1.0, "name": "l20"}],
+                  duration_s=420, events=[], streams=[answers])
+    res = run(sc, "least-request", generate(sc, 2), seed=2, optimizer=True,
+              gpu_profiles={"l20": flat("l20", 1.0, 1.0)})
+    tl = res.autoscale
+    replans = set(tl.times)
+    drains = [(before, cost) for (_, before), (t, cost) in zip(tl.bills, tl.bills[1:]) if t not in replans]
+    assert drains and all(cost == before - 1.0 for before, cost in drains)  # one replica at a time
+    sampled = [c for t, c in zip(tl.times, tl.cost_per_hour) if sc.warmup_s <= t < sc.duration_s]
+    assert mean_cost(tl.bills, sc.warmup_s, sc.duration_s) < sum(sampled) / len(sampled)
+
+
+def test_the_mean_cost_integrates_the_bill_over_the_window():
+    bills = [(0.0, 10.0), (100.0, 4.0), (105.0, 2.0), (300.0, 6.0)]
+    assert mean_cost(bills, 100.0, 200.0) == pytest.approx((5 * 4.0 + 95 * 2.0) / 100)
+    assert mean_cost(bills, 50.0, 400.0) == pytest.approx((50 * 10 + 5 * 4 + 195 * 2 + 100 * 6) / 350)
+    assert mean_cost(bills, 200.0, 200.0) == 0.0 and mean_cost([(10.0, 3.0)], 0.0, 20.0) == pytest.approx(1.5)
 
 
 def test_the_routers_refusals_reach_the_optimizers_traces():
