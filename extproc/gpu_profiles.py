@@ -68,8 +68,9 @@ def profile_index_key(model: str) -> str:
 # at most 1/BUDGET_MARGIN of the largest budget its benchmark saw meet the SLO (one shape alone, held at
 # its budget, is not what a routed replica sees: a mix, where one long prompt's prefill stalls every other
 # decode, and Poisson arrivals keeping it full; measured in the fleet simulation, docs/optimizer.md), and
-# the router admits past it up to BUDGET_MARGIN times it while a pod's measured speed shows room.
-BUDGET_MARGIN = 2
+# the router admits past it up to BUDGET_MARGIN times it while a pod's measured speed shows room. The
+# default; `gen-profile --budget-margin` sets another, which the profile carries (`budget_margin`).
+BUDGET_MARGIN = 2.0
 
 
 class ProfileError(ValueError):
@@ -90,6 +91,9 @@ class GpuProfile:
     tputs_admitted: Matrix | None = None  # requests/s at the SLO behind the router's admission (ours)
     concurrency_admitted: Matrix | None = None  # the per-pod budget (requests in flight) it was measured at
     tputs_admitted_max: Matrix | None = None  # requests/s at the largest budget that met the SLO (ours)
+    # (ours) the kept budget is at most 1/budget_margin of the largest that met the SLO; the SLO router
+    # admits past it up to budget_margin times it while a pod's measured speed shows room
+    budget_margin: float = BUDGET_MARGIN
 
     @property
     def served(self) -> Matrix:
@@ -205,13 +209,16 @@ def parse_profile(data: Mapping[str, Any]) -> GpuProfile:
     if not isinstance(slos_raw, Mapping):
         raise ProfileError(f"slos: expected an object, got {slos_raw!r}")
     slos = {str(k): _number(v, f"slos.{k}") for k, v in slos_raw.items()}
+    margin = _number(data.get("budget_margin", BUDGET_MARGIN), "budget_margin")
+    if margin < 1:
+        raise ProfileError(f"budget_margin: expected a number >= 1, got {data['budget_margin']!r}")
     return GpuProfile(gpu=gpu, cost=_number(data["cost"], "cost"), outputs=outputs, inputs=inputs,
                    tputs=_matrix(data["tputs"], "tputs", *shape, unknown=0.0), e2e=optional["e2e"],
                    ttft=optional["ttft"],
                    slos=slos, created=_number(data.get("created", 0.0), "created"),
                    tputs_admitted=optional["tputs_admitted"],
                    concurrency_admitted=optional["concurrency_admitted"],
-                   tputs_admitted_max=optional["tputs_admitted_max"])
+                   tputs_admitted_max=optional["tputs_admitted_max"], budget_margin=margin)
 
 
 def load_profile(path: str | Path) -> GpuProfile:
@@ -240,6 +247,8 @@ def dump_profile(p: GpuProfile) -> dict[str, Any]:
         out["tputs_admitted"] = [list(r) for r in p.tputs_admitted]
     if p.concurrency_admitted is not None:
         out["concurrency_admitted"] = [list(r) for r in p.concurrency_admitted]
+    if p.budget_margin != BUDGET_MARGIN:  # absent: the default, as every profile made before the key
+        out["budget_margin"] = p.budget_margin
     if p.tputs_admitted_max is not None:
         out["tputs_admitted_max"] = [list(r) for r in p.tputs_admitted_max]
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import replace
 from typing import Any
@@ -39,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="measure the engine model's profiles with "
                         "`extproc benchmark --admitted --max-budget N` (the budget ladder climbs; the "
                         "scenario's profiling.max_budget; default: the factors only)")
+    p.add_argument("--profile-budget-margin", type=float, metavar="M", default=None,
+                   help="measure the engine model's profiles with `extproc gen-profile --budget-margin M` "
+                        "(the scenario's profiling.budget_margin; default 2)")
     p.add_argument("--plot", metavar="OUT.png", help="utilization and QPS over time per GPU type")
     p.add_argument("--markdown", metavar="OUT.md", help="also write the markdown table to a file")
     p.add_argument("--find-max-rate", action="store_true",
@@ -78,6 +82,11 @@ def run(args: argparse.Namespace) -> int:
             print("fleet-sim: --profile-max-budget must be >= 1", file=sys.stderr)
             return 2
         scenario = replace(scenario, profile_max_budget=args.profile_max_budget)
+    if args.profile_budget_margin is not None:
+        if not (math.isfinite(args.profile_budget_margin) and args.profile_budget_margin >= 1):
+            print("fleet-sim: --profile-budget-margin must be a number >= 1", file=sys.stderr)
+            return 2
+        scenario = replace(scenario, profile_budget_margin=args.profile_budget_margin)
     strategies = [s.strip() for s in args.strategies.split(",")] if args.strategies else list(scenario.strategies)
     if args.gateways < 1:
         print("fleet-sim: --gateways must be >= 1", file=sys.stderr)

@@ -5,6 +5,7 @@ Loaded from YAML (format: scenarios/README.md). Pure data plus validation; nothi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 from extproc.config.source import line_of, read_yaml
 from extproc.fleetsim.lengths import Lengths, parse_lengths
+from extproc.gpu_profiles import BUDGET_MARGIN
 from extproc.optimizer.config_errors import ConfigError
 from extproc.optimizer.policy import KEYS as POLICY_KEYS
 from extproc.optimizer.policy import PROVISION_S, STABILIZATION_S, PlanPolicy, parse_policy
@@ -137,6 +139,7 @@ class Scenario:
     autoscale: Autoscale | None = None  # the optimizer's defaults for --optimizer
     # the virtual profiles' `benchmark --admitted --max-budget` (None: the ladder's factors only)
     profile_max_budget: int | None = None
+    profile_budget_margin: float = BUDGET_MARGIN  # ... and their `gen-profile --budget-margin`
 
     @property
     def total_rate(self) -> float:
@@ -209,26 +212,31 @@ def parse(raw: Any, default_name: str = "scenario") -> Scenario:
     gw = raw.get("gateway") or {}
     timing = GatewayTiming(**{k: float(v) for k, v in gw.items()})
     strategies = raw.get("strategies") or list(DEFAULT_STRATEGIES)
-    max_budget = _profiling(raw.get("profiling"))
+    max_budget, margin = _profiling(raw.get("profiling"))
     return Scenario(
         name=str(raw.get("name", default_name)), model=model, groups=groups, streams=streams,
         duration_s=duration, warmup_s=warmup, slo=slo, rate_changes=changes, losses=losses,
         strategies=tuple(str(s) for s in strategies), timing=timing, engine=dict(raw.get("engine") or {}),
         description=str(raw.get("description", "")).strip(), autoscale=autoscale,
-        profile_max_budget=max_budget)
+        profile_max_budget=max_budget, profile_budget_margin=margin)
 
 
-def _profiling(raw: Any) -> int | None:
-    """`profiling: {max_budget: N}`: how the virtual profiles are measured (`benchmark --admitted`)."""
+def _profiling(raw: Any) -> tuple[int | None, float]:
+    """`profiling: {max_budget: N, budget_margin: M}`: how the virtual profiles are measured (`benchmark
+    --admitted --max-budget N`, `gen-profile --budget-margin M`)."""
     if raw is None:
-        return None
-    if not isinstance(raw, dict) or set(raw) - {"max_budget"}:
-        raise ConfigError("profiling: expected a mapping with max_budget only")
+        return None, BUDGET_MARGIN
+    if not isinstance(raw, dict) or set(raw) - {"max_budget", "budget_margin"}:
+        raise ConfigError("profiling: expected a mapping with max_budget and budget_margin only")
     v = raw.get("max_budget")
     if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
         raise ConfigError(f"profiling.max_budget{line_of(raw, 'max_budget')}: expected an integer >= 1, "
                           f"got {v!r}")
-    return v
+    m = raw.get("budget_margin", BUDGET_MARGIN)
+    if isinstance(m, bool) or not isinstance(m, int | float) or not math.isfinite(m) or m < 1:
+        raise ConfigError(f"profiling.budget_margin{line_of(raw, 'budget_margin')}: expected a number >= 1, "
+                          f"got {m!r}")
+    return v, float(m)
 
 
 SCHEDULE_KEYS = frozenset({"interval_s", "window_s", "stabilization_s"})  # with POLICY_KEYS (provision_s)

@@ -41,12 +41,13 @@ def virtual_profile(scenario: Scenario, gpu: str, deployment: str,
     """The GPU type's profile (AIBrix's format) for the scenario's model and SLO, named `deployment`."""
     plan = plan or profile_plan(scenario)
     slos = scenario_slos(scenario)
+    margin = scenario.profile_budget_margin
     key = (gpu, scenario.model, tuple(sorted(scenario.engine.items())), tuple(sorted(slos.targets.items())),
-           plan)
+           plan, margin)
     if key not in _CACHE:
         fitted = plan.fit(build_engine(scenario, gpu).max_model_len)  # as `extproc benchmark` fits its own
         _CACHE[key] = measure_profile(lambda: build_engine(scenario, gpu), fitted, scenario.model, gpu, 1.0,
-                                      slos)
+                                      slos, budget_margin=margin)
     return replace(_CACHE[key], gpu=deployment)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import signal
 import sys
 import time
@@ -93,6 +94,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                    help="the benchmark --admitted run of this profile: recorded as tputs_admitted and "
                         "concurrency_admitted (what a replica serves behind the router's admission, and at "
                         "which per-pod budget; the SLO router and optimizer use both)")
+    g.add_argument("--budget-margin", type=float, default=None, metavar="M",
+                   help="with --admitted: keep per cell the best budget at most 1/M of the largest that met "
+                        "every SLO; the SLO router admits past it up to M times it while a pod's measured "
+                        "speed shows room (default 2; 1 keeps the largest and leaves the router no margin)")
     g.set_defaults(func=_gen_profile)
 
 
@@ -175,6 +180,7 @@ def _benchmark(args: argparse.Namespace) -> int:
 def _gen_profile(args: argparse.Namespace) -> int:
     """AIBrix's selection rule over a benchmark file: per (output, input) cell the highest request rate that
     meets every SLO and kept up with its arrivals; written as AIBrix's profile JSON."""
+    from extproc.gpu_profiles import BUDGET_MARGIN
     from extproc.profiling.gen_profile import generate
     from extproc.profiling.output import OutputError, is_redis_url, parse_redis_url, write_profile
     from extproc.profiling.records import BenchmarkError
@@ -185,8 +191,13 @@ def _gen_profile(args: argparse.Namespace) -> int:
             parse_redis_url(args.output)  # a bad URL fails before any work
         slos = SLOs(args.percentile, {m.lower(): getattr(args, m.lower()) for m in SLO_METRICS
                                       if getattr(args, m.lower()) is not None})
+        margin = BUDGET_MARGIN if args.budget_margin is None else args.budget_margin
+        if args.budget_margin is not None and args.admitted is None:
+            return _error("gen-profile", "--budget-margin needs --admitted (it picks among admitted budgets)")
+        if not (math.isfinite(margin) and margin >= 1):
+            return _error("gen-profile", f"--budget-margin must be a number >= 1, got {args.budget_margin:g}")
         profile, grid = generate(args.deployment, args.benchmark, args.cost, slos, created=time.time(),
-                                 admitted_benchmark=args.admitted)
+                                 admitted_benchmark=args.admitted, budget_margin=margin)
         for warning in grid.warnings:
             sys.stderr.write(f"warning: {warning}\n")
         if args.plot:

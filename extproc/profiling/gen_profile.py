@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from extproc.gpu_profiles import GpuProfile, dump_profile, parse_profile
+from extproc.gpu_profiles import BUDGET_MARGIN, GpuProfile, dump_profile, parse_profile
 from extproc.profiling.records import BenchmarkError, MetricLine, read_benchmark
 from extproc.profiling.selection import ADMITTED_KEY, Grid, SLOs, admitted, select
 
@@ -20,9 +20,10 @@ def build_profile(deployment: str, grid: Grid, cost: float, slos: SLOs, created:
 def profile_from_lines(deployment: str, lines: Sequence[MetricLine], cost: float, slos: SLOs,
                        created: float, admitted_lines: Sequence[MetricLine] | None = None,
                        source: str = "benchmark", admitted_source: str = "admitted benchmark",
-                       ) -> tuple[GpuProfile, Grid]:
+                       budget_margin: float = BUDGET_MARGIN) -> tuple[GpuProfile, Grid]:
     """The profile of a rate run's lines; with `admitted_lines` (`benchmark --admitted` of this profile's
-    grid) its `tputs_admitted` and `concurrency_admitted` too."""
+    grid) its `tputs_admitted` and `concurrency_admitted` too, each cell's budget at most 1/budget_margin
+    of the largest that met the SLO."""
     if not deployment:
         raise ValueError("the deployment name is empty")
     if any(ADMITTED_KEY in line.extra for line in lines):
@@ -35,21 +36,22 @@ def profile_from_lines(deployment: str, lines: Sequence[MetricLine], cost: float
         if not runs:
             raise BenchmarkError(f"{admitted_source}: no `benchmark --admitted` lines (they carry "
                                  f'"{ADMITTED_KEY}")')
-        got = admitted(runs, slos, grid.outputs, grid.inputs, grid.tputs, grid.e2e)
+        got = admitted(runs, slos, grid.outputs, grid.inputs, grid.tputs, grid.e2e, budget_margin)
         built = replace(built, tputs_admitted=got.tputs, concurrency_admitted=got.budgets,
-                        tputs_admitted_max=got.most)
+                        tputs_admitted_max=got.most, budget_margin=budget_margin)
     return built, grid
 
 
 def generate(deployment: str, benchmark: str | Path, cost: float, slos: SLOs, created: float,
-             admitted_benchmark: str | Path | None = None) -> tuple[dict[str, Any], Grid]:
+             admitted_benchmark: str | Path | None = None,
+             budget_margin: float = BUDGET_MARGIN) -> tuple[dict[str, Any], Grid]:
     """`extproc gen-profile`: the files read, the profile as AIBrix's JSON."""
     if not deployment:
         raise ValueError("the deployment name is empty")
     built, grid = profile_from_lines(
         deployment, read_benchmark(benchmark), cost, slos, created,
         None if admitted_benchmark is None else read_benchmark(admitted_benchmark),
-        str(benchmark), str(admitted_benchmark))
+        str(benchmark), str(admitted_benchmark), budget_margin)
     profile = dump_profile(built)
     parse_profile(profile)  # what we write must load where it is read (e.g. a negative --cost fails here)
     return profile, grid

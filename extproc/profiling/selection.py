@@ -227,9 +227,10 @@ class Admitted:
 
 
 def admitted(lines: Iterable[MetricLine], slos: SLOs, outputs: Sequence[int], inputs: Sequence[int],
-             tputs: Sequence[Sequence[float]], e2e: Sequence[Sequence[float]] | None) -> Admitted:
+             tputs: Sequence[Sequence[float]], e2e: Sequence[Sequence[float]] | None,
+             margin: float = BUDGET_MARGIN) -> Admitted:
     """Per cell, of the runs of the replica held at a budget (lines carrying ADMITTED_KEY) where every SLO
-    passes, those at no more than 1/BUDGET_MARGIN of the largest passing budget (the smallest passing one
+    passes, those at no more than 1/margin of the largest passing budget (the smallest passing one
     when none is), the one with the highest requests/s, and its budget. Where none passes, or the best is
     below `tputs`: `tputs` at Little's budget. Beside them, per cell, the best requests/s of any passing
     budget (at least the kept one's): what the SLO router may reach admitting past the kept budget."""
@@ -245,7 +246,7 @@ def admitted(lines: Iterable[MetricLine], slos: SLOs, outputs: Sequence[int], in
                        if all(slos.passes(m, table.get((i, o, r, m))) for m in SLO_METRICS)]
             if passing:
                 top = passing[-1][1]
-                kept = [p for p in passing if p[1] * BUDGET_MARGIN <= top] or passing[:1]
+                kept = [p for p in passing if p[1] * margin <= top] or passing[:1]
                 best = max([best, *kept])
             row_t.append(best[0])
             row_k.append(float(best[1]))

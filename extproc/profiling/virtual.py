@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from extproc.gpu_profiles import GpuProfile
+from extproc.gpu_profiles import BUDGET_MARGIN, GpuProfile
 from extproc.profiling.client import RequestResult
 from extproc.profiling.gen_profile import profile_from_lines
 from extproc.profiling.plan import LoadPlan
@@ -184,11 +184,13 @@ def benchmark(engine: Engine, plan: LoadPlan, model: str, time_scale: float = 1.
 
 
 def measure_profile(new_engine: Callable[[], Engine], plan: LoadPlan, model: str, deployment: str,
-                    cost: float, slos: SLOs, time_scale: float = 1.0) -> GpuProfile:
+                    cost: float, slos: SLOs, time_scale: float = 1.0,
+                    budget_margin: float = BUDGET_MARGIN) -> GpuProfile:
     """The four steps of docs/optimizer.md's recipe on the engine model: `benchmark`, `gen-profile`,
     `benchmark --admitted PROFILE`, `gen-profile --admitted`. One fresh engine per run, as a replica
     restarted between runs."""
     rate_lines = benchmark(new_engine(), plan, model, time_scale)
     profile, _ = profile_from_lines(deployment, rate_lines, cost, slos, 0.0)
     admitted_lines = benchmark(new_engine(), replace(plan, admitted=profile), model, time_scale)
-    return profile_from_lines(deployment, rate_lines, cost, slos, 0.0, admitted_lines)[0]
+    return profile_from_lines(deployment, rate_lines, cost, slos, 0.0, admitted_lines,
+                              budget_margin=budget_margin)[0]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from extproc.gpu_profiles import BUDGET_MARGIN
 from extproc.openai import Request
 from extproc.pool.pod import deployment_of
 from extproc.routing.framework import PodView, Profile
@@ -26,6 +27,7 @@ class Row:
     utilization: float
     slack: float
     tpot_target: float | None  # the profile's TPOT SLO (seconds), when TPOT is its metric
+    margin: float = BUDGET_MARGIN  # the profile's budget_margin: how far past its budget a pod may admit
 
 
 class SloPolicy:
@@ -52,7 +54,7 @@ class SloPolicy:
             if c is None:
                 continue
             rows.append(Row(v, c, self.state.utilization(v.pod, v.running, c), dm.slack(sig),
-                            dm.target if dm.metric == "tpot" else None))
+                            dm.target if dm.metric == "tpot" else None, dm.profile.budget_margin))
         return sig, rows
 
     def best(self, rows: list[Row], key: Callable[[Row], float]) -> PodView:

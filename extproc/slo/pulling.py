@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 
-from extproc.gpu_profiles import BUDGET_MARGIN
 from extproc.openai import Request
 from extproc.routing.framework import PodView
 from extproc.routing.outcome import Queued, Rejected
@@ -94,14 +93,14 @@ class Pulling(SloPolicy):
 
 def _measured_room(r: Row) -> bool:
     """The pod's learned speed says one more request keeps its TPOT well inside the target, its engine
-    queues nothing, and it holds at most BUDGET_MARGIN times the profile's budget: the profile kept a
-    budget at most 1/BUDGET_MARGIN of the largest that met the SLO, so up to there a run measured it,
+    queues nothing, and it holds at most the profile's budget_margin times its budget: the profile kept
+    a budget at most 1/budget_margin of the largest that met the SLO, so up to there a run measured it,
     and beyond it only the line speaks, fitted at the loads the pod has seen. A line that has seen no
     slope yet (shape 0, the prior) calls any batch as fast as one request; trusted past the margin it
     admitted 21x a budget and a P99 TPOT of 0.5 s against a 50 ms SLO (issue 43's engine model)."""
     v = r.view
     return (r.tpot_target is not None and v.speed is not None and v.queued <= 0
-            and r.utilization + r.consumption <= BUDGET_MARGIN + EPS
+            and r.utilization + r.consumption <= r.margin + EPS
             and v.speed.tpot(v.running + 1) <= MEASURED_MARGIN * r.tpot_target)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from extproc.gpu_profiles import (
+    BUDGET_MARGIN,
     GpuProfile,
     ProfileError,
     dump_profile,
@@ -161,9 +162,10 @@ def test_admitted_throughput_round_trips_and_is_what_routed_replicas_serve() -> 
 
 
 def test_admitted_budget_round_trips_and_falls_back_to_littles_law() -> None:
-    data = small(tputs_admitted=[[5.0, 2.5], [2.0, 0.4]], concurrency_admitted=[[6.0, 3.0], [2.0, 1.0]])
+    data = small(tputs_admitted=[[5.0, 2.5], [2.0, 0.4]], concurrency_admitted=[[6.0, 3.0], [2.0, 1.0]],
+                 budget_margin=1.5)
     p = parse_profile(data)
-    assert p.budget(0, 0) == 6 and p.budget(1, 1) == 1
+    assert p.budget(0, 0) == 6 and p.budget(1, 1) == 1 and p.budget_margin == 1.5
     assert dump_profile(p) == data and parse_profile(dump_profile(p)) == p
     older = parse_profile(small(e2e=[[1.5, 2.0], [0.25, 3.0]]))
     assert older.concurrency_admitted is None and "concurrency_admitted" not in dump_profile(older)
@@ -171,6 +173,13 @@ def test_admitted_budget_round_trips_and_falls_back_to_littles_law() -> None:
     assert older.budget(1, 0) == 1  # tput x e2e < 1: a whole pod each
     with pytest.raises(ProfileError, match=r"^concurrency_admitted\[0\]"):
         parse_profile(small(concurrency_admitted=[[1.0], [1.0, 1.0]]))
+
+
+def test_a_profile_without_a_budget_margin_reads_the_default_and_a_bad_one_is_refused() -> None:
+    assert parse_profile(small()).budget_margin == BUDGET_MARGIN == 2.0
+    for bad in (0.5, -1, "2", None, math.inf):
+        with pytest.raises(ProfileError, match="^budget_margin"):
+            parse_profile(small(budget_margin=bad))
 
 
 def test_the_rate_at_the_largest_passing_budget_round_trips() -> None:

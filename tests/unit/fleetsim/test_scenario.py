@@ -34,6 +34,8 @@ def test_production_results_pairs_two_gpu_types():
                                                                   "gpu": "L20", "fraction": 0.5}]}, "L20"),
     ({"fleet": [{"gpu": "A100"}], "streams": [CHAT], "profiling": {"max_budget": 0}}, "profiling.max_budget"),
     ({"fleet": [{"gpu": "A100"}], "streams": [CHAT], "profiling": {"budget": 8}}, "profiling"),
+    ({"fleet": [{"gpu": "A100"}], "streams": [CHAT], "profiling": {"budget_margin": 0.9}},
+     "profiling.budget_margin"),
 ])
 def test_bad_scenarios_are_refused(raw, message):
     with pytest.raises((ValueError, KeyError), match=message):
@@ -97,3 +99,6 @@ def test_the_virtual_profiles_ladder_climbs_when_the_scenario_says_so():
     climbing = parse({"fleet": [{"gpu": "A100"}], "streams": [CHAT], "profiling": {"max_budget": 256}})
     assert profile_plan(plain) == FLEET_PLAN and FLEET_PLAN.max_budget is None
     assert profile_plan(climbing).max_budget == 256
+    assert plain.profile_budget_margin == 2.0 and climbing.profile_budget_margin == 2.0
+    margin = parse({"fleet": [{"gpu": "A100"}], "streams": [CHAT], "profiling": {"budget_margin": 1.5}})
+    assert margin.profile_budget_margin == 1.5

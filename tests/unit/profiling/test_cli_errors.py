@@ -32,3 +32,20 @@ def test_a_climb_the_profile_cannot_judge_is_refused(tmp_path: Path, capsys: pyt
     err = capsys.readouterr().err
     assert code == 1 and error in err and "Traceback" not in err, err
     assert not (tmp_path / "o.jsonl").exists()
+
+
+@pytest.mark.parametrize("extra, error", [
+    ([], "--budget-margin needs --admitted"),
+    (["--admitted", "ADMITTED"], "--budget-margin must be a number >= 1"),
+])
+def test_gen_profile_refuses_a_budget_margin_it_cannot_use(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         extra: list[str], error: str) -> None:
+    bench = tmp_path / "b.jsonl"
+    bench.write_text("")  # never read: the flag is refused first
+    extra = [str(tmp_path / "a.jsonl") if x == "ADMITTED" else x for x in extra]
+    margin = "0.5" if extra else "2"
+    code = main(["gen-profile", "d", "--benchmark", str(bench), "--cost", "1", "--tpot", "0.05",
+                 "--budget-margin", margin, "-o", str(tmp_path / "p.json"), *extra])
+    err = capsys.readouterr().err
+    assert code == 1 and error in err and "Traceback" not in err, err
+    assert not (tmp_path / "p.json").exists()

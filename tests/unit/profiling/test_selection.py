@@ -172,6 +172,11 @@ def test_admitted_keeps_half_the_largest_budget_that_met_the_slo() -> None:
     assert got.budgets == ((4.0, 3.0, 5.0),)
     # the best of any passing budget beside them: 8 at 9.0 (16 missed), the rate where none passed, 5 at 2.5
     assert got.most == ((9.0, 1.5, 2.5),)
+    # another margin (`gen-profile --budget-margin`): 1 keeps the largest that passed, 4 a quarter of it
+    largest = admitted(lines, slos, (10,), (100, 200, 300), ((2.0, 1.5, 1.0),), ((0.9, 2.0, 1.0),), 1.0)
+    assert largest.budgets == ((8.0, 3.0, 5.0),) and largest.tputs == ((9.0, 1.5, 2.5),)
+    quarter = admitted(lines, slos, (10,), (100, 200, 300), ((2.0, 1.5, 1.0),), ((0.9, 2.0, 1.0),), 4.0)
+    assert quarter.budgets == ((2.0, 3.0, 5.0),)
 
 
 def test_budget_ladder_starts_at_littles_budget() -> None:

@@ -159,3 +159,15 @@ def test_a_cell_no_rate_served_within_the_slo_climbs_without_a_largest_budget() 
 def test_the_ladder_stops_at_the_largest_budget() -> None:
     runs = admitted_budgets({"percentile": 99, "tpot": 0.05}, budget_factors=(1, 2), max_budget=8)
     assert [k for k, *_ in runs] == [2, 4, 8]
+
+
+def test_the_profiles_budget_margin_chooses_the_budget_it_keeps() -> None:
+    from extproc.profiling.selection import SLOs
+    from extproc.profiling.virtual import measure_profile
+
+    plan = LoadPlan(input_lens=(512,), output_lens=(64,), rates=(2.0, 8.0), num_prompts=20)
+    slos = SLOs(percentile=99, targets={"tpot": 0.05})
+    half, whole = (measure_profile(engine, plan, "m", "a100", 1.0, slos, budget_margin=m) for m in (2.0, 1.0))
+    assert (half.budget_margin, whole.budget_margin) == (2.0, 1.0)
+    # margin 1 keeps the largest budget that met the SLO, 2 at most half of it
+    assert whole.budget(0, 0) >= 2 * half.budget(0, 0) and whole.served[0][0] > half.served[0][0]

@@ -184,6 +184,27 @@ def test_a_speed_line_that_never_saw_the_load_does_not_admit_past_what_the_profi
     assert type(s["slo"].pick(req(CHAT), beyond, 2.0)) is Queued
 
 
+def test_a_pod_admits_past_its_budget_only_within_its_profiles_budget_margin(slo):
+    from extproc.vocabulary import Speed
+
+    s, _ = slo
+
+    def tpot_profile(name: str, margin: float):
+        raw = {"gpu": name, "cost": 1.0, "tputs": [[10.0, 0.0]] * 2, "e2e": [[0.2, 1.0]] * 2,
+               "indexes": [[8, 256], [128, 4096]], "slos": {"percentile": 99, "tpot": 0.05}, "created": 1.0,
+               "tputs_admitted": [[10.0, 0.0]] * 2, "concurrency_admitted": [[2.0, 1.0]] * 2,
+               "budget_margin": margin}
+        return parse_profile(raw)
+
+    fast = Speed(base=0.01, shape=0.0, saturated=1000.0, batch=256)
+    full = [PodView(v.pod, running=v.running, speed=fast)  # every pod at its budget: 2 chats
+            for v in views(small0=2, small1=2, big0=2, big1=2)]
+    for margin, admits in ((2.0, True), (1.5, True), (1.0, False)):  # one more chat: 1.5 budgets
+        s["slo"].policy.state.set_profiles("m", {"small": tpot_profile("small", margin),
+                                                  "big": tpot_profile("big", margin)})
+        assert (type(s["slo"].pick(req(CHAT), full, 2.0)) is not Queued) is admits, margin
+
+
 def test_a_lane_both_shapes_share_is_packed_so_a_long_prompt_finds_an_empty_pod(slo):
     s, table = slo
     table.set_profiles("m", {"big": BIG})  # one type: chat and code share its lane
