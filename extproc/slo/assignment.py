@@ -7,7 +7,8 @@ one that leaves the busiest type least busy when the recent mix of shapes is spr
     subject to Σ_g s_cg = 1                   for every recent shape c
                load_g = Σ_c r_c · s_cg / tput_cg ≤ λ · n_g      for every type g with n_g pods
 
-(tput_cg: the profile's requests/s one pod of g serves within the SLO for shape c; s_cg its share; the ε
+(tput_cg: the profile's requests/s one pod of g serves within the SLO for shape c, at the GPU optimizer's
+cut where it made one (slo/fleet_factors.py), as the plan counts it; s_cg its share; the ε
 term breaks ties toward the type that serves a shape with the least work.) On A10 + L20 with chat and
 long-prompt code generation it sends chat to the A10s and keeps the L20s, the only type that can serve
 the code shape, for it: each type does what it is relatively best at, where "least load over every
@@ -67,7 +68,7 @@ def assign(table: Mapping[str, DeploymentModel], pods: Mapping[str, int],
         sig = Signature(2 ** shape[0], 2 ** shape[1])
         for g, dep in enumerate(deps):
             o, i = table[dep].cell(sig)
-            tput = table[dep].profile.served[o][i]
+            tput = table[dep].served(o, i)
             if tput > 0:
                 pairs.append((c, g, tput))
     served = sorted({c for c, _, _ in pairs})

@@ -50,6 +50,10 @@ class DeploymentModel:
     def cell(self, sig: Signature) -> tuple[int, int]:
         return self.profile.cell(sig.input_tokens, sig.output_tokens)
 
+    def served(self, o: int, i: int) -> float:
+        """Requests/s one pod serves of cell (o, i) within the SLO: the profile's, at the optimizer's cut."""
+        return self.profile.served[o][i] * self.admission
+
     def consumption(self, sig: Signature) -> float | None:
         """The share of a pod one such request holds; None: this deployment cannot meet the SLO.
 

@@ -54,8 +54,7 @@ class SloState:
         if self._sources.get(model) == profiles:
             return  # unchanged: no rebuild, no repeated "estimated" / "left out" log lines
         self._sources[model] = profiles
-        self.tables[model] = build_table(profiles, self._cuts.get(model))
-        self.split.forget(model)
+        self._rebuild(model)
 
     def set_cuts(self, model: str, cuts: Mapping[str, float]) -> None:
         """The GPU optimizer's feedback cuts for one model (deployment -> factor < 1; {}: none): each cut
@@ -65,7 +64,12 @@ class SloState:
             return
         self._cuts[model] = cuts
         if model in self._sources:
-            self.tables[model] = build_table(self._sources[model], cuts)
+            self._rebuild(model)
+
+    def _rebuild(self, model: str) -> None:
+        """The model's table from its profiles and cuts; its split is solved again on the new one."""
+        self.tables[model] = build_table(self._sources[model], self._cuts.get(model))
+        self.split.forget(model)
 
     def table(self, model: str) -> dict[str, DeploymentModel]:
         return self.tables.get(model) or {}

@@ -57,8 +57,11 @@ def test_the_state_rebuilds_its_table_on_a_cut_and_keeps_it_across_profile_chang
     before = state.table("m")
     state.set_cuts("m", {})
     assert state.table("m") is before  # unchanged: no rebuild
+    state.split.store("m", (), 0.0, {})
     state.set_cuts("m", {"a10": 0.5})
     assert state.table("m")["a10"].consumption(SIG) == pytest.approx(0.5)
+    assert state.table("m")["a10"].served(0, 0) == pytest.approx(1.0)  # half the profile's 2 req/s
+    assert "m" not in state.split.assignments  # the split is solved again on the cut table
     state.set_profiles("m", {"a10": admitted("a10", 8)})  # a newer profile: the cut still applies
     assert state.table("m")["a10"].consumption(SIG) == pytest.approx(0.25)
     state.set_cuts("m", {})  # the key expired: the profile's own budget

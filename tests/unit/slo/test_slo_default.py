@@ -69,6 +69,9 @@ def test_the_split_follows_comparative_advantage():
     # with no small pods left, chat has to go to big
     assert assign(table, {"small": 0, "big": 2}, mix.rates(0.0))[(7, 3)] == frozenset({"big"})
     assert assign(table, {"small": 2, "big": 2}, {}) == {}
+    # the GPU optimizer cut small to a tenth of its profile (its pods missed the SLO): big takes chat too
+    cut = build_table({"small": SMALL, "big": BIG}, {"small": 0.1})
+    assert "big" in assign(cut, {"small": 2, "big": 2}, mix.rates(0.0))[(7, 3)]
 
 
 def test_chat_is_spread_over_its_own_type_and_code_finds_a_whole_pod(slo):
