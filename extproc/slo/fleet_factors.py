@@ -7,8 +7,9 @@ counts its replicas at that share. The SLO router admits to a pod by the same pr
 longer counts on it for, and the misses stay where they were. So the optimizer publishes its cuts under
 one Redis key per model, and every gateway's router holds each pod of a cut deployment to that share of
 its budget (the request's consumption divided by the factor), and `slo`'s split of shapes over types
-counts its pods at that share of their throughput: router and plan count the same replica again. Only cuts travel: a raise above the benchmark reads room the router already uses (it admits past
-a pod's budget while the pod's measured speed shows room, slo/pulling.py). The key expires
+counts its pods at that share of their throughput: router and plan count the same replica again.
+Only cuts travel: a raise above the benchmark reads room the router already uses (it admits past a
+pod's budget while the pod's measured speed shows room, slo/pulling.py). The key expires
 (`ttl_seconds`): a stopped optimizer's last cuts do not outlive it.
 """
 
