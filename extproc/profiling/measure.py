@@ -22,6 +22,7 @@ class CellOutcome:
     unfinished: int = 0  # cancelled or never sent because the cell was cut off
     overloaded: str = ""  # why the cell was cut off: it could not keep up with its rate
     errors: Counter[str] = field(default_factory=Counter)
+    held: int | None = None  # admitted: the requests the closed loop keeps in flight (its budget)
 
     @property
     def ok(self) -> list[RequestResult]:
@@ -43,6 +44,11 @@ def cell_lines(outcome: CellOutcome, model: str, seed: int, temperature: float =
     sense plans about twice the fleet the same SLO needs (docs/profiling.md). A request that streamed one
     token has no TPOT; with none at all TPOT is 0.0, as AIBrix. With no successful request the latency
     lines have null statistics: nothing was measured, and gen-profile lets such a rate pass nothing.
+
+    An admitted cell (a closed loop holding `held` requests in flight) reads its throughput while the
+    replica held the budget (`_steady`), not over the whole run: the run's ramp up and its drain are the
+    benchmark's, not the replica's, and over 100 requests at a budget of 32 they cut the rate to a
+    quarter below what a replica the router keeps at that budget serves all day (N / (N + k)).
     """
     c, ok = outcome.cell, outcome.ok
     duration = max(outcome.duration, 1e-9)
@@ -60,10 +66,32 @@ def cell_lines(outcome: CellOutcome, model: str, seed: int, temperature: float =
             return dict.fromkeys(("mean", "P50", "P90", "P99"))
         return Summary.of(values or [0.0]).as_fields()
 
+    done, tokens, seconds = _steady(outcome) or (len(ok), sum(r.output_tokens for r in ok), duration)
     return [
-        line("TPUT", {"mean": len(ok) / duration}),
-        line("TT", {"mean": sum(r.output_tokens for r in ok) / duration}),
+        line("TPUT", {"mean": done / seconds}),
+        line("TT", {"mean": tokens / seconds}),
         line("E2E", summary([r.e2e for r in ok])),
         line("TTFT", summary([r.ttft for r in ok if r.ttft is not None])),
         line("TPOT", summary([math.fsum(r.gaps) / len(r.gaps) for r in ok if r.gaps])),
     ]
+
+
+MIN_STEADY = 10  # completions the held interval needs to be read alone
+
+
+def _steady(outcome: CellOutcome) -> tuple[int, int, float] | None:
+    """(completions, output tokens, seconds) between the send that filled the budget (the held-th) and the
+    last send: every client busy, so requests end at the rate a replica held at the budget serves. None
+    (read the whole run) when not a closed loop, or the budget was never held long enough to count
+    MIN_STEADY completions (a budget near the sample count is all ramp and drain)."""
+    k = outcome.held
+    if not k:
+        return None
+    starts = sorted(r.start for r in outcome.results)
+    if len(starts) <= k:
+        return None
+    begin, end = starts[k - 1], starts[-1]
+    inside = [r for r in outcome.ok if begin < r.end <= end]
+    if len(inside) < MIN_STEADY or end <= begin:
+        return None
+    return len(inside), sum(r.output_tokens for r in inside), end - begin

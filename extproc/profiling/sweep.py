@@ -156,7 +156,7 @@ async def run_admitted_cell(endpoint: Endpoint, plan: LoadPlan, cell: Cell,
     limit = max(1, int(cell.rate))
     await asyncio.gather(*(client(k * plan.stagger(cell)) for k in range(limit)))
     end = max((r.end for r in results), default=loop.time())
-    return _outcome(endpoint, plan, cell, results, end - start, overloaded)
+    return replace(_outcome(endpoint, plan, cell, results, end - start, overloaded), held=limit)
 
 
 def _outcome(endpoint: Endpoint, plan: LoadPlan, cell: Cell, results: list[RequestResult], duration: float,

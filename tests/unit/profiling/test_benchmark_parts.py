@@ -113,6 +113,42 @@ def test_cell_lines_are_aibrix_lines_with_failures_counted() -> None:
     assert first["overloaded"] == "1 requests unfinished"
 
 
+def closed_loop(budget: int, requests: int, e2e: float) -> list[RequestResult]:
+    """`budget` clients staggered over one e2e, each sending its next request as the last ends."""
+    out = []
+    for n in range(requests):
+        client, turn = n % budget, n // budget
+        start = client * e2e / budget + turn * e2e
+        out.append(ok(start, 0.5, [(e2e - 0.5) / 99] * 99, 100))
+    return out
+
+
+def test_an_admitted_cell_reads_its_rate_while_the_budget_is_held() -> None:
+    # 4 in flight, 10 s each: a replica held there serves 0.4 req/s; over the whole run (the stagger's
+    # 7.5 s ramp and the last turn's drain) 40 requests take 107.5 s, 0.372/s
+    results = closed_loop(4, 40, 10.0)
+    whole = max(r.end for r in results)
+    outcome = CellOutcome(Cell(128, 100, 4.0), planned=40, results=results, duration=whole, held=4)
+    by = {line.metric: line for line in cell_lines(outcome, "m", seed=0)}
+    assert by["TPUT"].stat("mean") == pytest.approx(0.4)
+    assert by["TT"].stat("mean") == pytest.approx(40.0)
+    assert 40 / whole < 0.38  # what the whole run reads
+    # a rate run (not a closed loop) reads the whole run, as AIBrix does
+    rate_run = CellOutcome(Cell(128, 100, 4.0), planned=40, results=results, duration=whole)
+    assert {line.metric: line for line in cell_lines(rate_run, "m", 0)}["TPUT"].stat("mean") == \
+        pytest.approx(40 / whole)
+
+
+def test_a_budget_never_held_long_enough_reads_the_whole_run() -> None:
+    results = closed_loop(32, 40, 10.0)  # 8 requests past the ramp: fewer than MIN_STEADY complete
+    whole = max(r.end for r in results)
+    for held in (32, 64):
+        outcome = CellOutcome(Cell(128, 100, float(held)), planned=40, results=results, duration=whole,
+                              held=held)
+        tput = {line.metric: line for line in cell_lines(outcome, "m", 0)}["TPUT"].stat("mean")
+        assert tput == pytest.approx(40 / whole)
+
+
 def test_a_cell_with_no_success_writes_null_latencies_that_round_trip() -> None:
     outcome = CellOutcome(Cell(8, 8, 1.0), 2, [RequestResult(False, 0, 1, error="x")] * 2, duration=1.0)
     out = io.StringIO()
