@@ -1,6 +1,6 @@
 """slo-least-load-pulling, AIBrix's rule: the lowest utilization + consumption <= 1; none fits: the
 request waits in the gateway queue (the pick returns Queued), or is rejected when its SLO cannot be met
-(Rejected; a TPOT SLO, which waiting cannot breach, only when it waited `max_wait_seconds`). `slo` (slo/lanes.py) pulls the same way within its lane."""
+(Rejected). `slo` (slo/lanes.py) pulls the same way within its lane."""
 
 from __future__ import annotations
 
@@ -78,15 +78,7 @@ class Pulling(SloPolicy):
         slack = best.slack(sig)
         scale = float(sig.output_tokens) if best.metric in PER_TOKEN else 1.0
         max_wait = self.state.settings.max_wait_seconds
-        if best.metric == "tpot" or math.isinf(slack):
-            # TPOT runs from the first token (the benchmark, the traces and the attainment all measure it
-            # so): time in this queue is time to first token and cannot breach it, so only the queue's
-            # own limit ends the wait. Counted per token against the profile's e2e (which holds the
-            # prefill), a 3K-token prompt with a 60-token answer read "breached" before it waited at all
-            # and was refused whenever no pod had room that instant, on a profile that serves it.
-            wait = max_wait
-        else:
-            wait = min(max_wait, slack * scale)
+        wait = max_wait if math.isinf(slack) else min(max_wait, slack * scale)
         retry = max(1.0, min(dm.expected(sig) if dm.metric not in PER_TOKEN else
                              dm.expected(sig) * sig.output_tokens for dm in usable))
         if wait <= 0:
