@@ -97,23 +97,6 @@ def test_breached_on_arrival_is_rejected(routing):
     assert rej.deployments == {"fast"}  # the deployment that could have served it: a miss of its plan
 
 
-def test_a_tpot_slo_is_not_breached_by_waiting(routing):
-    # A long prompt's e2e over its few output tokens is 0.3 s a token against a 50 ms TPOT target, yet
-    # the profile serves the shape within it: TPOT runs from the first token, so the request waits for
-    # room (up to max_wait_seconds) instead of being refused at once. An E2E target (above) still is.
-    s, slo = routing
-    prefill_heavy = parse_profile({"gpu": "fast", "cost": 1.0, "tputs": [[10, 10], [10, 10]],
-                                   "indexes": [[8, 256], [128, 1024]], "e2e": [[2.4, 2.4], [2.4, 2.4]],
-                                   "slos": {"percentile": 99, "tpot": 0.05}, "created": 1.0})
-    slo.set_profiles("m", {"fast": prefill_heavy})
-    full = views(fast0=5, fast1=5)  # Little's budget: 10/s x 2.4 s = 24 a pod, so 5 leave room
-    assert s["slo-least-load-pulling"].pick(req(prompt=1024), full, 0).pod.deployment == "fast"
-    busy = views(fast0=24, fast1=24)  # every pod at its budget
-    wait = s["slo-least-load-pulling"].pick(req(prompt=1024), busy, 7.0)
-    assert type(wait) is Queued
-    assert wait.entry.deadline == pytest.approx(7.0 + 60.0)  # max_wait_seconds, not slack x tokens
-
-
 def test_without_profiles_load_balance_routes(routing):
     s, slo = routing
     slo.tables.clear()
