@@ -128,7 +128,8 @@ class GpuProfile:
         near = self.tput(input_tokens, output_tokens)  # type: ignore[arg-type]
         if near <= 0:
             return near
-        (o0, o1, wo), (i0, i1, wi) = _between(self.outputs, output_tokens), _between(self.inputs, input_tokens)
+        o0, o1, wo = _between(self.outputs, output_tokens)
+        i0, i1, wi = _between(self.inputs, input_tokens)
         corners = ((o0, i0, (1 - wo) * (1 - wi)), (o0, i1, (1 - wo) * wi), (o1, i0, wo * (1 - wi)),
                    (o1, i1, wo * wi))
         cost = 0.0

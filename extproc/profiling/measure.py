@@ -47,11 +47,10 @@ def cell_lines(outcome: CellOutcome, model: str, seed: int, temperature: float =
 
     An admitted cell (a closed loop holding `held` requests in flight) reads its throughput while the
     replica held the budget (`_steady`), not over the whole run: the run's ramp up and its drain are the
-    benchmark's, not the replica's, and over 100 requests at a budget of 32 they cut the rate to a
-    quarter below what a replica the router keeps at that budget serves all day (N / (N + k)).
+    benchmark's, not the replica's, and over N requests at a budget of k they cut the rate by about
+    N / (N + k) (a quarter at 100 and 32) below what a replica the router keeps at that budget serves.
     """
     c, ok = outcome.cell, outcome.ok
-    duration = max(outcome.duration, 1e-9)
     extra: dict[str, object] = {"seed": seed, "model": model, "temperature": temperature,
                                 "samples": outcome.planned, "failed": outcome.failed,
                                 "unfinished": outcome.unfinished}
@@ -66,7 +65,7 @@ def cell_lines(outcome: CellOutcome, model: str, seed: int, temperature: float =
             return dict.fromkeys(("mean", "P50", "P90", "P99"))
         return Summary.of(values or [0.0]).as_fields()
 
-    done, tokens, seconds = _steady(outcome) or (len(ok), sum(r.output_tokens for r in ok), duration)
+    done, tokens, seconds = served(outcome)
     return [
         line("TPUT", {"mean": done / seconds}),
         line("TT", {"mean": tokens / seconds}),
@@ -77,6 +76,13 @@ def cell_lines(outcome: CellOutcome, model: str, seed: int, temperature: float =
 
 
 MIN_STEADY = 10  # completions the held interval needs to be read alone
+
+
+def served(outcome: CellOutcome) -> tuple[int, int, float]:
+    """(completions, output tokens, seconds) the cell's TPUT and TT divide: an admitted cell's while its
+    budget was held (`_steady`), else the whole run's (AIBrix's: first send to last completion)."""
+    ok = outcome.ok
+    return _steady(outcome) or (len(ok), sum(r.output_tokens for r in ok), max(outcome.duration, 1e-9))
 
 
 def _steady(outcome: CellOutcome) -> tuple[int, int, float] | None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from extproc.profiling.client import RequestResult
-from extproc.profiling.measure import CellOutcome, cell_lines
+from extproc.profiling.measure import CellOutcome, cell_lines, served
 from extproc.profiling.plan import LoadPlan
 from extproc.profiling.records import MetricLine
 from extproc.profiling.selection import ADMITTED_KEY, SLOs, climb_to
@@ -174,7 +174,8 @@ def describe(outcome: CellOutcome) -> str:
         text += f", {outcome.unfinished} unfinished"
     if ok:
         e2e = sorted(r.e2e for r in ok)
-        text += f"; TPUT {len(ok) / max(outcome.duration, 1e-9):.2f}/s, E2E mean {sum(e2e) / len(e2e):.3f}s"
+        done, _, seconds = served(outcome)
+        text += f"; TPUT {done / seconds:.2f}/s, E2E mean {sum(e2e) / len(e2e):.3f}s"
     if outcome.overloaded:
         text += f"; OVERLOADED: {outcome.overloaded}"
     if outcome.errors:
