@@ -108,14 +108,14 @@ class GpuProfile:
         e2e = self.e2e[o][i] if self.e2e is not None else math.nan
         return little_budget(self.tputs[o][i], e2e)
 
-    def cell(self, input_tokens: int, output_tokens: int) -> tuple[int, int]:
+    def cell(self, input_tokens: float, output_tokens: float) -> tuple[int, int]:
         """(out_idx, in_idx) of the cell nearest in log2 space, clamped to the grid's edges.
 
         Profiles are measured on power-of-two grids, so "nearest" means nearest ratio, not nearest
         difference: 6 tokens is closer to 8 than to 4."""
         return nearest_index(self.outputs, output_tokens), nearest_index(self.inputs, input_tokens)
 
-    def tput(self, input_tokens: int, output_tokens: int) -> float:
+    def tput(self, input_tokens: float, output_tokens: float) -> float:
         o, i = self.cell(input_tokens, output_tokens)
         return self.served[o][i]
 
@@ -125,7 +125,7 @@ class GpuProfile:
         request's time is about affine in its prompt and its answer: prefill, then one step a token), so
         an 830-token answer does not cost what the 1,024-token cell measured. Clamped to the grid's edges;
         where a cell around it cannot be served, the nearest cell's figure (0 stays 0)."""
-        near = self.tput(input_tokens, output_tokens)  # type: ignore[arg-type]
+        near = self.tput(input_tokens, output_tokens)
         if near <= 0:
             return near
         o0, o1, wo = _between(self.outputs, output_tokens)
