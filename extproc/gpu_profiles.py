@@ -119,46 +119,11 @@ class GpuProfile:
         o, i = self.cell(input_tokens, output_tokens)
         return self.served[o][i]
 
-    def rate_at(self, input_tokens: float, output_tokens: float) -> float:
-        """What a routed replica sustains of this exact shape: the replica-seconds a request costs
-        (1 / `served`) interpolated linearly in tokens between the four measured cells around it (a
-        request's time is about affine in its prompt and its answer: prefill, then one step a token), so
-        an 830-token answer does not cost what the 1,024-token cell measured. Clamped to the grid's edges;
-        where a cell around it cannot be served, the nearest cell's figure (0 stays 0)."""
-        near = self.tput(input_tokens, output_tokens)
-        if near <= 0:
-            return near
-        o0, o1, wo = _between(self.outputs, output_tokens)
-        i0, i1, wi = _between(self.inputs, input_tokens)
-        corners = ((o0, i0, (1 - wo) * (1 - wi)), (o0, i1, (1 - wo) * wi), (o1, i0, wo * (1 - wi)),
-                   (o1, i1, wo * wi))
-        cost = 0.0
-        for o, i, w in corners:
-            if w <= 0:
-                continue
-            t = self.served[o][i]
-            if t <= 0:
-                return near
-            cost += w / t
-        return 1.0 / cost if cost > 0 else near
-
 
 def little_budget(tput: float, e2e: float) -> int:
     """max(1, floor(tput x e2e)): by Little's law the requests a replica holds at the benchmark's rate
     at the SLO; one at a time where the rate or the latency is unknown or 0."""
     return max(1, math.floor(tput * e2e)) if tput > 0 and e2e > 0 else 1
-
-
-def _between(ticks: Sequence[int], tokens: float) -> tuple[int, int, float]:
-    """The ticks around `tokens` (ascending ticks) and its linear weight on the upper one; clamped."""
-    x = float(tokens)
-    if x <= ticks[0]:
-        return 0, 0, 0.0
-    for k in range(1, len(ticks)):
-        if x <= ticks[k]:
-            return k - 1, k, (x - ticks[k - 1]) / (ticks[k] - ticks[k - 1])
-    last = len(ticks) - 1
-    return last, last, 0.0
 
 
 HALFWAY = 1e-9  # log2 distances this close are a tie (trace buckets sit exactly halfway, up to float error)

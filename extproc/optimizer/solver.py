@@ -10,9 +10,7 @@ than the four-slice approximation of AIBrix's Mélange solver. One MILP, solved 
 `scipy.optimize.milp` with a zero optimality gap.
 
 Each workload cell is mapped onto each profile's own grid (nearest in log2 space, clamped), so profiles on
-different grids work together; cells that land on the same cell of every profile are merged first. A
-merged cell's rate per type is its demands' own: each demand's shape costs what the profile's cells around
-it say, interpolated (`GpuProfile.rate_at`), not what the nearest cell's shape costs.
+different grids work together; cells that land on the same cell of every profile are merged first.
 """
 
 from __future__ import annotations
@@ -88,23 +86,17 @@ class _Cell:
 
 def _merge(profiles: Sequence[GpuProfile], demands: Iterable[Demand]) -> list[_Cell]:
     cells: dict[tuple[tuple[int, int], ...], _Cell] = {}
-    work: dict[tuple[tuple[int, int], ...], list[float]] = {}  # per type: replica-seconds a second
     for d in demands:
         if not (d.rps > 0 and math.isfinite(d.rps)):
             continue
         sig = tuple(p.cell(d.input_tokens, d.output_tokens) for p in profiles)
         c = cells.get(sig)
         if c is None:
-            c = cells[sig] = _Cell(slots=tuple(p.budget(o, i) for p, (o, i) in zip(profiles, sig)))
-            work[sig] = [0.0] * len(profiles)
+            c = cells[sig] = _Cell(tputs=tuple(p.served[o][i] for p, (o, i) in zip(profiles, sig)),
+                                   slots=tuple(p.budget(o, i) for p, (o, i) in zip(profiles, sig)))
         c.rps += d.rps
         c.log_in += d.rps * math.log2(max(d.input_tokens, 1.0))
         c.log_out += d.rps * math.log2(max(d.output_tokens, 1.0))
-        for g, p in enumerate(profiles):
-            t = p.rate_at(d.input_tokens, d.output_tokens)
-            work[sig][g] += d.rps / t if t > 0 else math.inf
-    for sig, c in cells.items():  # each type's rate of the cell: its demands' own shapes, interpolated
-        c.tputs = tuple(c.rps / w if math.isfinite(w) else 0.0 for w in work[sig])
     return list(cells.values())
 
 
