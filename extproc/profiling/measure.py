@@ -12,6 +12,8 @@ from extproc.profiling.records import MetricLine
 from extproc.profiling.stats import Summary
 from extproc.profiling.workload import Cell
 
+MIN_STEADY = 10  # completions an admitted cell's held interval needs to be read alone (`_steady`)
+
 
 @dataclass(slots=True)
 class CellOutcome:
@@ -75,9 +77,6 @@ def cell_lines(outcome: CellOutcome, model: str, seed: int, temperature: float =
     ]
 
 
-MIN_STEADY = 10  # completions the held interval needs to be read alone
-
-
 def served(outcome: CellOutcome) -> tuple[int, int, float]:
     """(completions, output tokens, seconds) the cell's TPUT and TT divide: an admitted cell's while its
     budget was held (`_steady`), else the whole run's (AIBrix's: first send to last completion)."""
@@ -98,6 +97,6 @@ def _steady(outcome: CellOutcome) -> tuple[int, int, float] | None:
         return None
     begin, end = starts[k - 1], starts[-1]
     inside = [r for r in outcome.ok if begin < r.end <= end]
-    if len(inside) < MIN_STEADY or end <= begin:
+    if len(inside) < MIN_STEADY:  # (none can end inside an empty interval)
         return None
     return len(inside), sum(r.output_tokens for r in inside), end - begin

@@ -156,15 +156,15 @@ async def run_admitted_cell(endpoint: Endpoint, plan: LoadPlan, cell: Cell,
     limit = max(1, int(cell.rate))
     await asyncio.gather(*(client(k * plan.stagger(cell)) for k in range(limit)))
     end = max((r.end for r in results), default=loop.time())
-    return replace(_outcome(endpoint, plan, cell, results, end - start, overloaded), held=limit)
+    return _outcome(endpoint, plan, cell, results, end - start, overloaded, held=limit)
 
 
 def _outcome(endpoint: Endpoint, plan: LoadPlan, cell: Cell, results: list[RequestResult], duration: float,
-             overloaded: str) -> CellOutcome:
+             overloaded: str, held: int | None = None) -> CellOutcome:
     errors = Counter(endpoint.redact(r.error) for r in results if not r.ok)
     planned = plan.prompts(cell)
     return CellOutcome(cell, planned, results, duration, planned - len(results),
-                       overloaded, errors)
+                       overloaded, errors, held)
 
 
 def describe(outcome: CellOutcome) -> str:

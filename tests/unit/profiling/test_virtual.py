@@ -98,6 +98,20 @@ def test_an_admitted_cell_is_cut_off_by_a_request_that_hangs_not_by_its_length()
     assert "still running 1s" in cut.extra["overloaded"] and cut.extra["unfinished"] > 0
 
 
+def test_an_admitted_budget_reads_what_the_replica_serves_while_it_holds_it() -> None:
+    from extproc.gpu_profiles import parse_profile
+
+    # Little's budget 1, run at x8: 8 requests in flight, 24 in all. Held, a replica serves k / e2e
+    # (Little's law); over the whole run, with the stagger's ramp and the drain, about N / (N + k) = 0.75
+    # of that.
+    profile = parse_profile({"gpu": "a100", "cost": 1.0, "tputs": [[0.3]], "indexes": [[256], [128]],
+                             "e2e": [[3.0]], "slos": {"percentile": 99, "tpot": 0.05}, "created": 1.0})
+    plan = LoadPlan(num_prompts=24, admitted=profile, budget_factors=(8,))
+    lines = {line.metric: line for line in benchmark(engine(), plan, "m")}
+    assert lines["TPUT"].request_rate == 8
+    assert lines["TPUT"].stats["mean"] == pytest.approx(8 / lines["E2E"].stats["mean"], rel=0.1)
+
+
 def test_the_grid_fits_the_models_context() -> None:
     plan = LoadPlan(input_lens=(128, 4096, 6144, 8192), output_lens=(16, 1024))
     assert plan.fit(8192).input_lens == (128, 4096, 6144, 7168)  # 8192 + any answer does not fit 8K
