@@ -10,6 +10,7 @@ profiles move freely between AIBrix and us:
      "indexes": [[outputs...], [inputs...]],
      "created": <unix seconds>,
      "e2e": [[s, ...], ...], "ttft": [[s, ...], ...],   # newer files only
+     "tpot": [[s, ...], ...],                           # ours (optional): mean TPOT where e2e was read
      "slos": {"percentile": 99, "e2e": 2.0},            # newer files only
      "tputs_admitted": [[rps, ...], ...],               # ours (optional): see below
      "concurrency_admitted": [[k, ...], ...],          # ours (optional): the budget it was measured at
@@ -27,7 +28,9 @@ router admits k of a shape to a pod (`budget`) and the GPU optimizer plans `tput
 (`served`), so router and plan count the same replica. `tputs_admitted_max`: the requests/s of the run
 at the largest budget that still met the SLO (k is kept at most half of it); the SLO router admits up
 to that while a pod's measured speed shows room, and the optimizer's feedback may raise a cell's plan
-up to it, never beyond. AIBrix's reader ignores keys it does not know, so the file still loads there.
+up to it, never beyond. `tpot`: the mean time per output token at the rate `e2e` was read at; under a
+TPOT SLO the router expects a request's TPOT from it (AIBrix's e2e holds the prefill too). AIBrix's
+reader ignores keys it does not know, so the file still loads there.
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ class GpuProfile:
     tputs_admitted: Matrix | None = None  # requests/s at the SLO behind the router's admission (ours)
     concurrency_admitted: Matrix | None = None  # the per-pod budget (requests in flight) it was measured at
     tputs_admitted_max: Matrix | None = None  # requests/s at the largest budget that met the SLO (ours)
+    tpot: Matrix | None = None  # (ours) seconds per output token where e2e was read; 0/NaN: unknown
     # (ours) the kept budget is at most 1/budget_margin of the largest that met the SLO; the SLO router
     # admits past it up to budget_margin times it while a pod's measured speed shows room
     budget_margin: float = BUDGET_MARGIN
@@ -202,9 +206,9 @@ def parse_profile(data: Mapping[str, Any]) -> GpuProfile:
     shape = (len(outputs), len(inputs))
     # NaN: a rate nobody measured serves nothing (0); a latency nobody measured is unknown (NaN, which
     # the SLO router treats as "cannot judge this cell")
-    optional = {k: _matrix(data[k], k, *shape, unknown=math.nan if k in ("e2e", "ttft") else 0.0)
+    optional = {k: _matrix(data[k], k, *shape, unknown=math.nan if k in ("e2e", "ttft", "tpot") else 0.0)
                 if data.get(k) is not None else None
-                for k in ("e2e", "ttft", "tputs_admitted", "concurrency_admitted", "tputs_admitted_max")}
+                for k in ("e2e", "ttft", "tpot", "tputs_admitted", "concurrency_admitted", "tputs_admitted_max")}
     slos_raw = data.get("slos") or {}
     if not isinstance(slos_raw, Mapping):
         raise ProfileError(f"slos: expected an object, got {slos_raw!r}")
@@ -218,7 +222,8 @@ def parse_profile(data: Mapping[str, Any]) -> GpuProfile:
                    slos=slos, created=_number(data.get("created", 0.0), "created"),
                    tputs_admitted=optional["tputs_admitted"],
                    concurrency_admitted=optional["concurrency_admitted"],
-                   tputs_admitted_max=optional["tputs_admitted_max"], budget_margin=margin)
+                   tputs_admitted_max=optional["tputs_admitted_max"], budget_margin=margin,
+                   tpot=optional["tpot"])
 
 
 def load_profile(path: str | Path) -> GpuProfile:
@@ -251,6 +256,8 @@ def dump_profile(p: GpuProfile) -> dict[str, Any]:
         out["budget_margin"] = p.budget_margin
     if p.tputs_admitted_max is not None:
         out["tputs_admitted_max"] = [list(r) for r in p.tputs_admitted_max]
+    if p.tpot is not None:
+        out["tpot"] = [list(r) for r in p.tpot]
     return out
 
 # -- the store ------------------------------------------------------------------------------------

@@ -12,6 +12,9 @@ agree across tools:
   kept up, the lowest passing rate.
 - tputs = mean TPUT there, 0 when no rate passes; e2e = mean E2E there, or at the cell's first (lowest) rate
   with an E2E measurement when none passes; ttft likewise, recorded only when a TTFT SLO is set.
+- Ours, beside AIBrix's keys: tpot = mean TPOT at the same rate (or the first rate with a TPOT line),
+  always recorded. Under a TPOT SLO the router expects a request's TPOT from it; the e2e alone holds the
+  prefill, so a long prompt with a short answer would read as breached before it ran.
 
 Where AIBrix is undefined we choose: a line repeated for the same cell, rate and metric (an --append re-run)
 replaces the earlier one; a cell with no E2E measurement at all gets e2e 0.0 and a warning, not a crash.
@@ -97,6 +100,7 @@ class Grid:
     tputs: tuple[tuple[float, ...], ...]
     e2e: tuple[tuple[float, ...], ...]
     ttft: tuple[tuple[float, ...], ...] | None
+    tpot: tuple[tuple[float, ...], ...]
     rates: tuple[tuple[float | None, ...], ...]  # the chosen request rate; None when no rate passed
     warnings: tuple[str, ...] = ()
 
@@ -139,16 +143,17 @@ def select(lines: Sequence[MetricLine], slos: SLOs, source: str = "benchmark") -
         line = table.get((i, o, r, metric))
         return None if line is None else line.stat("mean")
 
-    def first_measured(i: int, o: int, metric: str) -> float:
+    def first_measured(i: int, o: int, metric: str, warn: bool = True) -> float:
         for r in sorted(rates_of.get((i, o), ())):
             if (value := mean(i, o, r, metric)) is not None:
                 return value
-        warnings.append(f"input {i}, output {o}: no {metric} measurement; {metric.lower()} recorded as 0")
+        if warn:
+            warnings.append(f"input {i}, output {o}: no {metric} measurement; {metric.lower()} recorded as 0")
         return 0.0
 
-    tputs, e2es, ttfts, chosen = [], [], [], []
+    tputs, e2es, ttfts, tpots, chosen = [], [], [], [], []
     for o in outputs:
-        row_t, row_e, row_f, row_r = [], [], [], []
+        row_t, row_e, row_f, row_p, row_r = [], [], [], [], []
         for i in inputs:
             rates = sorted(rates_of.get((i, o), ()))
             passing = [r for r in rates if all(slos.passes(m, table.get((i, o, r, m))) for m in SLO_METRICS)]
@@ -158,18 +163,21 @@ def select(lines: Sequence[MetricLine], slos: SLOs, source: str = "benchmark") -
                 row_t.append(mean(i, o, rate, "TPUT") or 0.0)
                 row_e.append(mean(i, o, rate, "E2E") or 0.0)
                 row_f.append(mean(i, o, rate, "TTFT") or 0.0)
+                row_p.append(mean(i, o, rate, "TPOT") or 0.0)
                 row_r.append(rate)
             else:
                 row_t.append(0.0)
                 row_e.append(first_measured(i, o, "E2E"))
                 row_f.append(first_measured(i, o, "TTFT") if slos.is_set("TTFT") else 0.0)
+                row_p.append(first_measured(i, o, "TPOT", warn=False))  # not served: never read
                 row_r.append(None)
         tputs.append(tuple(row_t))
         e2es.append(tuple(row_e))
         ttfts.append(tuple(row_f))
+        tpots.append(tuple(row_p))
         chosen.append(tuple(row_r))
     return Grid(outputs, inputs, tuple(tputs), tuple(e2es), tuple(ttfts) if slos.is_set("TTFT") else None,
-                tuple(chosen), tuple(warnings))
+                tuple(tpots), tuple(chosen), tuple(warnings))
 
 
 

@@ -58,7 +58,7 @@ def test_cell_on_a40_matches_the_spec_example() -> None:
 
 
 def test_round_trip_keeps_every_key() -> None:
-    data = small(ttft=[[0.1, 0.2], [0.1, 0.3]])
+    data = small(ttft=[[0.1, 0.2], [0.1, 0.3]], tpot=[[0.01, 0.02], [0.01, 0.03]])
     p = parse_profile(data)
     assert (
         p.e2e == ((1.0, 1.5), (1.8, 3.0)) and p.ttft is not None and p.slos == {"percentile": 99, "e2e": 2.0}

@@ -51,6 +51,16 @@ def test_hand_computed_cells_under_an_e2e_slo() -> None:
     assert grid.ttft is None  # only recorded when a TTFT SLO is set
 
 
+def test_tpot_is_recorded_at_the_rate_e2e_was_read_at() -> None:
+    lines = [*rate_lines(100, 10, 1, 1.0, 0.5, tpot=0.010), *rate_lines(100, 10, 2, 1.9, 0.8, tpot=0.015),
+             *rate_lines(100, 10, 4, 3.9, 1.5, tpot=0.030),   # misses E2E < 1
+             *rate_lines(100, 20, 1, 1.0, 1.0, tpot=0.020), *rate_lines(100, 20, 2, 1.9, 1.2, tpot=0.025)]
+    grid = select(lines, SLOs(0, {"e2e": 1.0}))
+    assert grid.rates == ((2,), (None,))
+    assert grid.tpot == ((0.015,), (0.020,))  # (100, 20) serves nothing: its first rate, like e2e
+    assert grid.warnings == ()
+
+
 def test_without_slos_every_complete_rate_passes() -> None:
     grid = select(hand_benchmark(), SLOs())
     # (100, 20): rate 2 kept up (1.9 ≥ 1.8); (200, 20): rate 1 still lacks its TTFT line
