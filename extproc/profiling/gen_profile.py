@@ -24,7 +24,7 @@ def profile_from_lines(deployment: str, lines: Sequence[MetricLine], cost: float
                        budget_margin: float = BUDGET_MARGIN) -> tuple[GpuProfile, Grid]:
     """The profile of a rate run's lines; with `admitted_lines` (`benchmark --admitted` of this profile's
     grid) its `tputs_admitted` and `concurrency_admitted` too, each cell's budget at most 1/budget_margin
-    of the largest that met the SLO."""
+    of the largest that met the SLO, and `tpot` read at that budget where the admitted run's was kept."""
     if not deployment:
         raise ValueError("the deployment name is empty")
     if any(ADMITTED_KEY in line.extra for line in lines):
@@ -38,8 +38,10 @@ def profile_from_lines(deployment: str, lines: Sequence[MetricLine], cost: float
             raise BenchmarkError(f"{admitted_source}: no `benchmark --admitted` lines (they carry "
                                  f'"{ADMITTED_KEY}")')
         got = admitted(runs, slos, grid.outputs, grid.inputs, grid.tputs, grid.e2e, budget_margin)
+        tpot = tuple(tuple(grid.tpot[o][i] if t is None else t for i, t in enumerate(row))
+                     for o, row in enumerate(got.tpot))
         built = replace(built, tputs_admitted=got.tputs, concurrency_admitted=got.budgets,
-                        tputs_admitted_max=got.most, budget_margin=budget_margin)
+                        tputs_admitted_max=got.most, budget_margin=budget_margin, tpot=tpot)
     return built, grid
 
 

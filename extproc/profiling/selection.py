@@ -13,7 +13,8 @@ agree across tools:
 - tputs = mean TPUT there, 0 when no rate passes; e2e = mean E2E there, or at the cell's first (lowest) rate
   with an E2E measurement when none passes; ttft likewise, recorded only when a TTFT SLO is set.
 - Ours, beside AIBrix's keys: tpot = mean TPOT at the same rate (or the first rate with a TPOT line),
-  always recorded. Under a TPOT SLO the router expects a request's TPOT from it; the e2e alone holds the
+  always recorded; with a `benchmark --admitted` run, at the kept budget where that run's rate was kept
+  (`admitted`): the TPOT of a pod the router holds at that budget. Under a TPOT SLO the router expects a request's TPOT from it; the e2e alone holds the
   prefill, so a long prompt with a short answer would read as breached before it ran.
 
 Where AIBrix is undefined we choose: a line repeated for the same cell, rate and metric (an --append re-run)
@@ -232,6 +233,8 @@ class Admitted:
     tputs: tuple[tuple[float, ...], ...]
     budgets: tuple[tuple[float, ...], ...]
     most: tuple[tuple[float, ...], ...]  # per cell, the best requests/s of any budget that passed
+    # per cell, the mean TPOT at the kept budget; None where the rate run's figures were kept
+    tpot: tuple[tuple[float | None, ...], ...] = ()
 
 
 def admitted(lines: Iterable[MetricLine], slos: SLOs, outputs: Sequence[int], inputs: Sequence[int],
@@ -241,25 +244,31 @@ def admitted(lines: Iterable[MetricLine], slos: SLOs, outputs: Sequence[int], in
     passes, those at no more than 1/margin of the largest passing budget (the smallest passing one
     when none is), the one with the highest requests/s, and its budget. Where none passes, or the best is
     below `tputs`: `tputs` at Little's budget. Beside them, per cell, the best requests/s of any passing
-    budget (at least the kept one's): what the SLO router may reach admitting past the kept budget."""
+    budget (at least the kept one's): what the SLO router may reach admitting past the kept budget; and
+    the mean TPOT at the kept budget, what a request sees on a pod the router holds there."""
     table = index_lines(line for line in lines if ADMITTED_KEY in line.extra)
-    rates, budgets, most = [], [], []
+    rates, budgets, most, tpots = [], [], [], []
     for o_idx, o in enumerate(outputs):
-        row_t, row_k, row_m = [], [], []
+        row_t, row_k, row_m, row_p = [], [], [], []
         for i_idx, i in enumerate(inputs):
             base = tputs[o_idx][i_idx]
             best = (base, little_budget(base, e2e[o_idx][i_idx] if e2e is not None else math.nan))
             passing = [(table[(i, o, r, "TPUT")].stat("mean") or 0.0, int(r))
                        for r in sorted({r for (ii, oo, r, _) in table if (ii, oo) == (i, o)})
                        if all(slos.passes(m, table.get((i, o, r, m))) for m in SLO_METRICS)]
+            tpot = None
             if passing:
                 top = passing[-1][1]
                 kept = [p for p in passing if p[1] * margin <= top] or passing[:1]
                 best = max([best, *kept])
+                if best in kept:
+                    tpot = table[(i, o, float(best[1]), "TPOT")].stat("mean")
             row_t.append(best[0])
             row_k.append(float(best[1]))
             row_m.append(max([best[0], *(t for t, _ in passing)]))
+            row_p.append(tpot)
         rates.append(tuple(row_t))
         budgets.append(tuple(row_k))
         most.append(tuple(row_m))
-    return Admitted(tuple(rates), tuple(budgets), tuple(most))
+        tpots.append(tuple(row_p))
+    return Admitted(tuple(rates), tuple(budgets), tuple(most), tuple(tpots))

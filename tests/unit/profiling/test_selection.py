@@ -157,11 +157,11 @@ def test_aibrix_a100_benchmark_reads_whole() -> None:
     assert all(v > 0 and not math.isnan(v) for row in grid.tputs for v in row)
 
 
-def admitted_lines(i: int, o: int, k: int, tput: float, e2e: float) -> list[MetricLine]:
+def admitted_lines(i: int, o: int, k: int, tput: float, e2e: float, tpot: float = 0.01) -> list[MetricLine]:
     from extproc.profiling.selection import ADMITTED_KEY
 
     return [MetricLine(x.input_tokens, x.output_tokens, float(k), x.metric, x.stats, {ADMITTED_KEY: k})
-            for x in rate_lines(i, o, k, tput, e2e)]
+            for x in rate_lines(i, o, k, tput, e2e, tpot=tpot)]
 
 
 def test_admitted_keeps_half_the_largest_budget_that_met_the_slo() -> None:
@@ -187,6 +187,24 @@ def test_admitted_keeps_half_the_largest_budget_that_met_the_slo() -> None:
     assert largest.budgets == ((8.0, 3.0, 5.0),) and largest.tputs == ((9.0, 1.5, 2.5),)
     quarter = admitted(lines, slos, (10,), (100, 200, 300), ((2.0, 1.5, 1.0),), ((0.9, 2.0, 1.0),), 4.0)
     assert quarter.budgets == ((2.0, 3.0, 5.0),)
+
+
+def test_an_admitted_profile_reads_tpot_at_the_budget_it_keeps() -> None:
+    """The rate run passed nothing on the long prompt (one request alone already queues behind the
+    next's prefill); held one at a time it passes, and its TPOT is the one a routed pod shows."""
+    from extproc.profiling.gen_profile import profile_from_lines
+
+    slos = SLOs(percentile=99, targets={"tpot": 0.05})
+    rate = [*rate_lines(100, 10, 1, 1.0, 0.3, tpot=0.02), *rate_lines(100, 10, 2, 1.9, 0.4, tpot=0.03),
+            *rate_lines(4000, 10, 0.5, 0.5, 2.0, tpot=0.07)]
+    held = [*admitted_lines(100, 10, 1, 1.0, 0.3, tpot=0.015), *admitted_lines(100, 10, 2, 1.5, 0.35, tpot=0.02),
+            *admitted_lines(4000, 10, 1, 0.5, 1.5, tpot=0.012), *admitted_lines(4000, 10, 2, 0.6, 2.5, tpot=0.06)]
+    profile, grid = profile_from_lines("g", rate, 1.0, slos, 0.0, held)
+    assert grid.tpot == ((0.03, 0.07),)            # the rate run's: at its rate, or its first one
+    assert profile.concurrency_admitted == ((1.0, 1.0),) and profile.tputs_admitted == ((1.9, 0.5),)
+    # (100, 10): the rate run's 1.9 req/s beat the admitted 1.0 at the kept budget: its TPOT stays;
+    # (4000, 10): the admitted budget 1 was kept (2 missed): its TPOT, not the failed rate's
+    assert profile.tpot == ((0.03, 0.012),)
 
 
 def test_budget_ladder_starts_at_littles_budget() -> None:
