@@ -10,7 +10,7 @@ profiles move freely between AIBrix and us:
      "indexes": [[outputs...], [inputs...]],
      "created": <unix seconds>,
      "e2e": [[s, ...], ...], "ttft": [[s, ...], ...],   # newer files only
-     "tpot": [[s, ...], ...],                           # ours (optional): mean TPOT where e2e was read
+     "tpot": [[s, ...], ...],                           # ours (optional): mean TPOT, see below
      "slos": {"percentile": 99, "e2e": 2.0},            # newer files only
      "tputs_admitted": [[rps, ...], ...],               # ours (optional): see below
      "concurrency_admitted": [[k, ...], ...],          # ours (optional): the budget it was measured at
@@ -28,9 +28,9 @@ router admits k of a shape to a pod (`budget`) and the GPU optimizer plans `tput
 (`served`), so router and plan count the same replica. `tputs_admitted_max`: the requests/s of the run
 at the largest budget that still met the SLO (k is kept at most half of it); the SLO router admits up
 to that while a pod's measured speed shows room, and the optimizer's feedback may raise a cell's plan
-up to it, never beyond. `tpot`: the mean time per output token at the rate `e2e` was read at; under a
-TPOT SLO the router expects a request's TPOT from it (AIBrix's e2e holds the prefill too). AIBrix's
-reader ignores keys it does not know, so the file still loads there.
+up to it, never beyond. `tpot`: the mean time per output token at the kept budget (else at the rate
+`e2e` was read at); under a TPOT SLO the router expects a request's TPOT from it (AIBrix's e2e holds
+the prefill too). AIBrix's reader ignores keys it does not know, so the file still loads there.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class GpuProfile:
     tputs_admitted: Matrix | None = None  # requests/s at the SLO behind the router's admission (ours)
     concurrency_admitted: Matrix | None = None  # the per-pod budget (requests in flight) it was measured at
     tputs_admitted_max: Matrix | None = None  # requests/s at the largest budget that met the SLO (ours)
-    tpot: Matrix | None = None  # (ours) seconds per output token where e2e was read; 0/NaN: unknown
+    tpot: Matrix | None = None  # (ours) mean s/token at the kept budget, else where e2e was read; 0: unknown
     # (ours) the kept budget is at most 1/budget_margin of the largest that met the SLO; the SLO router
     # admits past it up to budget_margin times it while a pod's measured speed shows room
     budget_margin: float = BUDGET_MARGIN
@@ -208,7 +208,8 @@ def parse_profile(data: Mapping[str, Any]) -> GpuProfile:
     # the SLO router treats as "cannot judge this cell")
     optional = {k: _matrix(data[k], k, *shape, unknown=math.nan if k in ("e2e", "ttft", "tpot") else 0.0)
                 if data.get(k) is not None else None
-                for k in ("e2e", "ttft", "tpot", "tputs_admitted", "concurrency_admitted", "tputs_admitted_max")}
+                for k in ("e2e", "ttft", "tpot", "tputs_admitted", "concurrency_admitted",
+                          "tputs_admitted_max")}
     slos_raw = data.get("slos") or {}
     if not isinstance(slos_raw, Mapping):
         raise ProfileError(f"slos: expected an object, got {slos_raw!r}")

@@ -14,8 +14,7 @@ from extproc.profiling.selection import ADMITTED_KEY, Grid, SLOs, admitted, sele
 
 def build_profile(deployment: str, grid: Grid, cost: float, slos: SLOs, created: float) -> GpuProfile:
     return GpuProfile(gpu=deployment, cost=cost, outputs=grid.outputs, inputs=grid.inputs, tputs=grid.tputs,
-                   e2e=grid.e2e, ttft=grid.ttft, tpot=grid.tpot, slos=slos.as_profile(),
-                      created=created)
+                      e2e=grid.e2e, ttft=grid.ttft, tpot=grid.tpot, slos=slos.as_profile(), created=created)
 
 
 def profile_from_lines(deployment: str, lines: Sequence[MetricLine], cost: float, slos: SLOs,

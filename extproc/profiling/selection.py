@@ -14,8 +14,9 @@ agree across tools:
   with an E2E measurement when none passes; ttft likewise, recorded only when a TTFT SLO is set.
 - Ours, beside AIBrix's keys: tpot = mean TPOT at the same rate (or the first rate with a TPOT line),
   always recorded; with a `benchmark --admitted` run, at the kept budget where that run's rate was kept
-  (`admitted`): the TPOT of a pod the router holds at that budget. Under a TPOT SLO the router expects a request's TPOT from it; the e2e alone holds the
-  prefill, so a long prompt with a short answer would read as breached before it ran.
+  (`admitted`): the TPOT of a pod the router holds at that budget. Under a TPOT SLO the router expects
+  a request's TPOT from it; the e2e alone holds the prefill, so a long prompt with a short answer would
+  read as breached before it ran.
 
 Where AIBrix is undefined we choose: a line repeated for the same cell, rate and metric (an --append re-run)
 replaces the earlier one; a cell with no E2E measurement at all gets e2e 0.0 and a warning, not a crash.
@@ -234,7 +235,7 @@ class Admitted:
     budgets: tuple[tuple[float, ...], ...]
     most: tuple[tuple[float, ...], ...]  # per cell, the best requests/s of any budget that passed
     # per cell, the mean TPOT at the kept budget; None where the rate run's figures were kept
-    tpot: tuple[tuple[float | None, ...], ...] = ()
+    tpot: tuple[tuple[float | None, ...], ...]
 
 
 def admitted(lines: Iterable[MetricLine], slos: SLOs, outputs: Sequence[int], inputs: Sequence[int],
