@@ -16,9 +16,8 @@ re-plan reads the last `span_s` of them and keeps one factor per deployment on i
     quarter): the profile undercounts it (a coarse rate grid, gen-profile's "kept up" rule on long
     answers), and its replicas show room the plan can use; while the router refuses any, a factor above
     1 goes back toward it (by a fifth a step; the refusal may be charged to another type, whose factor
-    the rule above cuts, but the raise made the fleet short). A profile with `tputs_admitted_max` is
-    raised per cell no further than that: what a replica served at the largest budget that met the SLO,
-    which the router reaches admitting past the kept budget while a pod's measured speed shows room.
+    the rule above cuts, but the raise made the fleet short). Never beyond 1 for a profile with
+    `concurrency_admitted` (ceiling_of).
 
 It moves only on evidence: `min_requests` in the span, and never in the first `span_s` it watches a
 deployment (a fleet just started, or just handed to the optimizer, is not the plan's doing). After a
@@ -45,8 +44,9 @@ MAX_STEP_UP = 1.25  # growth per step with room: sqrt(room), between a tenth and
 # a fifth; gain = that cap over a shortfall of 4 points (96 %), the most a fleet that nearly keeps the SLO
 # misses by, so smaller misses take proportionally smaller steps.
 GAIN = 5.0
-# The most a profile may be raised: the ratio gen-profile keeps between the largest passing budget and
-# the one kept (BUDGET_MARGIN, 2); an admitted profile's cells stop at `tputs_admitted_max` (scaled).
+# The most a profile without admitted budgets (gen-profile's one-replica rule) may be raised: the ratio
+# gen-profile keeps between the largest passing budget and the one kept (BUDGET_MARGIN, 2). A profile
+# with `concurrency_admitted` is never raised (ceiling_of).
 CEILING = 2.0
 
 
@@ -124,7 +124,7 @@ class Feedback:
                 # pod's batch at its budget), not spare capacity; the refusal may name another type.
                 room = self.headroom * slo / max(seen.p99_s, 1e-6) if not refusing else 0.0
                 step = min(MAX_STEP_UP, math.sqrt(room)) if room >= 1.0 else 1.1
-                new = max(old, min(self.ceiling if room >= 1.0 else 1.0, old * max(1.1, step)))
+                new = max(old, min(self.ceiling_of(p) if room >= 1.0 else 1.0, old * max(1.1, step)))
             else:
                 continue
             if new != old:
@@ -136,20 +136,23 @@ class Feedback:
         """A raise waits `settle_s` after the factor's last move: the fleet that move made, seen first."""
         return self.changed.get(deployment, -math.inf) + self.settle_s
 
+    def ceiling_of(self, p: GpuProfile) -> float:
+        """A profile measured at the budget the SLO router enforces (`concurrency_admitted`) is not raised
+        above its benchmark: the room its P99 shows is room the router keeps by admitting no more than it
+        can serve, not spare capacity. Raising it up to the rate measured at the largest passing budget
+        (`tputs_admitted_max`) was tried on the acceptance rows and left them refusing (docs/optimizer.md,
+        "Acceptance"). Only a profile without it may read more."""
+        return 1.0 if p.concurrency_admitted is not None else self.ceiling
+
     def apply(self, profiles: Sequence[GpuProfile]) -> list[GpuProfile]:
         """The profiles with each deployment's factor on what its replicas serve."""
         return [scaled(p, self.factor(p.gpu)) for p in profiles]
 
 
 def scaled(p: GpuProfile, factor: float) -> GpuProfile:
-    """The profile with `factor` on what its replicas serve. Raised, a cell measured at admitted budgets
-    stops at its largest passing budget's rate: beyond it no run met the SLO."""
     if factor == 1.0:
         return p
-    top = p.tputs_admitted_max if factor > 1.0 else None
-    return replace(p, tputs_admitted=tuple(
-        tuple(t * factor if top is None else min(t * factor, max(t, top[o][i])) for i, t in enumerate(row))
-        for o, row in enumerate(p.served)))
+    return replace(p, tputs_admitted=tuple(tuple(t * factor for t in row) for row in p.served))
 
 
 def _named(trace_name: str, deployment: str) -> bool:

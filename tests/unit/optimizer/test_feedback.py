@@ -114,25 +114,19 @@ def test_a_factor_recovers_and_goes_beyond_the_profile_only_with_room() -> None:
     assert fb.factor("a10") == 2.0  # never above twice the benchmark
 
 
-def test_a_profile_measured_at_the_routers_budget_is_raised_no_further_than_its_largest_passing_budget() -> None:
-    # concurrency_admitted: the router holds each pod at that budget and admits past it, up to the
-    # margin, while the pod's speed shows room; what a replica served at the largest passing budget
-    # (tputs_admitted_max) is the most the plan may count on, cell by cell
+def test_a_profile_measured_at_the_routers_budget_never_plans_above_it() -> None:
+    # concurrency_admitted: the SLO router holds each pod at (about) that budget, so the room its P99
+    # shows is the router's doing; even with the rate of the largest passing budget measured beside it
     data = {"gpu": "a10", "cost": 1.0, "tputs": [[2.0] * 2] * 2, "tputs_admitted": [[3.0] * 2] * 2,
             "concurrency_admitted": [[4] * 2] * 2, "indexes": [[16, 1024], [128, 4096]],
             "e2e": [[1.0] * 2] * 2, "slos": {"percentile": 99, "tpot": 0.05}, "created": 1.0,
             "tputs_admitted_max": [[4.5, 3.3], [3.0, 6.0]]}
-    p = parse_profile(data)
     room = windows({"a10": [0.020]}, EPOCH + 100, 8)
     fb = Feedback(factors={"a10": 0.8}, first_seen={"a10": EPOCH - 500})
-    fb.update(room, EPOCH + 180, [p])
-    assert fb.factor("a10") == 1.0  # back to the benchmark first
-    fb.update(windows({"a10": [0.020]}, EPOCH + 300, 8), EPOCH + 380, [p])
-    assert fb.factor("a10") == pytest.approx(1.25)  # then beyond it, with room, settle_s later
-    (raised,) = fb.apply([p])
-    assert raised.served == ((3.75, 3.3), (3.0, 3.75))  # each cell at most its largest budget's rate
-    (cut,) = Feedback(factors={"a10": 0.5}).apply([p])
-    assert cut.served == ((1.5, 1.5), (1.5, 1.5))  # a cut is not capped
+    fb.update(room, EPOCH + 180, [parse_profile(data)])
+    assert fb.factor("a10") == 1.0  # back to the benchmark, not beyond
+    fb.update(room, EPOCH + 400, [parse_profile(data)])
+    assert fb.factor("a10") == 1.0
 
 
 def test_a_raised_factor_is_judged_at_once_a_cut_one_after_the_fleet_settles() -> None:
