@@ -197,8 +197,10 @@ def test_an_admitted_profile_reads_tpot_at_the_budget_it_keeps() -> None:
     slos = SLOs(percentile=99, targets={"tpot": 0.05})
     rate = [*rate_lines(100, 10, 1, 1.0, 0.3, tpot=0.02), *rate_lines(100, 10, 2, 1.9, 0.4, tpot=0.03),
             *rate_lines(4000, 10, 0.5, 0.5, 2.0, tpot=0.07)]
-    held = [*admitted_lines(100, 10, 1, 1.0, 0.3, tpot=0.015), *admitted_lines(100, 10, 2, 1.5, 0.35, tpot=0.02),
-            *admitted_lines(4000, 10, 1, 0.5, 1.5, tpot=0.012), *admitted_lines(4000, 10, 2, 0.6, 2.5, tpot=0.06)]
+    held = [*admitted_lines(100, 10, 1, 1.0, 0.3, tpot=0.015),
+            *admitted_lines(100, 10, 2, 1.5, 0.35, tpot=0.02),
+            *admitted_lines(4000, 10, 1, 0.5, 1.5, tpot=0.012),
+            *admitted_lines(4000, 10, 2, 0.6, 2.5, tpot=0.06)]
     profile, grid = profile_from_lines("g", rate, 1.0, slos, 0.0, held)
     assert grid.tpot == ((0.03, 0.07),)            # the rate run's: at its rate, or its first one
     assert profile.concurrency_admitted == ((1.0, 1.0),) and profile.tputs_admitted == ((1.9, 0.5),)
