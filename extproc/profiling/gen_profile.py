@@ -36,11 +36,9 @@ def profile_from_lines(deployment: str, lines: Sequence[MetricLine], cost: float
         if not runs:
             raise BenchmarkError(f"{admitted_source}: no `benchmark --admitted` lines (they carry "
                                  f'"{ADMITTED_KEY}")')
-        got = admitted(runs, slos, grid.outputs, grid.inputs, grid.tputs, grid.e2e, budget_margin)
-        tpot = tuple(tuple(grid.tpot[o][i] if t is None else t for i, t in enumerate(row))
-                     for o, row in enumerate(got.tpot))
+        got = admitted(runs, slos, grid.outputs, grid.inputs, grid.tputs, grid.e2e, budget_margin, grid.tpot)
         built = replace(built, tputs_admitted=got.tputs, concurrency_admitted=got.budgets,
-                        tputs_admitted_max=got.most, budget_margin=budget_margin, tpot=tpot)
+                        tputs_admitted_max=got.most, budget_margin=budget_margin, tpot=got.tpot)
     return built, grid
 
 

@@ -234,19 +234,19 @@ class Admitted:
     tputs: tuple[tuple[float, ...], ...]
     budgets: tuple[tuple[float, ...], ...]
     most: tuple[tuple[float, ...], ...]  # per cell, the best requests/s of any budget that passed
-    # per cell, the mean TPOT at the kept budget; None where the rate run's figures were kept
-    tpot: tuple[tuple[float | None, ...], ...]
+    tpot: tuple[tuple[float, ...], ...]  # per cell, the mean TPOT where the rate was read (`admitted`)
 
 
 def admitted(lines: Iterable[MetricLine], slos: SLOs, outputs: Sequence[int], inputs: Sequence[int],
              tputs: Sequence[Sequence[float]], e2e: Sequence[Sequence[float]] | None,
-             margin: float = BUDGET_MARGIN) -> Admitted:
+             margin: float = BUDGET_MARGIN, tpot: Sequence[Sequence[float]] | None = None) -> Admitted:
     """Per cell, of the runs of the replica held at a budget (lines carrying ADMITTED_KEY) where every SLO
     passes, those at no more than 1/margin of the largest passing budget (the smallest passing one
     when none is), the one with the highest requests/s, and its budget. Where none passes, or the best is
     below `tputs`: `tputs` at Little's budget. Beside them, per cell, the best requests/s of any passing
     budget (at least the kept one's): what the SLO router may reach admitting past the kept budget; and
-    the mean TPOT at the kept budget, what a request sees on a pod the router holds there."""
+    the mean TPOT at the kept budget, what a request sees on a pod the router holds there (`tpot`, the
+    rate run's, where that run's rate is kept; NaN, unknown, without it)."""
     table = index_lines(line for line in lines if ADMITTED_KEY in line.extra)
     rates, budgets, most, tpots = [], [], [], []
     for o_idx, o in enumerate(outputs):
@@ -257,17 +257,17 @@ def admitted(lines: Iterable[MetricLine], slos: SLOs, outputs: Sequence[int], in
             passing = [(table[(i, o, r, "TPUT")].stat("mean") or 0.0, int(r))
                        for r in sorted({r for (ii, oo, r, _) in table if (ii, oo) == (i, o)})
                        if all(slos.passes(m, table.get((i, o, r, m))) for m in SLO_METRICS)]
-            tpot = None
+            per_token = tpot[o_idx][i_idx] if tpot is not None else math.nan
             if passing:
                 top = passing[-1][1]
                 kept = [p for p in passing if p[1] * margin <= top] or passing[:1]
                 best = max([best, *kept])
-                if best in kept:
-                    tpot = table[(i, o, float(best[1]), "TPOT")].stat("mean")
+                if best in kept:  # passing: its TPOT line exists
+                    per_token = table[(i, o, float(best[1]), "TPOT")].stat("mean") or per_token
             row_t.append(best[0])
             row_k.append(float(best[1]))
             row_m.append(max([best[0], *(t for t, _ in passing)]))
-            row_p.append(tpot)
+            row_p.append(per_token)
         rates.append(tuple(row_t))
         budgets.append(tuple(row_k))
         most.append(tuple(row_m))

@@ -15,7 +15,6 @@ neither is left out, and its deployment's pods are routed by the fallback.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -80,9 +79,8 @@ class DeploymentModel:
         if self.metric == "ttft":
             return ttft if ttft is not None else e2e / out  # no TTFT column: one token's share
         if self.metric == "tpot":
-            tpot = self.profile.tpot[o][i] if self.profile.tpot is not None else math.nan
-            if tpot > 0:  # measured: what the SLO is judged on
-                return tpot
+            if self.profile.tpot is not None and self.profile.tpot[o][i] > 0:  # measured (NaN: unknown)
+                return self.profile.tpot[o][i]
             if ttft is not None and out > 1:
                 return max(0.0, e2e - ttft) / (out - 1)
             return e2e / out  # holds the prefill: a long prompt with a short answer reads slow

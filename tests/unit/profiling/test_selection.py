@@ -54,10 +54,13 @@ def test_hand_computed_cells_under_an_e2e_slo() -> None:
 def test_tpot_is_recorded_at_the_rate_e2e_was_read_at() -> None:
     lines = [*rate_lines(100, 10, 1, 1.0, 0.5, tpot=0.010), *rate_lines(100, 10, 2, 1.9, 0.8, tpot=0.015),
              *rate_lines(100, 10, 4, 3.9, 1.5, tpot=0.030),   # misses E2E < 1
-             *rate_lines(100, 20, 1, 1.0, 1.0, tpot=0.020), *rate_lines(100, 20, 2, 1.9, 1.2, tpot=0.025)]
+             *rate_lines(100, 20, 1, 1.0, 1.0, tpot=0.020), *rate_lines(100, 20, 2, 1.9, 1.2, tpot=0.025),
+             *rate_lines(200, 10, 1, 1.0, 0.5, skip=("TPOT",)), *rate_lines(200, 20, 1, 1.0, 0.5, tpot=0.02)]
     grid = select(lines, SLOs(0, {"e2e": 1.0}))
-    assert grid.rates == ((2,), (None,))
-    assert grid.tpot == ((0.015,), (0.020,))  # (100, 20) serves nothing: its first rate, like e2e
+    assert grid.rates == ((2, None), (None, 1))
+    # (100, 20) serves nothing: its first rate, like e2e; (200, 10) has no TPOT line, so it passes
+    # nothing and has no TPOT: 0, without the warning a missing E2E gets (a cell never read)
+    assert grid.tpot == ((0.015, 0.0), (0.020, 0.02))
     assert grid.warnings == ()
 
 
@@ -187,6 +190,10 @@ def test_admitted_keeps_half_the_largest_budget_that_met_the_slo() -> None:
     assert largest.budgets == ((8.0, 3.0, 5.0),) and largest.tputs == ((9.0, 1.5, 2.5),)
     quarter = admitted(lines, slos, (10,), (100, 200, 300), ((2.0, 1.5, 1.0),), ((0.9, 2.0, 1.0),), 4.0)
     assert quarter.budgets == ((2.0, 3.0, 5.0),)
+    # TPOT where the rate was read: the kept budget's (0.01 on every run here), else the rate run's given
+    with_rate = admitted(lines, slos, (10,), (100, 200, 300), ((2.0, 1.5, 1.0),), ((0.9, 2.0, 1.0),),
+                         tpot=((0.03, 0.04, 0.05),))
+    assert with_rate.tpot == ((0.01, 0.04, 0.01),)
 
 
 def test_an_admitted_profile_reads_tpot_at_the_budget_it_keeps() -> None:
