@@ -6,6 +6,7 @@ Used by `make demo`, the benchmarks and the integration tests, so they all exerc
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -42,12 +43,26 @@ def port_free(port: int) -> bool:
 
 
 def free_ports(count: int) -> int:
-    """The first of `count` consecutive free ports (`serve --workers N` listens on port .. port + N - 1)."""
-    for _ in range(100):
-        base = free_port()
-        if base + count - 1 <= 65535 and all(port_free(p) for p in range(base + 1, base + count)):
+    """The first of `count` consecutive free ports (`serve --workers N` listens on port .. port + N - 1).
+
+    Taken below the kernel's ephemeral range: a port inside it that is free now can become the local
+    port of any process's outgoing connection (an engine scrape, a Redis client) before the worker
+    binds it, and stays taken while that connection lives. connect() never picks a port below it.
+    """
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10000, low - count) if low - count > 10000 else free_port()
+        if base + count - 1 <= 65535 and all(port_free(p) for p in range(base, base + count)):
             return base
     raise OSError(f"no {count} consecutive free ports found")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 class ProcessExited(RuntimeError):
@@ -170,7 +185,8 @@ class LocalStack:
         tmp.replace(self.config_path)  # atomic, like a ConfigMap update
 
     def start_gateway(self) -> None:
-        if self.workers > 1 and not all(port_free(self.extproc_port + i) for i in range(self.workers)):
+        ports = range(self.extproc_port, self.extproc_port + self.workers)
+        if self.workers > 1 and (ports[0] >= _ephemeral_low() or not all(map(port_free, ports))):
             self.extproc_port = free_ports(self.workers)
         self.gateway = Proc("gateway", [str(VENV_BIN / "extproc"), "serve", "--config", str(self.config_path),
                                         "--port", str(self.extproc_port), "--workers", str(self.workers),
