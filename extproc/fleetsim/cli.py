@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-token-sharing", action="store_true",
                    help="with --gateways N: token counters stay local (the spec's known limitation)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", metavar="N,N,...",
+                   help="with --find-min-fleet, instead of --seed: a fleet passes only when it keeps the SLO "
+                        "on each of these seeds' arrivals (one seed's cheapest fleet is often at its edge)")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON (with time series)")
     p.add_argument("--optimizer", action="store_true",
                    help="the GPU optimizer scales each deployment from the gateways' traces (the "
@@ -91,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
     if args.gateways < 1:
         print("fleet-sim: --gateways must be >= 1", file=sys.stderr)
         return 2
+    if args.seeds is not None and not args.find_min_fleet:
+        print("fleet-sim: --seeds applies to --find-min-fleet only (one run, --acceptance: --seed)",
+              file=sys.stderr)
+        return 2
     options = Options(gateways=args.gateways, share_tokens=not args.no_token_sharing, seed=args.seed,
                       jobs=args.jobs, oracle_capacity=args.capacity == "oracle", optimizer=args.optimizer,
                       profiles_dir=args.profiles)
@@ -136,8 +143,15 @@ def _min_fleet(scenario: Any, strategies: list[str], args: argparse.Namespace) -
 
     from extproc.fleetsim.minfleet import RunSettings, find_min_fleet, markdown
 
-    settings = RunSettings(seed=args.seed, gateways=args.gateways, share_tokens=not args.no_token_sharing,
-                           oracle_capacity=args.capacity == "oracle")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds is not None else [args.seed]
+    except ValueError:
+        seeds = []
+    if not seeds:
+        print(f"fleet-sim: --seeds: expected comma-separated integers, got {args.seeds!r}", file=sys.stderr)
+        return 2
+    settings = RunSettings(seed=seeds[0], more_seeds=tuple(seeds[1:]), gateways=args.gateways,
+                           share_tokens=not args.no_token_sharing, oracle_capacity=args.capacity == "oracle")
     found = []
     for strategy in strategies:
         try:

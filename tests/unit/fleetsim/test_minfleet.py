@@ -12,6 +12,8 @@ import pytest
 
 from extproc.cli import main
 from extproc.fleetsim.minfleet import (
+    RunSettings,
+    SimulatedFleets,
     _trial,
     cheapest,
     fewest,
@@ -121,6 +123,42 @@ def test_the_simulated_answer_keeps_the_slo_every_cheaper_fleet_missed_and_jobs_
     assert f"all {found.cheaper} fleets" in text and "Floors: none under load" in text
 
 
+class Scripted(SimulatedFleets):
+    """A fleet's run per seed from a table, no simulation: what the seeds' judge makes of them."""
+
+    def __init__(self, table: dict[int, tuple[bool, float | None]], settings: RunSettings) -> None:
+        super().__init__(scenario(), "load-balance", settings)
+        object.__setattr__(self, "table", table)
+        object.__setattr__(self, "asked", [])
+
+    def one(self, counts, seed):  # noqa: ANN001, ANN201
+        self.asked.append(seed)
+        return self.table[seed]
+
+
+def test_with_more_seeds_a_fleet_passes_only_on_every_one_and_stops_at_its_first_miss() -> None:
+    fleet = {"slow": 2, "fast": 0}
+    settings = RunSettings(seed=2, more_seeds=(0, 1, 2))
+    assert settings.seeds == (2, 0, 1)
+    every = Scripted({2: (True, 0.999), 0: (True, 0.992), 1: (True, 0.995)}, settings)
+    assert every(fleet) == (True, 0.992) and every.asked == [2, 0, 1]  # the lowest attainment
+    edge = Scripted({2: (True, 0.999), 0: (False, 0.998), 1: (True, 0.995)}, settings)
+    assert edge(fleet) == (False, 0.998) and edge.asked == [2, 0]  # held on seed 2 alone: a miss
+    cut = Scripted({2: (False, None), 0: (True, 1.0), 1: (True, 1.0)}, settings)
+    assert cut(fleet) == (False, None) and cut.asked == [2]
+
+
+def test_the_fleet_for_every_seed_holds_on_each_and_costs_at_least_each_seeds_own() -> None:
+    sc = scenario(duration_s=20)
+    alone = [find_min_fleet(sc, "load-balance", jobs=1, settings=RunSettings(seed=s)) for s in (1, 3)]
+    assert alone[0].cost is not None and alone[1].cost is not None
+    assert alone[0].cost < alone[1].cost  # seed 1's cheapest fleet misses on seed 3's arrivals
+    both = find_min_fleet(sc, "load-balance", jobs=2, settings=RunSettings(seed=1, more_seeds=(3,)))
+    assert both.seeds == (1, 3) and both.counts is not None and both.cost >= alone[1].cost
+    assert all(_trial(sc, "load-balance", s, both.counts, both.cost).ok for s in (1, 3))
+    assert "on every one of seeds 1, 3" in markdown(both) and both.as_json()["seeds"] == [1, 3]
+
+
 def test_fixed_fleet_drops_zero_deployments_and_autoscaling() -> None:
     sc = fixed(scenario(), {"slow": 0, "fast": 3})
     assert [(g.name, g.replicas) for g in sc.groups] == [("fast", 3)] and sc.autoscale is None
@@ -145,6 +183,15 @@ def test_fewest_bisects_a_monotone_predicate() -> None:
     assert fewest(lambda n: False, 10) is None
 
 
+@pytest.mark.parametrize("args", [["--seeds", "0,1"], ["--seeds", "0,1", "--acceptance"],
+                                  ["--find-min-fleet", "--seeds", "0,x"],
+                                  ["--find-min-fleet", "--seeds", ""]])
+def test_seeds_is_refused_outside_the_search_and_when_not_integers(args: list[str],
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    assert main(["fleet-sim", "--scenario", "rag-a40-a100", *args]) == 2
+    assert "--seeds" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag", [["--optimizer"], ["--find-max-rate"], ["--profiles", "x"]])
 def test_flags_a_fixed_fleet_cannot_use_are_refused(flag: list[str], capsys: pytest.CaptureFixture) -> None:
     assert main(["fleet-sim", "--scenario", "rag-a40-a100", "--find-min-fleet", *flag]) == 2
@@ -164,6 +211,8 @@ def test_gateways_token_sharing_and_capacity_reach_every_fleet(monkeypatch: pyte
     main(["fleet-sim", "--scenario", "rag-a40-a100", "--find-min-fleet", "--gateways", "3",
           "--no-token-sharing", "--capacity", "oracle", "--seed", "2"])
     assert seen == [minfleet.RunSettings(seed=2, gateways=3, share_tokens=False, oracle_capacity=True)]
+    main(["fleet-sim", "--scenario", "rag-a40-a100", "--find-min-fleet", "--seeds", "2,0,1"])
+    assert seen[-1] == minfleet.RunSettings(seed=2, more_seeds=(0, 1))
     # and each fleet's run is made with them
     calls = []
     real = minfleet.run
