@@ -108,7 +108,7 @@ SEEDS ?= 0,1,2
 optimizer-acceptance: setup
 	mkdir -p build
 	nice $(PY) -m extproc.fleetsim.acceptance --seeds $(SEEDS) $(if $(SCENARIOS),--scenarios $(SCENARIOS)) \
-		$(if $(JOBS),--jobs $(JOBS)) --out build/optimizer-acceptance.md
+		$(if $(JOBS),--jobs $(JOBS)) $(if $(EVERY_SEED),--every-seed) --out build/optimizer-acceptance.md
 
 sim-fleet: setup
 	$(VENV)/bin/extproc engine-sim --fleet extproc/sim/fleets/mixed.yaml

@@ -40,6 +40,7 @@ class Verdict:
     rejected: int
     turns: dict[str, int]
     fleets_run: int
+    yardstick_seeds: tuple[int, ...] = ()  # the cheapest fleet held on each of these; () = `seed` alone
 
     @property
     def ratio(self) -> float | None:
@@ -53,6 +54,8 @@ class Verdict:
 
     def row(self) -> str:
         fleet = " + ".join(f"{n} {d}" for d, n in (self.cheapest or {}).items() if n) or "none"
+        if len(self.yardstick_seeds) > 1:
+            fleet += "; on every one of seeds " + ", ".join(map(str, self.yardstick_seeds))
         ratio = f"{self.ratio:.2f}x" if self.ratio is not None else "-"
         cheapest = f"${self.cheapest_cost:.2f}" if self.cheapest_cost is not None else "-"
         att = f"{self.attainment:.2%}" if self.attainment is not None else "-"
@@ -68,12 +71,15 @@ HEADER = ("| scenario | seed | loop mean cost / h | cheapest fixed fleet | ratio
 
 
 def accept(scenario: Scenario, seed: int, strategy: str = "slo", jobs: int = 0,
-           profiles_dir: str | None = None, settings: RunSettings | None = None) -> Verdict:
+           profiles_dir: str | None = None, settings: RunSettings | None = None,
+           yardstick_seeds: Sequence[int] = ()) -> Verdict:
     """`settings`: gateways, token sharing, capacity, the same for the search and the loop (its seed
-    is `seed`)."""
+    is `seed`). `yardstick_seeds`: the yardstick is the cheapest fleet that holds on each of them and
+    on `seed` (`--find-min-fleet --seeds`), not that seed's alone, which is often a fleet at its edge."""
     if scenario.autoscale is None:
         raise ValueError(f"scenario {scenario.name} has no autoscale section: nothing to accept")
-    s = RunSettings(seed) if settings is None else replace(settings, seed=seed)
+    s = replace(RunSettings(seed) if settings is None else settings, seed=seed,
+                more_seeds=tuple(yardstick_seeds))
     found = find_min_fleet(scenario, strategy, jobs=jobs, settings=s)
     loop = run_strategy(scenario, strategy, Options(
         gateways=s.gateways, share_tokens=s.share_tokens, seed=seed, oracle_capacity=s.oracle_capacity,
@@ -82,7 +88,7 @@ def accept(scenario: Scenario, seed: int, strategy: str = "slo", jobs: int = 0,
     cluster = loop["cluster"]
     return Verdict(scenario.name, strategy, seed, auto["cost_per_hour_mean"], found.cost, found.counts,
                    cluster["slo_attainment"], cluster["rejected"] + cluster["failed"],
-                   dict(auto["turns_per_5min"]), len(found.tested))
+                   dict(auto["turns_per_5min"]), len(found.tested), found.seeds if yardstick_seeds else ())
 
 
 def with_autoscale() -> list[str]:
@@ -97,6 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--strategy", default="slo")
     p.add_argument("--jobs", type=int, default=0, help="worker processes for each fleet search")
     p.add_argument("--out", help="also write the table (markdown) here")
+    p.add_argument("--every-seed", action="store_true",
+                   help="hold each row to the cheapest fleet that keeps the SLO on every one of --seeds "
+                        "(fleet-sim --find-min-fleet --seeds), not to its own seed's")
     args = p.parse_args(argv)
     names = args.scenarios.split(",") if args.scenarios else with_autoscale()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -105,7 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     passed = True
     for name in names:
         for seed in seeds:
-            verdict = accept(load(name), seed, args.strategy, args.jobs)
+            verdict = accept(load(name), seed, args.strategy, args.jobs,
+                             yardstick_seeds=seeds if args.every_seed else ())
             passed &= verdict.passed
             lines.append(verdict.row())
             print(lines[-1], flush=True)

@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seeds", metavar="N,N,...",
                    help="with --find-min-fleet, instead of --seed: a fleet passes only when it keeps the SLO "
-                        "on each of these seeds' arrivals (one seed's cheapest fleet is often at its edge)")
+                        "on each of these seeds' arrivals (one seed's cheapest fleet is often at its edge); "
+                        "with --acceptance: the yardstick is that fleet (the loop runs on --seed)")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON (with time series)")
     p.add_argument("--optimizer", action="store_true",
                    help="the GPU optimizer scales each deployment from the gateways' traces (the "
@@ -94,9 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if args.gateways < 1:
         print("fleet-sim: --gateways must be >= 1", file=sys.stderr)
         return 2
-    if args.seeds is not None and not args.find_min_fleet:
-        print("fleet-sim: --seeds applies to --find-min-fleet only (one run, --acceptance: --seed)",
-              file=sys.stderr)
+    if _seeds(args) is None:
         return 2
     options = Options(gateways=args.gateways, share_tokens=not args.no_token_sharing, seed=args.seed,
                       jobs=args.jobs, oracle_capacity=args.capacity == "oracle", optimizer=args.optimizer,
@@ -138,18 +137,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seeds(args: argparse.Namespace) -> list[int] | None:
+    """--seeds as integers: [] when not given; None, having said why, when they are not integers or no
+    fleet search runs."""
+    if args.seeds is None:
+        return []
+    if not (args.find_min_fleet or args.acceptance):
+        print("fleet-sim: --seeds applies to --find-min-fleet and --acceptance only", file=sys.stderr)
+        return None
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        seeds = []
+    if not seeds:
+        print(f"fleet-sim: --seeds: expected comma-separated integers, got {args.seeds!r}", file=sys.stderr)
+        return None
+    return seeds
+
+
 def _min_fleet(scenario: Any, strategies: list[str], args: argparse.Namespace) -> int:
     import json
 
     from extproc.fleetsim.minfleet import RunSettings, find_min_fleet, markdown
 
-    try:
-        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds is not None else [args.seed]
-    except ValueError:
-        seeds = []
-    if not seeds:
-        print(f"fleet-sim: --seeds: expected comma-separated integers, got {args.seeds!r}", file=sys.stderr)
-        return 2
+    seeds = _seeds(args) or [args.seed]
     settings = RunSettings(seed=seeds[0], more_seeds=tuple(seeds[1:]), gateways=args.gateways,
                            share_tokens=not args.no_token_sharing, oracle_capacity=args.capacity == "oracle")
     found = []
@@ -180,7 +191,7 @@ def _acceptance(scenario: Any, strategies: list[str], args: argparse.Namespace) 
     try:
         verdict = accept(scenario, args.seed, strategies[0], args.jobs, args.profiles, RunSettings(
             gateways=args.gateways, share_tokens=not args.no_token_sharing,
-            oracle_capacity=args.capacity == "oracle"))
+            oracle_capacity=args.capacity == "oracle"), yardstick_seeds=_seeds(args) or ())
     except ValueError as exc:
         print(f"fleet-sim: {exc}", file=sys.stderr)
         return 2

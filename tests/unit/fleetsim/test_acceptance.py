@@ -36,6 +36,26 @@ def test_the_bar(over: dict, passed: bool) -> None:
     assert ("pass" if passed else "**fail**") in v.row()
 
 
+def test_a_row_held_to_the_fleet_for_every_seed_says_so() -> None:
+    assert "(2 a; on every one of seeds 1, 0, 2)" in verdict(yardstick_seeds=(1, 0, 2)).row()
+    assert "(2 a) |" in verdict().row()
+
+
+def test_acceptance_seeds_reach_the_yardstick(monkeypatch: pytest.MonkeyPatch) -> None:
+    import extproc.fleetsim.acceptance as acceptance
+
+    seen = []
+
+    def fake(scenario, seed, strategy, jobs, profiles, settings, yardstick_seeds=()):  # noqa: ANN001
+        seen.append((seed, tuple(yardstick_seeds)))
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(acceptance, "accept", fake)
+    main(["fleet-sim", "--scenario", "rag-a40-a100", "--acceptance", "--seed", "1", "--seeds", "0,1,2"])
+    main(["fleet-sim", "--scenario", "rag-a40-a100", "--acceptance", "--seed", "1"])
+    assert seen == [(1, (0, 1, 2)), (1, ())]
+
+
 def test_one_scenario_and_seed_end_to_end(tmp_path) -> None:
     sc = small(duration_s=60, warmup_s=20, slo={"tpot_s": 0.05},
                fleet=[{"gpu": "A100", "replicas": 3, "initial": 1, "min_replicas": 1, "cost": 2.0,
@@ -51,6 +71,9 @@ def test_one_scenario_and_seed_end_to_end(tmp_path) -> None:
     assert v.cheapest is not None and v.cheapest_cost == 2.0 * v.cheapest["fast"] + 3.0 * v.cheapest["slow"]
     assert v.loop_cost > 0 and v.ratio == pytest.approx(v.loop_cost / v.cheapest_cost)
     assert set(v.turns) == {"fast", "slow"} and v.fleets_run >= 1
+    both = accept(sc, 0, "least-request", jobs=1, profiles_dir=str(profiles), yardstick_seeds=(0, 1))
+    assert both.yardstick_seeds == (0, 1) and both.cheapest_cost is not None
+    assert both.cheapest_cost >= v.cheapest_cost  # a fleet that holds on seed 1 too costs no less
     with pytest.raises(ValueError, match="no autoscale"):
         accept(small(), 0)
 

@@ -183,9 +183,9 @@ def test_fewest_bisects_a_monotone_predicate() -> None:
     assert fewest(lambda n: False, 10) is None
 
 
-@pytest.mark.parametrize("args", [["--seeds", "0,1"], ["--seeds", "0,1", "--acceptance"],
+@pytest.mark.parametrize("args", [["--seeds", "0,1"], ["--seeds", "0,1", "--find-max-rate"],
                                   ["--find-min-fleet", "--seeds", "0,x"],
-                                  ["--find-min-fleet", "--seeds", ""]])
+                                  ["--acceptance", "--seeds", ""]])
 def test_seeds_is_refused_outside_the_search_and_when_not_integers(args: list[str],
                                                                    capsys: pytest.CaptureFixture) -> None:
     assert main(["fleet-sim", "--scenario", "rag-a40-a100", *args]) == 2
