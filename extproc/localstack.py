@@ -50,9 +50,8 @@ def free_ports(count: int) -> int:
     binds it, and stays taken while that connection lives. connect() never picks a port below it.
     """
     low = _ephemeral_low()
-    rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(10000, low - count) if low - count > 10000 else free_port()
+        base = random.randrange(10000, low - count) if low - count > 10000 else free_port()
         if base + count - 1 <= 65535 and all(port_free(p) for p in range(base, base + count)):
             return base
     raise OSError(f"no {count} consecutive free ports found")

@@ -11,8 +11,9 @@ measured window, the fleet's cost, their ratio, the run's SLO attainment, reques
 direction changes of any deployment's count in 5 minutes; and whether it meets the bar (docs/optimizer.md,
 "Acceptance"). With `--seeds` (the first form) or `--every-seed` (the second) the yardstick is the
 cheapest fleet that holds on every one of the seeds instead: one seed's is often a fleet at its edge
-that refuses a few requests on another seed of the same load. The second form runs every built-in scenario with an `autoscale` section for each seed, one
-at a time, and writes the table. Long: `make optimizer-acceptance`, not part of `make test`.
+that refuses a few requests on another seed of the same load. The second form runs every built-in
+scenario with an `autoscale` section for each seed, one at a time, and writes the table. Long:
+`make optimizer-acceptance`, not part of `make test`.
 """
 
 from __future__ import annotations
