@@ -45,7 +45,7 @@ class Verdict:
     rejected: int
     turns: dict[str, int]
     fleets_run: int
-    yardstick_seeds: tuple[int, ...] = ()  # the cheapest fleet held on each of these; () = `seed` alone
+    yardstick_seeds: tuple[int, ...] = ()  # the cheapest fleet held on each of these (`seed` first)
 
     @property
     def ratio(self) -> float | None:
@@ -93,7 +93,7 @@ def accept(scenario: Scenario, seed: int, strategy: str = "slo", jobs: int = 0,
     cluster = loop["cluster"]
     return Verdict(scenario.name, strategy, seed, auto["cost_per_hour_mean"], found.cost, found.counts,
                    cluster["slo_attainment"], cluster["rejected"] + cluster["failed"],
-                   dict(auto["turns_per_5min"]), len(found.tested), found.seeds if yardstick_seeds else ())
+                   dict(auto["turns_per_5min"]), len(found.tested), found.seeds)
 
 
 def with_autoscale() -> list[str]:

@@ -95,13 +95,14 @@ def run(args: argparse.Namespace) -> int:
     if args.gateways < 1:
         print("fleet-sim: --gateways must be >= 1", file=sys.stderr)
         return 2
-    if _seeds(args) is None:
+    seeds = _seeds(args)
+    if seeds is None:
         return 2
     options = Options(gateways=args.gateways, share_tokens=not args.no_token_sharing, seed=args.seed,
                       jobs=args.jobs, oracle_capacity=args.capacity == "oracle", optimizer=args.optimizer,
                       profiles_dir=args.profiles)
     if args.acceptance:
-        return _acceptance(scenario, strategies if args.strategies else ["slo"], args)
+        return _acceptance(scenario, strategies if args.strategies else ["slo"], args, seeds)
     if args.find_min_fleet:
         refused = [flag for flag, on in (("--optimizer", args.optimizer), ("--profiles", args.profiles),
                                          ("--find-max-rate", args.find_max_rate), ("--plot", args.plot))
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"fleet-sim: --find-min-fleet runs fixed fleets; {', '.join(refused)} does not apply",
                   file=sys.stderr)
             return 2
-        return _min_fleet(scenario, strategies, args)
+        return _min_fleet(scenario, strategies, args, seeds or [args.seed])
     bars = _Bars(strategies, scenario.duration_s, enabled=not args.no_progress)
     try:
         report = compare(scenario, strategies, options, bars.update)
@@ -155,12 +156,11 @@ def _seeds(args: argparse.Namespace) -> list[int] | None:
     return seeds
 
 
-def _min_fleet(scenario: Any, strategies: list[str], args: argparse.Namespace) -> int:
+def _min_fleet(scenario: Any, strategies: list[str], args: argparse.Namespace, seeds: list[int]) -> int:
     import json
 
     from extproc.fleetsim.minfleet import RunSettings, find_min_fleet, markdown
 
-    seeds = _seeds(args) or [args.seed]
     settings = RunSettings(seed=seeds[0], more_seeds=tuple(seeds[1:]), gateways=args.gateways,
                            share_tokens=not args.no_token_sharing, oracle_capacity=args.capacity == "oracle")
     found = []
@@ -181,7 +181,7 @@ def _min_fleet(scenario: Any, strategies: list[str], args: argparse.Namespace) -
     return 0 if all(m.counts is not None for m in found) else 1
 
 
-def _acceptance(scenario: Any, strategies: list[str], args: argparse.Namespace) -> int:
+def _acceptance(scenario: Any, strategies: list[str], args: argparse.Namespace, seeds: list[int]) -> int:
     from extproc.fleetsim.acceptance import HEADER, accept
     from extproc.fleetsim.minfleet import RunSettings
 
@@ -191,7 +191,7 @@ def _acceptance(scenario: Any, strategies: list[str], args: argparse.Namespace) 
     try:
         verdict = accept(scenario, args.seed, strategies[0], args.jobs, args.profiles, RunSettings(
             gateways=args.gateways, share_tokens=not args.no_token_sharing,
-            oracle_capacity=args.capacity == "oracle"), yardstick_seeds=_seeds(args) or ())
+            oracle_capacity=args.capacity == "oracle"), yardstick_seeds=seeds)
     except ValueError as exc:
         print(f"fleet-sim: {exc}", file=sys.stderr)
         return 2
