@@ -177,6 +177,26 @@ def outcome(windows: Iterable[TraceWindow], deployment: str, since: float, now: 
     return Outcome(total, within, _p99(hist, total), rejected)
 
 
+def strained(windows: Sequence[TraceWindow], profiles: Sequence[GpuProfile], target: float) -> bool:
+    """Whether these windows show the fleet short: the SLO router refused a request, or fewer than
+    `target` of the completed requests kept their deployment's TPOT SLO. True when no profile states
+    a TPOT SLO: the fleet's strain cannot be read then, so a burst is planned for (workload.trace_rates)."""
+    if any(any(w.rejected.values()) for w in windows):
+        return True
+    slos = {p.gpu: p.slos["tpot"] for p in profiles if p.slos.get("tpot")}
+    if not slos:
+        return True
+    within = total = 0
+    for w in windows:
+        for name, hist in w.tpot.items():
+            slo = next((s for d, s in slos.items() if _named(name, d)), None)
+            if slo is None:
+                continue
+            total += sum(hist.values())
+            within += sum(n for b, n in hist.items() if tpot_of_bucket(b) <= slo)
+    return within < target * total
+
+
 def _p99(hist: Mapping[int, int], total: int) -> float:
     if not total:
         return 0.0

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from extproc.gpu_profiles import GpuProfile
-from extproc.optimizer.feedback import Feedback
+from extproc.optimizer.feedback import Feedback, strained
 from extproc.optimizer.monitor import ModelState
 from extproc.optimizer.policy import HEADROOM, PlanPolicy
 from extproc.optimizer.solver import ADD_COST, REMOVE_COST, Demand, Plan, PlanError, solve
@@ -58,7 +58,9 @@ def replan(windows: Sequence[TraceWindow], now: float, window_s: float, profiles
            settings: PlanSettings = PlanSettings(), grew: Mapping[str, float] | None = None) -> Replan:
     """`current`: the replicas each deployment reports now (near-ties keep them); `grew`: when each
     last rose (the feedback waits for that deployment's added replicas to serve)."""
-    demands = trace_rates(windows, now, window_s)
+    # a burst the fleet absorbs unstrained is left to the router's margin (trace_rates)
+    judge = None if feedback is None else (lambda newest: strained(newest, profiles, feedback.target))
+    demands = trace_rates(windows, now, window_s, judge)
     if feedback is not None:
         feedback.update(windows, now, profiles, grew)
         profiles = feedback.apply(profiles)

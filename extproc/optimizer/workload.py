@@ -2,8 +2,9 @@
 
 Two sources: a workload file for `extproc optimize`, and the gateway's request traces (AIBrix's Redis
 layout, see extproc.tracing) for the service. Traces become rates over a sliding window: the average,
-or max(average, latest window) when the latest window is a burst, so the plan scales up within one
-window and down only slowly, and a steady load is read as itself.
+or max(average, latest window) when the latest windows are a burst, so the plan scales up within two
+windows and down only slowly, and a steady load is read as itself. Given a judge of strain, a burst the
+fleet absorbs unstrained is left to the router's margin instead (trace_rates).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,31 @@ BURST_SIGMAS = 2.0  # the latest window counts as a change only this many Poisso
 BURST_WINDOWS = 2  # ... and only when the window before it was above that line too (trace_rates says why)
 
 
+def _average(windows: Iterable[TraceWindow], span: float) -> dict[tuple[int, int, int], float]:
+    """Requests/s per cell: the windows' completions over `span` seconds."""
+    average: dict[tuple[int, int, int], float] = {}
+    for w in windows:
+        for (i, o), n in w.counts.items():
+            key = (i, o, w.precision)
+            average[key] = average.get(key, 0.0) + n / span
+    return average
+
+
+def _without_excursions(windows: Sequence[TraceWindow], interval: int,
+                        covered: float) -> dict[tuple[int, int, int], float] | None:
+    """The average without the windows above the trace's median level by over BURST_SIGMAS Poisson
+    sigmas, when they are fewer than half and the oldest window is at the level (an excursion above
+    it); None otherwise: half or more above it is a level that moved up, an oldest window above it one
+    that moved down, and both are averaged as they are."""
+    totals = {w.end: math.fsum(_reading(w).values()) * w.interval for w in windows}
+    level = sorted(totals.values())[len(totals) // 2]
+    line = level + BURST_SIGMAS * math.sqrt(level)
+    high = {end for end, n in totals.items() if n > line}
+    if not high or 2 * len(high) >= len(totals) or min(totals) in high:
+        return None
+    return _average([w for w in windows if w.end not in high], covered - len(high) * interval)
+
+
 def _reading(w: TraceWindow) -> dict[tuple[int, int, int], float]:
     """One window's requests/s per cell, scaled up by arrivals/completions when requests arrive faster
     than they finish (completions are capped by the fleet's capacity; arrivals are not)."""
@@ -169,7 +195,8 @@ def _reading(w: TraceWindow) -> dict[tuple[int, int, int], float]:
 
 
 def trace_rates(
-    windows: Iterable[TraceWindow], now: float, window_seconds: float = DEFAULT_WINDOW_SECONDS
+    windows: Iterable[TraceWindow], now: float, window_seconds: float = DEFAULT_WINDOW_SECONDS,
+    strained: Callable[[Sequence[TraceWindow]], bool] | None = None,
 ) -> list[Demand]:
     """Per-cell requests/s at `now`: the average over the window (over the part of it the trace covers,
     when the trace is younger), or, when the latest windows show a burst, max(average, latest) per cell
@@ -185,7 +212,18 @@ def trace_rates(
     re-plans of a steady load, and the autoscaler holds every count it is asked for through its
     scale-down stabilization (300 s, 30 re-plans), so single-window alarms would have the fleet run the
     maximum of its own noise; two in a row come about once in 2,000 re-plans, and a real burst is read
-    one interval (10 s) later, well within the minute a replica takes to start."""
+    one interval (10 s) later, well within the minute a replica takes to start.
+
+    `strained(newest)`: whether the newest windows show the fleet falling short (requests refused, the
+    SLO missed; planning.replan judges it). Given, a burst the fleet absorbs unstrained is left to the
+    router, which admits past each pod's budget while its speed shows room: the burst is not read as
+    the latest rate, and a full trace's windows above its median level (the same 2 sigmas; fewer than
+    half of them, the oldest window not among them) are left out of the average, so the burst neither
+    scales the fleet up nor, once over, keeps it up while it is still in the window. A replica added
+    for a burst serves a minute later and the autoscaler keeps it 300 s after its last ask: for a
+    burst the fleet holds, that buys nothing. A burst that strains the fleet is read at once, as
+    without the judge; one longer than half the window is the new level (the median has moved) and is
+    averaged in."""
     recent = [w for w in windows if now - window_seconds < w.end <= now + 1e-9]
     if not recent:
         return []
@@ -197,11 +235,7 @@ def trace_rates(
     # It ends at the newest window while that one is current (the window in progress is not written yet).
     first = min(recent, key=lambda w: w.end)
     covered = min(window_seconds, (latest.end if fresh else now) - (first.end - first.interval))
-    average: dict[tuple[int, int, int], float] = {}
-    for w in recent:
-        for (i, o), n in w.counts.items():
-            key = (i, o, w.precision)
-            average[key] = average.get(key, 0.0) + n / covered
+    average = _average(recent, covered)
     current: dict[tuple[int, int, int], float] = {}
     if fresh and latest.completed:
         current = _reading(latest)
@@ -212,7 +246,10 @@ def trace_rates(
     burst = bool(current) and len(newest) == BURST_WINDOWS and all(
         w.end == latest.end - k * latest.interval and math.fsum(_reading(w).values()) * w.interval > above
         for k, w in enumerate(newest))
-    if not burst:
+    absorbing = strained is not None and not strained(newest)
+    if absorbing and covered >= window_seconds - 1e-9:
+        average = _without_excursions(recent, latest.interval, covered) or average
+    if not burst or absorbing:
         rates = average
     else:
         rates = {key: max(average.get(key, 0.0), current.get(key, 0.0))

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from extproc.gpu_profiles import parse_profile
-from extproc.optimizer.feedback import Feedback, outcome, scaled
+from extproc.optimizer.feedback import Feedback, outcome, scaled, strained
 from extproc.optimizer.planning import PlanSettings, replan
 from extproc.optimizer.workload import WorkloadError, parse_trace
 from extproc.tracing.window import TPOT_KEY, TraceRecorder, tpot_bucket, tpot_of_bucket
@@ -238,3 +238,41 @@ def test_no_raise_while_the_router_refuses_any_of_the_models_requests() -> None:
     fb = Feedback(factors={"a10": 1.5}, first_seen={"a10": EPOCH - 500})
     fb.update(out, EPOCH + 180, [p])  # a raised type, and a refusal: the raise goes back toward 1
     assert fb.factor("a10") == pytest.approx(1.2)
+
+
+def test_strain_is_a_refusal_or_the_slo_missed_in_the_windows() -> None:
+    """What tells a burst the fleet absorbs from one it cannot (workload.trace_rates): any refusal, or
+    fewer than the target of the completed requests within their deployment's TPOT SLO."""
+    a10, l20 = profile("a10", 2.0, 1.0), profile("l20", 2.0, 2.0, tpot=0.1)
+    calm = windows({"a10": [0.02] * 99 + [0.06], "l20": [0.09]}, EPOCH, 2, rps=20)  # a10 99 % in 50 ms
+    assert not strained(calm, [a10, l20], 0.99)
+    slow = windows({"a10": [0.02] * 97 + [0.06] * 3, "l20": [0.09]}, EPOCH, 2, rps=20)  # 98.5 % pooled
+    assert strained(slow, [a10, l20], 0.99)
+    assert not strained(slow, [a10, l20], 0.98)
+    rec = TraceRecorder()
+    rec.completed("m", 200, 100, EPOCH + 5, "a10", 0.02)
+    rec.rejected("m", ["l20"], EPOCH + 6)  # one refusal, even another type's
+    [(key, raw)] = rec.due(EPOCH + 20)
+    assert strained([parse_trace(int(key.rsplit("_", 1)[1]), json.loads(raw))], [a10, l20], 0.99)
+    # no TPOT SLO stated: strain cannot be read, so a burst is planned for
+    e2e_only = parse_profile({"gpu": "a10", "cost": 1.0, "tputs": [[2.0] * 2] * 2,
+                              "indexes": [[16, 1024], [128, 4096]], "e2e": [[1.0] * 2] * 2,
+                              "slos": {"percentile": 99, "e2e": 2.0}, "created": 1.0})
+    assert strained(calm, [e2e_only], 0.99)
+
+
+def test_a_replan_leaves_a_burst_the_fleet_absorbs_to_the_router() -> None:
+    """The same burst: the plan stays put while every request keeps its SLO and grows at once when
+    the burst's windows show misses (planning.replan judges strain with the feedback's target)."""
+    p = profile("a10", 2.0, 1.0)
+    steady = windows({"a10": [0.02]}, EPOCH, 22)  # 10 req/s for 220 s
+    burst_ok = windows({"a10": [0.02]}, EPOCH + 220, 2, rps=15)
+    burst_missed = windows({"a10": [0.02] * 9 + [0.09]}, EPOCH + 220, 2, rps=15)
+    now = EPOCH + 241
+
+    def replicas(ws) -> int:
+        fb = Feedback(first_seen={"a10": now})  # no factor moves: only the rates differ
+        return replan(ws, now, 240, [p], {"a10": 5}, fb, PlanSettings(headroom=0)).plan.replicas["a10"]
+
+    assert replicas(steady + burst_ok) == 5  # 10 req/s / 2 per replica
+    assert replicas(steady + burst_missed) == 8  # 15 req/s, read at once

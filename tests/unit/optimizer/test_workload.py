@@ -143,3 +143,75 @@ def test_latest_window_scales_by_arrivals_when_completions_lag() -> None:
 
 def test_windows_from_the_future_are_ignored() -> None:
     assert trace_rates([window(2000, {"70:30": 10})], now=1000) == []
+
+
+def _steady(n: int = 100, until: int = 1240) -> list:
+    """24 windows of 10 s ending at `until`, about `n` requests each (+-1 sigma, deterministic)."""
+    wobble = [0, -1, 1, -1, 0, 1]
+    return [window(until - 230 + 10 * k, {"70:30": n + wobble[k % 6] * int(n ** 0.5)}) for k in range(24)]
+
+
+def test_a_burst_the_fleet_absorbs_is_left_to_the_router() -> None:
+    """With a judge that sees no strain, a burst is neither read at once nor averaged in: the rate is
+    the level before it. A judge that sees strain reads it at once, as without one."""
+    ws = _steady()
+    level = sum(sum(w.counts.values()) for w in ws[:-3]) / 210  # the 21 windows before the burst
+    for w in ws[-3:]:
+        w.counts[(70, 30)] = 150  # +5 sigma, three windows
+    [calm] = trace_rates(ws, now=1241, strained=lambda newest: False)
+    assert calm.rps == pytest.approx(level)
+    [pressed] = trace_rates(ws, now=1241, strained=lambda newest: True)
+    assert pressed.rps == pytest.approx(15.0)  # the latest window
+    [unjudged] = trace_rates(ws, now=1241)
+    assert unjudged.rps == pytest.approx(15.0)
+
+
+def test_the_judge_sees_the_newest_windows() -> None:
+    ws = _steady()
+    for w in ws[-2:]:
+        w.counts[(70, 30)] = 150
+    seen: list[list[int]] = []
+    trace_rates(ws, now=1241, strained=lambda newest: bool(seen.append([w.end for w in newest])))
+    assert seen == [[1240, 1230]]
+
+
+def test_an_absorbed_burst_leaves_the_average_when_it_is_over() -> None:
+    """After the burst (no longer the newest windows), its windows stay out of the average while they
+    are fewer than half of the window: the plan does not keep the fleet up for a burst it never needed."""
+    ws = _steady()
+    for w in ws[10:16]:
+        w.counts[(70, 30)] = 160  # 60 s at +6 sigma, a minute and more ago
+    rest = [w for k, w in enumerate(ws) if not 10 <= k < 16]
+    [d] = trace_rates(ws, now=1241, strained=lambda newest: False)
+    assert d.rps == pytest.approx(sum(sum(w.counts.values()) for w in rest) / 180)
+    [d] = trace_rates(ws, now=1241)  # without a judge: averaged in
+    assert d.rps == pytest.approx(sum(sum(w.counts.values()) for w in ws) / 240)
+
+
+def test_a_level_change_is_averaged_in_once_it_fills_half_the_window() -> None:
+    """Half the windows or more above the old level: the median has moved, so it is the load now."""
+    ws = _steady()
+    for w in ws[12:]:
+        w.counts[(70, 30)] = 160
+    [d] = trace_rates(ws, now=1241, strained=lambda newest: False)
+    assert d.rps == pytest.approx(sum(sum(w.counts.values()) for w in ws) / 240)
+
+
+def test_a_young_trace_keeps_every_window() -> None:
+    """Before the trace covers the whole window there is no level to compare with (the model's first
+    minutes ramp up): every window counts."""
+    ws = _steady()[-6:]
+    ws[-1].counts[(70, 30)] = 160
+    [d] = trace_rates(ws, now=1241, strained=lambda newest: False)
+    assert d.rps == pytest.approx(sum(sum(w.counts.values()) for w in ws) / 60)
+
+
+def test_a_level_that_moved_down_is_averaged_as_before() -> None:
+    """Windows above the median that start the trace are the old level of a load that fell, not an
+    excursion: averaged in, so the plan comes down over the window as without a judge (leaving them out
+    would drop it at once, on the few windows since, and turn it back up on their noise)."""
+    ws = _steady()
+    for w in ws[:10]:
+        w.counts[(70, 30)] = 160
+    [d] = trace_rates(ws, now=1241, strained=lambda newest: False)
+    assert d.rps == pytest.approx(sum(sum(w.counts.values()) for w in ws) / 240)
