@@ -28,7 +28,7 @@ from extproc.optimizer.monitor import ModelState
 from extproc.optimizer.planning import plan_model
 from extproc.optimizer.service import REPLICA_UNITS
 from extproc.optimizer.traces import window_ends
-from extproc.optimizer.workload import parse_trace
+from extproc.optimizer.workload import READ_SPAN, parse_trace
 from extproc.server.traces import TraceHooks
 from extproc.slo.fleet_factors import encode, factors_key
 from extproc.tracing.window import TraceRecorder, trace_key
@@ -87,7 +87,7 @@ class Optimizer:
         for key, value in self.recorder.due(wall):  # the gateways' flush
             self.redis[key] = value
         windows = []
-        for end in window_ends(wall, self.settings.window_s):
+        for end in window_ends(wall, READ_SPAN * self.settings.window_s):  # as the service reads them
             raw = self.redis.get(trace_key(self.model, end))
             if raw is not None:
                 windows.append(parse_trace(end, json.loads(raw)))
@@ -99,7 +99,8 @@ class Optimizer:
         self.timeline.factors.append({d: self.state.feedback.factor(d) for d in self.groups})
         demands, plan, error = result.demands, result.plan, result.error
         self.timeline.rps.append(sum(d.rps for d in demands))
-        self.timeline.refused.append(sum(n for w in windows for n in w.rejected.values()))
+        self.timeline.refused.append(sum(n for w in windows if w.end > wall - self.settings.window_s
+                                         for n in w.rejected.values()))
         self.state.apply(wall, demands, plan, error)
         now_asked = {}
         for d, g in self.groups.items():

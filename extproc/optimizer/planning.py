@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from extproc.gpu_profiles import GpuProfile
 from extproc.optimizer.feedback import Feedback, strained
@@ -59,7 +60,7 @@ def replan(windows: Sequence[TraceWindow], now: float, window_s: float, profiles
     """`current`: the replicas each deployment reports now (near-ties keep them); `grew`: when each
     last rose (the feedback waits for that deployment's added replicas to serve)."""
     # a burst the fleet absorbs unstrained is left to the router's margin (trace_rates)
-    judge = None if feedback is None else (lambda newest: strained(newest, profiles, feedback.target))
+    judge = None if feedback is None else partial(strained, profiles=profiles, target=feedback.target)
     demands = trace_rates(windows, now, window_s, judge)
     if feedback is not None:
         feedback.update(windows, now, profiles, grew)

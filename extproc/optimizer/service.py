@@ -36,7 +36,7 @@ from extproc.optimizer.monitor import Fleet, ModelState, NotMonitored
 from extproc.optimizer.planning import PlanSettings, limits_of, plan_demands, plan_model
 from extproc.optimizer.policy import PlanPolicy
 from extproc.optimizer.traces import read_windows
-from extproc.optimizer.workload import DEFAULT_WINDOW_SECONDS
+from extproc.optimizer.workload import DEFAULT_WINDOW_SECONDS, READ_SPAN
 from extproc.slo.fleet_factors import encode, factors_key, ttl_seconds
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ class OptimizerService:
         else:
             try:
                 windows = await asyncio.wait_for(
-                    read_windows(self.redis, state.model, now, self.settings.window_seconds),
+                    read_windows(self.redis, state.model, now, READ_SPAN * self.settings.window_seconds),
                     self.settings.io_timeout,
                 )
             except asyncio.CancelledError:

@@ -21,8 +21,9 @@ def window_ends(now: float, window_seconds: float, interval: int = INTERVAL_SEC)
 
 
 async def read_windows(redis: Any, model: str, now: float, window_seconds: float) -> list[TraceWindow]:
-    """Every window of the sliding window, re-read each time: a late or rewritten window is seen too.
-    One MGET of ~24 keys; a malformed window is logged and skipped."""
+    """Every window in (now - window_seconds, now], re-read each time: a late or rewritten window is seen
+    too. The service reads READ_SPAN window lengths (48 keys at 240 s); a malformed window is logged and
+    skipped."""
     ends = window_ends(now, window_seconds)
     if not ends:
         return []

@@ -159,6 +159,9 @@ def _tokens(b: int, precision: int) -> float:
 
 
 BURST_SIGMAS = 2.0  # the latest window counts as a change only this many Poisson sigmas above the average
+# The windows the plan reads: this many window lengths back. Only the newest window length is averaged;
+# the older one shows where a run of windows above the level that starts it began (_without_excursions).
+READ_SPAN = 2
 BURST_WINDOWS = 2  # ... and only when the window before it was above that line too (trace_rates says why)
 
 
@@ -172,19 +175,32 @@ def _average(windows: Iterable[TraceWindow], span: float) -> dict[tuple[int, int
     return average
 
 
-def _without_excursions(windows: Sequence[TraceWindow], interval: int,
+def _without_excursions(windows: Sequence[TraceWindow], earlier: Sequence[TraceWindow], interval: int,
                         covered: float) -> dict[tuple[int, int, int], float] | None:
     """The average without the windows above the trace's median level by over BURST_SIGMAS Poisson
-    sigmas, when they are fewer than half and the oldest window is at the level (an excursion above
-    it); None otherwise: half or more above it is a level that moved up, an oldest window above it one
-    that moved down, and both are averaged as they are."""
-    totals = {w.end: math.fsum(_reading(w).values()) * w.interval for w in windows}
+    sigmas, when they are fewer than half and an excursion: a window at the level comes before them.
+    `earlier`, the windows before the window, show where a run above it that starts the window began.
+    None otherwise: half or more above the level is a level that moved up, a run that goes back as far
+    as the trace is read (or to a window not read) one that moved down, and both are averaged as is."""
+    totals = {w.end: _total(w) for w in windows}
     level = sorted(totals.values())[len(totals) // 2]
     line = level + BURST_SIGMAS * math.sqrt(level)
     high = {end for end, n in totals.items() if n > line}
-    if not high or 2 * len(high) >= len(totals) or min(totals) in high:
+    if not high or 2 * len(high) >= len(totals):
         return None
+    if min(totals) in high:  # walk back to where that run began
+        before = {w.end: _total(w) for w in earlier}
+        end = min(totals) - interval
+        while before.get(end, -1.0) > line:
+            end -= interval
+        if end not in before:
+            return None
     return _average([w for w in windows if w.end not in high], covered - len(high) * interval)
+
+
+def _total(w: TraceWindow) -> float:
+    """The requests one window read (_reading's scale included)."""
+    return math.fsum(_reading(w).values()) * w.interval
 
 
 def _reading(w: TraceWindow) -> dict[tuple[int, int, int], float]:
@@ -218,12 +234,14 @@ def trace_rates(
     SLO missed; planning.replan judges it). Given, a burst the fleet absorbs unstrained is left to the
     router, which admits past each pod's budget while its speed shows room: the burst is not read as
     the latest rate, and a full trace's windows above its median level (the same 2 sigmas; fewer than
-    half of them, the oldest window not among them) are left out of the average, so the burst neither
+    half of them, and a window at the level before them: `windows` may reach back further than
+    `window_seconds`, READ_SPAN windows, to show it) are left out of the average, so the burst neither
     scales the fleet up nor, once over, keeps it up while it is still in the window. A replica added
     for a burst serves a minute later and the autoscaler keeps it 300 s after its last ask: for a
     burst the fleet holds, that buys nothing. A burst that strains the fleet is read at once, as
     without the judge; one longer than half the window is the new level (the median has moved) and is
     averaged in."""
+    windows = list(windows)
     recent = [w for w in windows if now - window_seconds < w.end <= now + 1e-9]
     if not recent:
         return []
@@ -244,11 +262,12 @@ def trace_rates(
     above = expected + BURST_SIGMAS * math.sqrt(expected)
     # every one of the newest windows, back to back, above the line
     burst = bool(current) and len(newest) == BURST_WINDOWS and all(
-        w.end == latest.end - k * latest.interval and math.fsum(_reading(w).values()) * w.interval > above
+        w.end == latest.end - k * latest.interval and _total(w) > above
         for k, w in enumerate(newest))
     absorbing = strained is not None and not strained(newest)
     if absorbing and covered >= window_seconds - 1e-9:
-        average = _without_excursions(recent, latest.interval, covered) or average
+        earlier = [w for w in windows if w.end <= now - window_seconds]
+        average = _without_excursions(recent, earlier, latest.interval, covered) or average
     if not burst or absorbing:
         rates = average
     else:

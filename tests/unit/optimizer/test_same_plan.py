@@ -33,13 +33,15 @@ CAPS = {"cheap": 4, "dear": 20}  # the cheaper type is capped: the rest of the l
 
 
 def windows(t: int) -> list[tuple[str, str]]:
-    """The gateways' trace window ending at virtual time t: 30 req/s, 60 after 300 s; the cheap type's
-    requests miss the SLO one in ten from 200 s on (so the feedback moves its factor)."""
+    """The gateways' trace window ending at virtual time t: 30 req/s, 60 after 300 s, 90 for the 50 s
+    after 340 s (a burst); the cheap type's requests miss the SLO one in ten from 200 s to 450 s (so the
+    feedback moves its factor, and the burst strains the fleet). From 580 s the burst's start has left
+    the 240 s window: only the windows read before it tell its tail from a level that fell."""
     rec = TraceRecorder()
-    rate = 60 if t > 300 else 30
+    rate = 90 if 340 < t <= 390 else 60 if t > 300 else 30
     for k in range(rate * 10):
         dep = "cheap" if k % 2 else "dear"
-        slow = dep == "cheap" and t > 200 and k % 10 == 1
+        slow = dep == "cheap" and 200 < t <= 450 and k % 10 == 1
         rec.arrived(MODEL, EPOCH + t - 5)
         rec.completed(MODEL, 200, 50, EPOCH + t - 5, dep, 2 * SLO if slow else SLO / 2)
     return rec.due(EPOCH + t)

@@ -207,11 +207,28 @@ def test_a_young_trace_keeps_every_window() -> None:
 
 
 def test_a_level_that_moved_down_is_averaged_as_before() -> None:
-    """Windows above the median that start the trace are the old level of a load that fell, not an
-    excursion: averaged in, so the plan comes down over the window as without a judge (leaving them out
-    would drop it at once, on the few windows since, and turn it back up on their noise)."""
+    """Windows above the median that start the window, and go back as far as the trace is read, are the
+    old level of a load that fell, not an excursion: averaged in, so the plan comes down over the window
+    as without a judge (leaving them out would drop it at once, on the few windows since, and turn it
+    back up on their noise)."""
+    earlier = _steady(until=1000)
     ws = _steady()
-    for w in ws[:10]:
+    for w in [*earlier, *ws[:10]]:
         w.counts[(70, 30)] = 160
-    [d] = trace_rates(ws, now=1241, strained=lambda newest: False)
+    for read in (ws, earlier + ws):  # the window alone, and with the window length before it
+        [d] = trace_rates(read, now=1241, strained=lambda newest: False)
+        assert d.rps == pytest.approx(sum(sum(w.counts.values()) for w in ws) / 240)
+
+
+def test_a_burst_whose_start_left_the_window_is_still_an_excursion() -> None:
+    """The same windows above the median start the window, but the windows read before it show the
+    level the burst rose from: its tail is left out of the average like the rest of it was."""
+    earlier = _steady(until=1000)
+    ws = _steady()
+    for w in [*earlier[-3:], *ws[:6]]:
+        w.counts[(70, 30)] = 160  # a 90 s burst, its first 30 s before the window
+    rest = ws[6:]
+    [d] = trace_rates(earlier + ws, now=1241, strained=lambda newest: False)
+    assert d.rps == pytest.approx(sum(sum(w.counts.values()) for w in rest) / 180)
+    [d] = trace_rates(ws, now=1241, strained=lambda newest: False)  # not read: it may be a level that fell
     assert d.rps == pytest.approx(sum(sum(w.counts.values()) for w in ws) / 240)
