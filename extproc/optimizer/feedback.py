@@ -179,8 +179,9 @@ def outcome(windows: Iterable[TraceWindow], deployment: str, since: float, now: 
 
 def strained(windows: Sequence[TraceWindow], profiles: Sequence[GpuProfile], target: float) -> bool:
     """Whether these windows show the fleet short: the SLO router refused a request, or fewer than
-    `target` of the completed requests kept their deployment's TPOT SLO. True when no profile states
-    a TPOT SLO: the fleet's strain cannot be read then, so a burst is planned for (workload.trace_rates)."""
+    `target` of the completed requests kept their deployment's TPOT SLO. True when that cannot be read
+    (no profile states a TPOT SLO, or the windows carry no TPOT of those deployments, as an AIBrix
+    gateway's do): then a burst is planned for (workload.trace_rates)."""
     if any(any(w.rejected.values()) for w in windows):
         return True
     slos = {p.gpu: p.slos["tpot"] for p in profiles if p.slos.get("tpot")}
@@ -194,7 +195,7 @@ def strained(windows: Sequence[TraceWindow], profiles: Sequence[GpuProfile], tar
                 continue
             total += sum(hist.values())
             within += sum(n for b, n in hist.items() if tpot_of_bucket(b) <= slo)
-    return within < target * total
+    return total == 0 or within < target * total
 
 
 def _p99(hist: Mapping[int, int], total: int) -> float:
