@@ -182,20 +182,12 @@ def strained(windows: Sequence[TraceWindow], profiles: Sequence[GpuProfile], tar
     `target` of the completed requests kept their deployment's TPOT SLO. True when that cannot be read
     (no profile states a TPOT SLO, or the windows carry no TPOT of those deployments, as an AIBrix
     gateway's do): then a burst is planned for (workload.trace_rates)."""
-    if any(any(w.rejected.values()) for w in windows):
+    if not windows or any(any(w.rejected.values()) for w in windows):
         return True
-    slos = {p.gpu: p.slos["tpot"] for p in profiles if p.slos.get("tpot")}
-    if not slos:
-        return True
-    within = total = 0
-    for w in windows:
-        for name, hist in w.tpot.items():
-            slo = next((s for d, s in slos.items() if _named(name, d)), None)
-            if slo is None:
-                continue
-            total += sum(hist.values())
-            within += sum(n for b, n in hist.items() if tpot_of_bucket(b) <= slo)
-    return total == 0 or within < target * total
+    since, now = min(w.end for w in windows) - 1, max(w.end for w in windows)
+    seen = [outcome(windows, p.gpu, since, now, p.slos["tpot"]) for p in profiles if p.slos.get("tpot")]
+    completed = sum(o.completed for o in seen)
+    return completed == 0 or sum(o.within for o in seen) < target * completed
 
 
 def _p99(hist: Mapping[int, int], total: int) -> float:

@@ -171,7 +171,12 @@ def test_the_judge_sees_the_newest_windows() -> None:
     for w in ws[-2:]:
         w.counts[(70, 30)] = 150
     seen: list[list[int]] = []
-    trace_rates(ws, now=1241, strained=lambda newest: bool(seen.append([w.end for w in newest])))
+
+    def judge(newest) -> bool:  # noqa: ANN001
+        seen.append([w.end for w in newest])
+        return False
+
+    trace_rates(ws, now=1241, strained=judge)
     assert seen == [[1240, 1230]]
 
 
