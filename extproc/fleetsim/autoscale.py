@@ -72,7 +72,9 @@ class Optimizer:
             d: Deployment("default", d, model, g.min_replicas, g.initial, max_replicas=g.replicas)
             for d, g in self.groups.items()}, feedback=self.policy.feedback())
         self.timeline = Timeline()
-        # (time, counts) within the stabilization; the autoscaler has been running the initial fleet
+        # (time, counts) within the stabilization. The first is the initial fleet, as Kubernetes' HPA
+        # seeds it: its controller records the running count as a new autoscaler's first recommendation
+        # (recordInitialRecommendation), so the fleet it finds is held through the stabilization window.
         self.asked: list[tuple[float, dict[str, int]]] = [
             (0.0, {d: g.initial if g.initial is not None else g.replicas for d, g in self.groups.items()})]
         self.scaled_to: dict[str, int] = {}

@@ -428,6 +428,10 @@ class FleetRun:
 
     def on_replan(self, _: int, t: float) -> bool:
         if self.scaler is not None:  # (scheduled only with --optimizer)
+            # the gauges each live gateway reports with its windows (merged in Redis, they add up)
+            self.scaler.optimizer.recorder.snapshot(
+                self.model, sum(len(r.open) for r in self.replicas),
+                sum(room.length(self.model) for room in self.rooms if room is not None))
             self.scaler.replan(t)
             # every gateway's SLO router reads the optimizer's cuts, as the live ones do from Redis
             cuts = decode(self.scaler.optimizer.redis.get(factors_key(self.model)))

@@ -289,6 +289,8 @@ class Waiting:
     live: Callable[[Any], LiveRoom]               # the gateway (server.gateway.Gateway) -> its room
     virtual: Callable[[RoutingState], VirtualRoom[Any]]  # the gateway's learned state -> the pure room
     refresh: Callable[[Any, Any], Any] | None = None  # (gateway, Redis URL or RedisTarget) -> coroutine
+    # (the gateway's learned state, model) -> the model's requests waiting in this room now
+    length: Callable[[RoutingState, str], int] | None = None
 
 
 _REGISTRY: dict[str, tuple[Factory, Params | None]] = {}
@@ -338,6 +340,11 @@ def waiting_for(name: str) -> Waiting | None:
 def waitings() -> list[Waiting]:
     """Every registered Waiting, once each, in registration order."""
     return list({id(w): w for w in _WAITING.values()}.values())
+
+
+def waiting(state: RoutingState, model: str) -> int:
+    """The model's requests held back in every waiting room now (a trace's meta_queueing_reqs)."""
+    return sum(w.length(state, model) for w in waitings() if w.length is not None)
 
 
 def build(name: str, settings: RoutingSettings | None = None, store: RoutingState | None = None,

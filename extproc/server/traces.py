@@ -13,7 +13,7 @@ from extproc.cancellation import raise_if_cancelled
 from extproc.openai import Request
 from extproc.pool.pod import deployment_of
 from extproc.redis_connect import RedisTarget
-from extproc.routing.framework import PodView
+from extproc.routing.framework import PodView, waiting
 from extproc.routing.outcome import Rejected
 from extproc.server.gateway import Gateway
 from extproc.tracing.flusher import TraceFlusher
@@ -51,6 +51,15 @@ def tpot(record: RequestRecord) -> float | None:
     return max(0.0, record.e2e_s - record.ttfb_s) / (out - 1)
 
 
+def snapshot(recorder: TraceRecorder, gateway: Gateway) -> None:
+    """Each model's requests in flight and held back in the gateway's waiting rooms (the SLO queue),
+    reported with its next window (meta_pending_reqs, meta_queueing_reqs)."""
+    pending = Counter(o.request.model for o in gateway.open)
+    router = gateway.router
+    for model in gateway.pool.models():
+        recorder.snapshot(model, pending.get(model, 0), waiting(router.state, model) if router else 0)
+
+
 async def run_tracing(gateway: Gateway, redis: RedisTarget | str) -> None:
     from extproc import redis_connect
 
@@ -61,9 +70,7 @@ async def run_tracing(gateway: Gateway, redis: RedisTarget | str) -> None:
     try:
         while True:
             try:
-                pending = Counter(o.request.model for o in gateway.open)
-                for model in gateway.pool.models():
-                    recorder.snapshot(model, pending.get(model, 0), 0)
+                snapshot(recorder, gateway)
                 await flusher.flush()  # a Redis failure drops (and counts) that window, nothing more
             except Exception:
                 log.exception("request traces failed")

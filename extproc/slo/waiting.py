@@ -1,7 +1,8 @@
 """Where the slo* strategies' held-back requests wait, as they register it (routing.framework.Waiting):
 the live room on a gateway (slo/live_room.py), the pure room over the gateway's SLO queues for virtual
-time (slo/room.py), and the background refresh of profiles and splits (slo/refresh.py). The gateway's
-shells build these from the registry, so none of them imports this package."""
+time (slo/room.py), the background refresh of profiles and splits (slo/refresh.py), and the queue's
+length the request traces report. The gateway's shells build these from the registry, so none of them
+imports this package."""
 
 from __future__ import annotations
 
@@ -27,10 +28,15 @@ def _virtual(store: RoutingState) -> Room[Any]:
     return Room(state.queues)
 
 
+def _length(store: RoutingState, model: str) -> int:
+    state = learned(store.store)
+    return state.queues.length(model) if state is not None else 0  # (no slo* strategy built yet)
+
+
 def _refresh(gateway: Any, redis: Any) -> Any:
     from extproc.slo.refresh import SloRefresh
 
     return SloRefresh(gateway).run_profiles(redis)
 
 
-SLO_WAITING = Waiting("slo", live=_live, virtual=_virtual, refresh=_refresh)
+SLO_WAITING = Waiting("slo", live=_live, virtual=_virtual, refresh=_refresh, length=_length)

@@ -110,6 +110,29 @@ def test_the_routers_refusals_reach_the_optimizers_traces():
     assert all(n == 0 for t, n in zip(tl.times, tl.refused) if t <= 100)  # none before any was refused
 
 
+def test_the_traces_carry_the_gateways_queue_and_in_flight_requests(monkeypatch):
+    # meta_pending_reqs / meta_queueing_reqs, as a live gateway writes them: its requests in flight and
+    # those its SLO router holds back. One replica of each, 15 req/s tripled at 200 s: it queues some.
+    import extproc.fleetsim.autoscale as autoscale
+
+    read: list = []
+
+    def spy(end, data):
+        read.append(window := parse_trace(end, data))
+        return window
+
+    parse_trace = autoscale.parse_trace
+    monkeypatch.setattr(autoscale, "parse_trace", spy)
+    sc = scenario(fleet=[{"gpu": "A100", "replicas": 1, "initial": 1, "cost": 2.0, "name": "fast"},
+                         {"gpu": "L20", "replicas": 1, "initial": 1, "cost": 1.0, "name": "slow"}],
+                  duration_s=300, streams=[{**CHAT, "rate": 15}])
+    profiles = {"fast": flat("fast", 10.0, 2.0), "slow": flat("slow", 5.0, 1.0)}
+    run(sc, "slo", generate(sc, 6), seed=6, optimizer=True, gpu_profiles=profiles)
+    assert max(w.queueing for w in read) > 0
+    assert max(w.pending for w in read) > 0
+    assert min(w.pending for w in read) >= 0
+
+
 def test_same_seed_same_scaling():
     sc = scenario(duration_s=260)
     a = run(sc, "least-request", generate(sc, 2), seed=2, optimizer=True, gpu_profiles=PROFILES).autoscale
