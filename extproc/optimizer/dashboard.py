@@ -1,10 +1,11 @@
 """`GET /dash/<model>`: one self-contained page (inline CSS, JS and SVG; no external assets, works offline).
 
 The page carries its first data inline, so it renders at once, then refreshes from `/dash/<model>/data`.
-It shows the workload as a heatmap over (input, output) tokens in log2 cells, the plan and its cost, what
-each deployment reports, the model's estimate (load: replicas' worth of work the plan sends it) next to
-what the gateways observed there (requests completed in the feedback's span, their TPOT SLO attainment
-and P99, and the factor the feedback keeps on its profile), and replicas per GPU type over time.
+It shows the workload as a heatmap over (input, output) tokens in log2 cells, the plan and its cost, a burst
+in the newest windows and whether the plan was made for it or left it to the router, what each deployment
+reports, the model's estimate (load: replicas' worth of work the plan sends it) next to what the gateways
+observed there (requests completed in the feedback's span, their TPOT SLO attainment and P99, and the
+factor the feedback keeps on its profile), and replicas per GPU type over time.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def dashboard_data(state: ModelState, profiles: dict[str, GpuProfile | None], no
             "optimal": plan.optimal,
         },
         "reported_cost": reported_cost,
+        "burst": None if state.burst is None else {
+            "rps": round(state.burst.rps, 4), "level": round(state.burst.level, 4),
+            "planned": state.burst.planned},
         "deployments": deployments,
         "history": [{"t": t, "replicas": r} for t, r in state.history],
     }
@@ -104,6 +108,7 @@ _PAGE = """<!doctype html>
    <th>cost/replica</th><th>seen</th><th>SLO %</th><th>P99 TPOT ms</th><th>factor</th></tr></thead>
    <tbody></tbody></table>
   <div class="sub" id="solve"></div>
+  <div class="sub" id="burst"></div>
  </div>
  <div class="card"><h2>Workload (requests/s per cell)</h2><svg id="heatmap" width="100%" height="300"></svg></div>
  <div class="card wide"><h2>Replicas per GPU type over time</h2><svg id="history" width="100%" height="240"></svg></div>
@@ -198,8 +203,16 @@ function renderHistory(d){
   });
 }
 
+function renderBurst(d){
+  const b = d.burst, node = document.getElementById("burst");
+  node.textContent = !b ? "" : "burst: " + fmt(b.rps, 2) + " req/s in the newest windows, against " + fmt(b.level, 2) +
+    " on average · " + (b.planned ? "planned for (the fleet strains: requests refused or the TPOT SLO missed)" :
+    "left to the router (the fleet serves it with nothing refused and the TPOT SLO kept)");
+  node.dataset.planned = b ? String(b.planned) : "";
+}
+
 function render(d){
-  renderPlan(d); renderHeatmap(d); renderHistory(d);
+  renderPlan(d); renderHeatmap(d); renderHistory(d); renderBurst(d);
   const st = document.getElementById("status"); clear(st);
   st.appendChild(document.createTextNode(d.updated ? "re-planned " + new Date(d.updated * 1000).toLocaleTimeString() :
     "waiting for the first re-plan"));

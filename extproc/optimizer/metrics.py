@@ -33,7 +33,14 @@ class OptimizerCollector(Collector):
         replicas = GaugeMetricFamily("extproc_optimizer_replicas", "Replicas each deployment should run now "
                                      "(what /metrics/<namespace>/<deployment> serves, in whole replicas)",
                                      labels=["model", "namespace", "deployment"])
+        burst = GaugeMetricFamily("extproc_optimizer_burst_requests_per_second", "A burst in the newest "
+                                  "trace windows (two back to back above the window's average by 2 sigmas), "
+                                  "while it lasts: its rate, and whether the plan was made for it (planned: "
+                                  "the fleet strains) or leaves it to the router's margin (router)",
+                                  labels=["model", "handling"])
         for model, state in sorted(self.fleet.models.items()):
+            if state.burst is not None:
+                burst.add_metric([model, "planned" if state.burst.planned else "router"], state.burst.rps)
             if state.plan is not None:
                 cost.add_metric([model], state.plan.cost)
                 solve.add_metric([model], state.plan.solve_seconds)
@@ -43,7 +50,7 @@ class OptimizerCollector(Collector):
             demand.add_metric([model], sum(d.rps for d in state.demands))
             for key, d in state.deployments.items():
                 replicas.add_metric([model, d.namespace, d.name], state.reported(key))
-        yield from (cost, solve, skipped, age, demand, replicas)
+        yield from (cost, solve, skipped, age, demand, burst, replicas)
 
 
 def optimizer_registry(fleet: Fleet, clock: Callable[[], float]) -> CollectorRegistry:

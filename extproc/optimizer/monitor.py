@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from extproc.optimizer.deployments import Deployment
 from extproc.optimizer.feedback import Feedback
 from extproc.optimizer.solver import Demand, Plan
+from extproc.optimizer.workload import Burst
 
 HISTORY_POINTS = 720  # two hours at the 10 s re-plan interval
 
@@ -35,6 +36,7 @@ class ModelState:
     history: deque[tuple[float, dict[str, int]]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     feedback: Feedback = field(default_factory=Feedback)  # how each type kept the SLO: the plan's correction
     grew_at: dict[str, float] = field(default_factory=dict)  # deployment -> when its count last rose
+    burst: Burst | None = None  # a burst in the last re-plan's newest windows, and what the plan made of it
 
     @property
     def has_load(self) -> bool:
@@ -51,9 +53,11 @@ class ModelState:
             return self.plan.replicas.get(key, 0)
         return d.replicas if d.replicas is not None else d.min_replicas
 
-    def apply(self, now: float, demands: list[Demand], plan: Plan | None, error: str | None) -> None:
+    def apply(self, now: float, demands: list[Demand], plan: Plan | None, error: str | None,
+              burst: Burst | None = None) -> None:
         """Record one re-plan: the workload seen, and the plan or the reason there is none."""
         self.demands = demands
+        self.burst = burst
         if plan is not None:
             self.plan = plan
         if plan is not None or not demands:

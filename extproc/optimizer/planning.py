@@ -7,7 +7,7 @@ from (Redis, or the simulation's dict) and what scales the deployments afterward
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from extproc.gpu_profiles import GpuProfile
@@ -15,7 +15,7 @@ from extproc.optimizer.feedback import Feedback, strained
 from extproc.optimizer.monitor import ModelState
 from extproc.optimizer.policy import HEADROOM, PlanPolicy
 from extproc.optimizer.solver import ADD_COST, REMOVE_COST, Demand, Plan, PlanError, solve
-from extproc.optimizer.workload import TraceWindow, trace_rates
+from extproc.optimizer.workload import Burst, TraceWindow, read_workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +23,7 @@ class Replan:
     demands: list[Demand]
     plan: Plan | None
     error: str | None  # no plan, or cells left out of it
+    burst: Burst | None = None  # a burst in the newest windows, and whether the plan was made for it
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,13 +60,13 @@ def replan(windows: Sequence[TraceWindow], now: float, window_s: float, profiles
            settings: PlanSettings = PlanSettings(), grew: Mapping[str, float] | None = None) -> Replan:
     """`current`: the replicas each deployment reports now (near-ties keep them); `grew`: when each
     last rose (the feedback waits for that deployment's added replicas to serve)."""
-    # a burst the fleet absorbs unstrained is left to the router's margin (trace_rates)
+    # a burst the fleet absorbs unstrained is left to the router's margin (read_workload)
     judge = None if feedback is None else partial(strained, profiles=profiles, target=feedback.target)
-    demands = trace_rates(windows, now, window_s, judge)
+    workload = read_workload(windows, now, window_s, judge)
     if feedback is not None:
         feedback.update(windows, now, profiles, grew)
         profiles = feedback.apply(profiles)
-    return plan_demands(demands, profiles, current, settings)
+    return replace(plan_demands(workload.demands, profiles, current, settings), burst=workload.burst)
 
 
 def plan_demands(demands: list[Demand], profiles: Sequence[GpuProfile], current: Mapping[str, int],

@@ -160,7 +160,7 @@ class OptimizerService:
             log.warning("%s: %s", state.model, plan.unserved)  # planned without them: on the dashboard
         if plan is not None and not plan.optimal:
             log.warning("%s: solver time limit, using the best plan found", state.model)
-        state.apply(now, demands, plan, error)
+        state.apply(now, demands, plan, error, result.burst)
         if plan is not None:
             log.info(
                 "%s: %.2f req/s -> %s (cost %.2f, %.0f ms)",

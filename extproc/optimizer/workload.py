@@ -210,10 +210,33 @@ def _reading(w: TraceWindow) -> dict[tuple[int, int, int], float]:
     return {(i, o, w.precision): n * scale / w.interval for (i, o), n in w.counts.items()}
 
 
+@dataclass(frozen=True, slots=True)
+class Burst:
+    """The newest windows above the window's average by BURST_SIGMAS, back to back (trace_rates)."""
+
+    rps: float  # the newest window's requests/s
+    level: float  # the window's average, the burst's own windows included
+    planned: bool  # False: the fleet absorbs it unstrained, so it is left to the router's margin
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    demands: list[Demand]
+    burst: Burst | None = None  # what the plan made of a burst in the newest windows, for the operator
+
+
 def trace_rates(
     windows: Iterable[TraceWindow], now: float, window_seconds: float = DEFAULT_WINDOW_SECONDS,
     strained: Callable[[Sequence[TraceWindow]], bool] | None = None,
 ) -> list[Demand]:
+    """The demands of `read_workload`."""
+    return read_workload(windows, now, window_seconds, strained).demands
+
+
+def read_workload(
+    windows: Iterable[TraceWindow], now: float, window_seconds: float = DEFAULT_WINDOW_SECONDS,
+    strained: Callable[[Sequence[TraceWindow]], bool] | None = None,
+) -> Workload:
     """Per-cell requests/s at `now`: the average over the window (over the part of it the trace covers,
     when the trace is younger), or, when the latest windows show a burst, max(average, latest) per cell
     with the total held to the latest total.
@@ -244,7 +267,7 @@ def trace_rates(
     windows = list(windows)
     recent = [w for w in windows if now - window_seconds < w.end <= now + 1e-9]
     if not recent:
-        return []
+        return Workload([])
     newest = sorted(recent, key=lambda w: w.end, reverse=True)[:BURST_WINDOWS]
     latest = newest[0]
     fresh = latest.end >= now - 2 * latest.interval  # else the trace has been silent since
@@ -284,4 +307,5 @@ def trace_rates(
         i, o, precision = key
         if rates[key] > 0:
             out.append(Demand(_tokens(i, precision), _tokens(o, precision), rates[key]))
-    return out
+    seen = Burst(math.fsum(current.values()), mean_total, planned=not absorbing) if burst else None
+    return Workload(out, seen)

@@ -252,3 +252,22 @@ def test_dashboard_renders_the_plan_in_chromium(optimizer: int, redis_url: str, 
     assert 'class="series"' in dom  # replicas over time
     chromium(log_dir, url, f"--screenshot={log_dir / 'dashboard.png'}", "--hide-scrollbars")
     assert (log_dir / "dashboard.png").stat().st_size > 10_000
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (make chromium)")
+def test_dashboard_says_what_the_plan_made_of_a_burst(log_dir: Path) -> None:
+    from extproc.optimizer.dashboard import render_page
+
+    base = {"model": MODEL, "now": 0, "updated": 0, "has_load": True, "error": None, "rps": 24.0,
+            "heatmap": [], "plan": None, "reported_cost": 0.0, "deployments": [], "history": []}
+    for planned, says in ((False, "left to the router"), (True, "planned for")):
+        page = log_dir / f"burst-{planned}.html"
+        page.write_text(render_page({**base, "burst": {"rps": 24.0, "level": 20.0, "planned": planned}}))
+        dom = chromium(log_dir, page.as_uri(), "--dump-dom")
+        line = re.search(r'<div class="sub" id="burst" data-planned="(\w+)">([^<]*)<', dom)
+        assert line is not None, dom[-3000:]
+        assert line.group(1) == str(planned).lower() and says in line.group(2), line.group(0)
+        assert "24.00 req/s" in line.group(2) and "20.00 on average" in line.group(2)
+    page.write_text(render_page({**base, "burst": None}))  # no burst: no line
+    assert re.search(r'<div class="sub" id="burst" data-planned="">\s*</div>',
+                     chromium(log_dir, page.as_uri(), "--dump-dom"))

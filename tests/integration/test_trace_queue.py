@@ -8,7 +8,6 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
@@ -27,14 +26,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack
     redis = RedisServer(log_dir)
     sim = start_sim(["--gpu", "V100", "--model", MODEL], log_dir)
     # every cell: 2 requests/s at 1 s -> each request holds half the pod; a relaxed SLO, so the third waits
-    profile = {"gpu": "dep", "cost": 1.0, "tputs": [[2.0, 2.0], [2.0, 2.0]], "indexes": [[8, 1024], [16, 4096]],
-               "e2e": [[1.0, 1.0], [1.0, 1.0]], "slos": {"percentile": 99, "e2e": 100.0}, "created": time.time()}
+    profile = {"gpu": "dep", "cost": 1.0, "tputs": [[2.0, 2.0], [2.0, 2.0]],
+               "indexes": [[8, 1024], [16, 4096]], "e2e": [[1.0, 1.0], [1.0, 1.0]],
+               "slos": {"percentile": 99, "e2e": 100.0}, "created": time.time()}
     path = log_dir / "dep.json"
     path.write_text(json.dumps(profile))
     s = LocalStack(config_path=log_dir / "gateway.yaml", log_dir=log_dir,
                    env={"EXTPROC_REDIS_URL": redis.url, "AIBRIX_GPU_OPTIMIZER_TRACING_FLAG": "true"})
     s.write_config({
-        "models": {MODEL: {"pods": [{"name": "p0", "address": f"127.0.0.1:{sim.port}", "deployment": "dep"}]}},
+        "models": {MODEL: {"pods": [{"name": "p0", "address": f"127.0.0.1:{sim.port}",
+                                     "deployment": "dep"}]}},
         "routing": {"default_strategy": "slo", "slo": {"profiles": [str(path)], "max_wait_seconds": 60}}})
     s.start_gateway()
     s.start_envoy()

@@ -273,9 +273,11 @@ def test_a_replan_leaves_a_burst_the_fleet_absorbs_to_the_router() -> None:
     burst_missed = windows({"a10": [0.02] * 9 + [0.09]}, EPOCH + 220, 2, rps=15)
     now = EPOCH + 241
 
-    def replicas(ws) -> int:
+    def replicas(ws) -> tuple[int, bool | None]:
         fb = Feedback(first_seen={"a10": now})  # no factor moves: only the rates differ
-        return replan(ws, now, 240, [p], {"a10": 5}, fb, PlanSettings(headroom=0)).plan.replicas["a10"]
+        result = replan(ws, now, 240, [p], {"a10": 5}, fb, PlanSettings(headroom=0))
+        return result.plan.replicas["a10"], result.burst and result.burst.planned
 
-    assert replicas(steady + burst_ok) == 5  # 10 req/s / 2 per replica
-    assert replicas(steady + burst_missed) == 8  # 15 req/s, read at once
+    assert replicas(steady + burst_ok) == (5, False)  # 10 req/s / 2 per replica; the burst is reported
+    assert replicas(steady + burst_missed) == (8, True)  # 15 req/s, read at once
+    assert replicas(steady)[1] is None

@@ -294,6 +294,26 @@ async def test_dashboard_is_self_contained(
     assert data["history"][-1]["replicas"] == {"default/a": 2, "default/b": 2}
 
 
+async def test_a_burst_shows_on_the_dashboard_and_in_the_metrics(
+    service: OptimizerService, client: TestClient, redis: MemoryRedis
+) -> None:
+    for k in range(23, 1, -1):  # 220 s at 20 req/s, then two windows at 40 req/s
+        redis.traffic(NOW - 10 * k, short=200)
+    redis.traffic(NOW - 10, short=400)
+    redis.traffic(NOW, short=400)
+    await service.tick(NOW)  # the window read: the 24 ending after NOW - 240 s
+    burst = (await (await client.get("/dash/llama/data")).json())["burst"]
+    # these profiles state no TPOT SLO, so strain cannot be read: the burst is planned for
+    assert burst == {"rps": 40.0, "level": pytest.approx(5200 / 240, abs=1e-3), "planned": True}
+    seen = await own_metrics(client)
+    series = ("extproc_optimizer_burst_requests_per_second", (("handling", "planned"), ("model", MODEL)))
+    assert seen[series] == 40.0
+    redis.traffic(NOW + 10, short=200)  # the burst is over: no line, no series
+    await service.tick(NOW + 10)
+    assert (await (await client.get("/dash/llama/data")).json())["burst"] is None
+    assert not any(name == series[0] for name, _ in await own_metrics(client))
+
+
 async def test_page_escapes_what_it_inlines(service: OptimizerService, client: TestClient) -> None:
     from extproc.optimizer.dashboard import render_page
 

@@ -9,10 +9,12 @@ import pytest
 
 from extproc.optimizer.solver import Demand
 from extproc.optimizer.workload import (
+    Burst,
     WorkloadError,
     load_workload,
     parse_trace,
     parse_workload,
+    read_workload,
     trace_rates,
 )
 from extproc.tracing import TraceRecorder
@@ -164,6 +166,21 @@ def test_a_burst_the_fleet_absorbs_is_left_to_the_router() -> None:
     assert pressed.rps == pytest.approx(15.0)  # the latest window
     [unjudged] = trace_rates(ws, now=1241)
     assert unjudged.rps == pytest.approx(15.0)
+
+
+def test_the_burst_and_what_the_plan_made_of_it_are_reported() -> None:
+    """For the operator (the dashboard, the optimizer's metrics): the burst's rate, the window's average
+    it stands above, and whether it was planned for or left to the router."""
+    ws = _steady()
+    for w in ws[-3:]:
+        w.counts[(70, 30)] = 150
+    average = sum(sum(w.counts.values()) for w in ws) / 240
+    calm = read_workload(ws, now=1241, strained=lambda newest: False).burst
+    assert calm == Burst(15.0, pytest.approx(average), planned=False)
+    assert read_workload(ws, now=1241, strained=lambda newest: True).burst == Burst(
+        15.0, pytest.approx(average), planned=True)
+    assert read_workload(ws, now=1241).burst.planned  # no judge: every burst is planned for
+    assert read_workload(_steady(), now=1241, strained=lambda newest: False).burst is None
 
 
 def test_the_judge_sees_the_newest_windows() -> None:
