@@ -181,7 +181,7 @@ def strained(windows: Sequence[TraceWindow], profiles: Sequence[GpuProfile], tar
     """Whether these windows show the fleet short: the SLO router refused a request, or fewer than
     `target` of the completed requests kept their deployment's TPOT SLO. True when that cannot be read
     (no profile states a TPOT SLO, or the windows carry no TPOT of those deployments, as an AIBrix
-    gateway's do): then a burst is planned for (workload.trace_rates)."""
+    gateway's do): then a burst is planned for (workload.read_workload)."""
     if not windows or any(any(w.rejected.values()) for w in windows):
         return True
     since, now = min(w.end for w in windows) - 1, max(w.end for w in windows)

@@ -4,7 +4,7 @@ Two sources: a workload file for `extproc optimize`, and the gateway's request t
 layout, see extproc.tracing) for the service. Traces become rates over a sliding window: the average,
 or max(average, latest window) when the latest windows are a burst, so the plan scales up within two
 windows and down only slowly, and a steady load is read as itself. Given a judge of strain, a burst the
-fleet absorbs unstrained is left to the router's margin instead (trace_rates).
+fleet absorbs unstrained is left to the router's margin instead (read_workload).
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ BURST_SIGMAS = 2.0  # the latest window counts as a change only this many Poisso
 # The windows the plan reads: this many window lengths back. Only the newest window length is averaged;
 # the older one shows where a run of windows above the level that starts it began (_without_excursions).
 READ_SPAN = 2
-BURST_WINDOWS = 2  # ... and only when the window before it was above that line too (trace_rates says why)
+BURST_WINDOWS = 2  # ... and only when the window before it was above that line too (read_workload says why)
 
 
 def _average(windows: Iterable[TraceWindow], span: float) -> dict[tuple[int, int, int], float]:
@@ -212,7 +212,7 @@ def _reading(w: TraceWindow) -> dict[tuple[int, int, int], float]:
 
 @dataclass(frozen=True, slots=True)
 class Burst:
-    """The newest windows above the window's average by BURST_SIGMAS, back to back (trace_rates)."""
+    """The newest windows above the window's average by BURST_SIGMAS, back to back (read_workload)."""
 
     rps: float  # the newest window's requests/s
     level: float  # the window's average, the burst's own windows included
