@@ -14,6 +14,7 @@ import pytest
 
 from extproc.localstack import LocalStack, wait_until
 from tests.integration.sim_fixtures import start_sim
+from tests.support.traffic import fill_then_queue
 
 RELAXED, TIGHT = "llama2-7b", "llama2-7b-tight"
 CHAT = [{"role": "user", "content": "Say this is a test!"}]
@@ -58,14 +59,7 @@ def client(stack: LocalStack) -> openai.AsyncOpenAI:
 
 
 async def test_queued_request_is_answered_once_capacity_frees(stack: LocalStack):
-    c = client(stack)
-    fill = [asyncio.create_task(c.chat.completions.create(model=RELAXED, messages=CHAT, max_tokens=256))
-            for _ in range(2)]
-    await asyncio.to_thread(wait_until, lambda: stack.running(RELAXED, "r0") == 2, 20, "pod full")
-    queued = asyncio.create_task(c.chat.completions.with_raw_response.create(
-        model=RELAXED, messages=CHAT, max_tokens=8))
-    await asyncio.to_thread(wait_until, lambda: stack.sample("extproc_slo_queue_length", model=RELAXED) == 1,
-                            20, "third request queued")
+    fill, queued = await fill_then_queue(client(stack), stack, RELAXED, "r0", 256, CHAT)
     assert not queued.done()
     raw = await asyncio.wait_for(queued, 60)
     assert raw.http_response.status_code == 200 and raw.headers["target-pod"] == "r0"

@@ -15,6 +15,7 @@ import pytest
 from extproc.localstack import LocalStack, wait_until
 from tests.integration.sim_fixtures import start_sim
 from tests.support.redis_server import RedisServer
+from tests.support.traffic import fill_then_queue
 
 MODEL = "llama2-7b"
 CHAT = [{"role": "user", "content": "Say this is a test!"}]
@@ -51,13 +52,7 @@ async def test_a_queued_request_shows_in_the_trace(stack: tuple[LocalStack, Redi
 
     s, redis = stack
     c = openai.AsyncOpenAI(base_url=s.url + "/v1", api_key="sk-test", max_retries=0, timeout=120)
-    fill = [asyncio.create_task(c.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2048))
-            for _ in range(2)]
-    await asyncio.to_thread(wait_until, lambda: s.running(MODEL, "p0") == 2, 20, "pod full")
-    queued = asyncio.create_task(c.chat.completions.with_raw_response.create(
-        model=MODEL, messages=CHAT, max_tokens=8))
-    await asyncio.to_thread(wait_until, lambda: s.sample("extproc_slo_queue_length", model=MODEL) == 1,
-                            20, "third request queued")
+    fill, queued = await fill_then_queue(c, s, MODEL, "p0", 2048, CHAT)
     client = aioredis.Redis.from_url(redis.url)
     try:
         async def gauges() -> list[tuple[int, int]]:

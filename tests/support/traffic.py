@@ -8,11 +8,12 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from extproc.localstack import http_get
+from extproc.localstack import http_get, wait_until
 
 CUT = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionError,
        asyncio.IncompleteReadError)
@@ -83,3 +84,18 @@ class Load:
         self._stop.set()
         await asyncio.gather(*self._tasks)
         return self.outcomes
+
+
+async def fill_then_queue(client: Any, stack: Any, model: str, pod: str, fill_tokens: int,
+                          messages: list[dict]) -> tuple[list[asyncio.Task], asyncio.Task]:
+    """Two requests of `fill_tokens` fill `pod` (a profile whose every request holds half a pod), then a
+    third, short one waits in the gateway's SLO queue: the fillers' tasks and the held request's (raw
+    response)."""
+    fill = [asyncio.create_task(client.chat.completions.create(model=model, messages=messages,
+                                                               max_tokens=fill_tokens)) for _ in range(2)]
+    await asyncio.to_thread(wait_until, lambda: stack.running(model, pod) == 2, 20, "pod full")
+    queued = asyncio.create_task(client.chat.completions.with_raw_response.create(
+        model=model, messages=messages, max_tokens=8))
+    await asyncio.to_thread(wait_until, lambda: stack.sample("extproc_slo_queue_length", model=model) == 1,
+                            20, "third request queued")
+    return fill, queued
