@@ -83,7 +83,8 @@ def test_dashboard_queries_only_exported_metrics(tmp_path: Path) -> None:
                    "extproc_pod_capacity_tokens_per_second", "extproc_output_tokens_total",
                    "extproc_pod_info", "vllm:deployment_replicas",  # the panels the issue asks for
                    "extproc_optimizer_plan_cost", "extproc_optimizer_solve_seconds",
-                   "extproc_optimizer_cells_skipped", "extproc_optimizer_last_plan_age_seconds"):
+                   "extproc_optimizer_cells_skipped", "extproc_optimizer_last_plan_age_seconds",
+                   "extproc_optimizer_burst_requests_per_second"):
         assert wanted in queried, wanted
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
