@@ -116,12 +116,12 @@ def test_the_traces_carry_the_gateways_queue_and_in_flight_requests(monkeypatch)
     import extproc.fleetsim.autoscale as autoscale
 
     read: list = []
+    parse = autoscale.parse_trace
 
     def spy(end, data):
-        read.append(window := parse_trace(end, data))
+        read.append(window := parse(end, data))
         return window
 
-    parse_trace = autoscale.parse_trace
     monkeypatch.setattr(autoscale, "parse_trace", spy)
     sc = scenario(fleet=[{"gpu": "A100", "replicas": 1, "initial": 1, "cost": 2.0, "name": "fast"},
                          {"gpu": "L20", "replicas": 1, "initial": 1, "cost": 1.0, "name": "slow"}],
@@ -130,7 +130,6 @@ def test_the_traces_carry_the_gateways_queue_and_in_flight_requests(monkeypatch)
     run(sc, "slo", generate(sc, 6), seed=6, optimizer=True, gpu_profiles=profiles)
     assert max(w.queueing for w in read) > 0
     assert max(w.pending for w in read) > 0
-    assert min(w.pending for w in read) >= 0
 
 
 def test_same_seed_same_scaling():
