@@ -342,7 +342,7 @@ def waitings() -> list[Waiting]:
     return list({id(w): w for w in _WAITING.values()}.values())
 
 
-def waiting(state: RoutingState, model: str) -> int:
+def held_back(state: RoutingState, model: str) -> int:
     """The model's requests held back in every waiting room now (a trace's meta_queueing_reqs)."""
     return sum(w.length(state, model) for w in waitings() if w.length is not None)
 

@@ -13,7 +13,7 @@ from extproc.cancellation import raise_if_cancelled
 from extproc.openai import Request
 from extproc.pool.pod import deployment_of
 from extproc.redis_connect import RedisTarget
-from extproc.routing.framework import PodView, waiting
+from extproc.routing.framework import PodView, held_back
 from extproc.routing.outcome import Rejected
 from extproc.server.gateway import Gateway
 from extproc.tracing.flusher import TraceFlusher
@@ -57,7 +57,7 @@ def snapshot(recorder: TraceRecorder, gateway: Gateway) -> None:
     pending = Counter(o.request.model for o in gateway.open)
     router = gateway.router
     for model in gateway.pool.models():
-        recorder.snapshot(model, pending.get(model, 0), waiting(router.state, model) if router else 0)
+        recorder.snapshot(model, pending.get(model, 0), held_back(router.state, model) if router else 0)
 
 
 async def run_tracing(gateway: Gateway, redis: RedisTarget | str) -> None:
