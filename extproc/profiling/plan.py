@@ -21,8 +21,8 @@ DEFAULT_INPUT_LENS = tuple(sorted({*doubling(4, 8192), 6144}))
 DEFAULT_OUTPUT_LENS = tuple(doubling(4, 4096))
 DEFAULT_RATES = tuple(float(r) for r in doubling(1, 64))
 DEFAULT_NUM_PROMPTS = 100
-# Where a cell's ladder climbs without --max-budget (LoadPlan.climb_cap): vLLM's default max_num_seqs, the
-# most requests a replica runs at once.
+# How far a cell's ladder may climb without --max-budget (LoadPlan.climb_cap): vLLM's default
+# max_num_seqs, the most requests a replica runs at once.
 UNMEASURED_CAP = 256
 
 
@@ -58,24 +58,42 @@ class LoadPlan:
 
     def climb_cap(self, cell: Cell) -> int | None:
         """Admitted: the largest budget the cell's ladder may climb to past its factors; None: no climb.
-        `max_budget` where given. Without it, only a cell whose rate run met the SLO at no rate climbs, to
-        UNMEASURED_CAP: its Little's budget is a placeholder (1), not a measurement, so the factors
-        multiplied nothing, and its top rung (8) is where the ladder stopped, not where the replica did."""
-        p = self.admitted
-        if p is None:
+        `max_budget` where given, else UNMEASURED_CAP: a cell whose rate run met the SLO at no rate has a
+        placeholder Little's budget (1), not a measurement, so the factors multiplied nothing and its top
+        rung (8) is where the ladder stopped, not where the replica did; a measured cell climbs too, but
+        only from a rung far inside the SLO (`climb_needs_room`)."""
+        if self.admitted is None:
             return None
-        if self.max_budget is not None:
-            return self.max_budget
+        return self.max_budget if self.max_budget is not None else UNMEASURED_CAP
+
+    def climb_needs_room(self, cell: Cell) -> bool:
+        """Without `max_budget`, a measured cell climbs only from a rung whose latency is at most
+        selection.CLIMB_ROOM of each target: its Little's budget comes from a rate run that the rate grid
+        and the "kept up" rule cap (num_prompts long answers drain for one e2e after the last arrival, so
+        a fast replica reads below the rate it was offered), so x8 of it can end far from the replica's
+        limit: an H100 at an 80 ms TPOT target held 24 requests of a 128-in / 256-out cell at 7.5 ms a
+        token. A rung near its target is where the replica is too, and climbing from there moved the
+        A10/L20 plans the wrong way (docs/optimizer.md, "A ladder that climbs")."""
+        p = self.admitted
+        if p is None or self.max_budget is not None:
+            return False
         o, i = p.cell(cell.input_tokens, cell.output_tokens)
-        return UNMEASURED_CAP if p.tputs[o][i] <= 0 else None
+        return p.tputs[o][i] > 0
 
     def prompts(self, cell: Cell) -> int:
-        """Requests a cell sends: `num_prompts`; where the ladder may climb (`climb_cap`), an admitted cell
-        at least 3 per client (with fewer a large budget's run is mostly the ramp up to it, and the rate it
-        reads the ramp's)."""
-        if self.climb_cap(cell) is None:
-            return self.num_prompts
+        """Requests a cell sends: `num_prompts`; a budget the ladder climbed to, and every budget of a cell
+        whose whole ladder searches (`max_budget`, or no rate met the SLO), at least 3 per client (with
+        fewer a large budget's run is mostly the ramp up to it, and the rate it reads the ramp's)."""
+        if self.climb_cap(cell) is None or (self.climb_needs_room(cell) and cell.rate <= self._top(cell)):
+            return self.num_prompts  # a measured cell's own ladder: as many as without the climb
         return max(self.num_prompts, 3 * int(cell.rate))
+
+    def _top(self, cell: Cell) -> int:
+        """The top rung of the admitted cell's own ladder (its factors)."""
+        p = self.admitted
+        assert p is not None
+        o, i = p.cell(cell.input_tokens, cell.output_tokens)
+        return max(self._ladder(p.tputs[o][i], p.e2e[o][i] if p.e2e else 0.0))
 
     def fit(self, max_model_len: int) -> LoadPlan:
         """The grid with every input length too long to leave room for the longest output replaced by the

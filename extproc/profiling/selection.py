@@ -86,6 +86,11 @@ class SLOs:
         value = line.stat(self.stat_key)
         return value is not None and value < self.target(metric)
 
+    def scaled(self, share: float) -> SLOs:
+        """The same SLOs with each latency target `share` times as tight (throughput floors unchanged)."""
+        return SLOs(self.percentile, {k: v if k.upper() in THROUGHPUT_METRICS else v * share
+                                      for k, v in (self.targets or {}).items()})
+
     def as_profile(self) -> dict[str, float]:
         """The profile's `slos`: the percentile, then each SLO that is set, in AIBrix's order."""
         out: dict[str, float] = {"percentile": self.percentile}
@@ -187,18 +192,24 @@ ADMITTED_KEY = "concurrency"  # our benchmark lines of a replica held at its per
 BUDGET_FACTORS = (1, 2, 4, 8)  # the budgets a --admitted run tries per cell: Little's budget times these
 
 
-# With a largest budget (`--max-budget`), past the factors a budget that met the SLO and still served more
-# than the one before is doubled again (`climb_to`): a replica that batches well meets a TPOT SLO at
-# budgets far above 8x Little's budget, and a ladder cut there leaves the largest passing budget unknown
-# (and the kept one, half of it, low). Off by default: docs/optimizer.md ("Acceptance") has what it moved.
+# Past the factors a budget that met the SLO and still served more than the one before is doubled again
+# (`climb_to`): a replica that batches well meets a TPOT SLO at budgets far above 8x Little's budget, and
+# a ladder cut there leaves the largest passing budget unknown (and the kept one, half of it, low). With a
+# largest budget (`--max-budget`) every cell climbs; without it a cell whose rate run met the SLO climbs
+# only from a rung whose latency is at most CLIMB_ROOM of each target (LoadPlan.climb_needs_room).
 CLIMB_GAIN = 1.1  # ... when it served at least 10 % more requests/s than the budget half its size
+# A rung at most this share of each latency target: at twice the budget, a replica whose time per token
+# grows no faster than its batch still meets it, so the ladder stopped there, not the replica.
+CLIMB_ROOM = 0.5
 
 
 def climb_to(lines: Iterable[MetricLine], below: Iterable[MetricLine] | None, slos: SLOs,
-             budget: int, max_budget: int) -> int | None:
+             budget: int, max_budget: int, room: float | None = None) -> int | None:
     """The next budget of a cell's ladder after `budget` ran (its `lines`; `below`: the rung before's),
-    or None: it missed an SLO, served under CLIMB_GAIN x the rung before, or 2 x budget passes the cap."""
-    if 2 * budget > max_budget or not rung_passes(lines, slos):
+    or None: it missed an SLO, served under CLIMB_GAIN x the rung before, or 2 x budget passes the cap;
+    with `room`, also when a latency is over `room` x its target."""
+    lines = list(lines)
+    if 2 * budget > max_budget or not rung_passes(lines, slos, room or 1.0):
         return None
 
     def tput(rung: Iterable[MetricLine]) -> float:
@@ -208,13 +219,15 @@ def climb_to(lines: Iterable[MetricLine], below: Iterable[MetricLine] | None, sl
     return 2 * budget
 
 
-def rung_passes(lines: Iterable[MetricLine], slos: SLOs) -> bool:
-    """Every SLO met by one cell's lines (gen-profile's test, TPAT derived as it derives it)."""
+def rung_passes(lines: Iterable[MetricLine], slos: SLOs, room: float = 1.0) -> bool:
+    """Every SLO met by one cell's lines (gen-profile's test, TPAT derived as it derives it), each latency
+    within `room` x its target."""
     table = index_lines(lines)
     if not table:
         return False
     i, o, r, _ = next(iter(table))
-    return all(slos.passes(m, table.get((i, o, r, m))) for m in SLO_METRICS)
+    within = slos if room == 1.0 else slos.scaled(room)
+    return all(within.passes(m, table.get((i, o, r, m))) for m in SLO_METRICS)
 
 
 def budget_ladder(tput: float, e2e: float, factors: Sequence[float] = BUDGET_FACTORS) -> list[int]:

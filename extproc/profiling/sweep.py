@@ -27,7 +27,7 @@ from extproc.profiling.client import RequestResult
 from extproc.profiling.measure import CellOutcome, cell_lines, served
 from extproc.profiling.plan import LoadPlan
 from extproc.profiling.records import MetricLine
-from extproc.profiling.selection import ADMITTED_KEY, SLOs, climb_to
+from extproc.profiling.selection import ADMITTED_KEY, CLIMB_ROOM, SLOs, climb_to
 from extproc.profiling.workload import Cell, arrival_times
 
 
@@ -251,7 +251,8 @@ class _Climb:
         cap = self.plan.climb_cap(cell)
         if cap is None or self.slos is None or not self.slos.targets:
             return None
-        k = climb_to(lines, below, self.slos, int(cell.rate), cap)
+        room = CLIMB_ROOM if self.plan.climb_needs_room(cell) else None
+        k = climb_to(lines, below, self.slos, int(cell.rate), cap, room)
         return None if k is None else Cell(cell.input_tokens, cell.output_tokens, float(k))
 
 

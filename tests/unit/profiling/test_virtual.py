@@ -89,7 +89,7 @@ def test_an_admitted_cell_is_cut_off_by_a_request_that_hangs_not_by_its_length()
     # one request at a time (Little's budget 1), 256 tokens: each ~3 s, 10 of them ~30 s in all
     profile = parse_profile({"gpu": "a100", "cost": 1.0, "tputs": [[0.3]], "indexes": [[256], [128]],
                              "e2e": [[3.0]], "slos": {"percentile": 99, "tpot": 0.05}, "created": 1.0})
-    plan = LoadPlan(num_prompts=10, drain_timeout=10.0, admitted=profile, budget_factors=(1,))
+    plan = LoadPlan(num_prompts=10, drain_timeout=10.0, admitted=profile, budget_factors=(1,), max_budget=1)
     [tput] = [line for line in benchmark(engine(), plan, "m") if line.metric == "TPUT"]
     assert "overloaded" not in tput.extra and tput.extra["failed"] == 0 and tput.extra["unfinished"] == 0
     assert 10 / tput.stats["mean"] > 10.0  # longer than the timeout in all
@@ -106,7 +106,7 @@ def test_an_admitted_budget_reads_what_the_replica_serves_while_it_holds_it() ->
     # of that.
     profile = parse_profile({"gpu": "a100", "cost": 1.0, "tputs": [[0.3]], "indexes": [[256], [128]],
                              "e2e": [[3.0]], "slos": {"percentile": 99, "tpot": 0.05}, "created": 1.0})
-    plan = LoadPlan(num_prompts=24, admitted=profile, budget_factors=(8,))
+    plan = LoadPlan(num_prompts=24, admitted=profile, budget_factors=(8,), max_budget=8)
     lines = {line.metric: line for line in benchmark(engine(), plan, "m")}
     assert lines["TPUT"].request_rate == 8
     assert lines["TPUT"].stats["mean"] == pytest.approx(8 / lines["E2E"].stats["mean"], rel=0.1)
@@ -152,9 +152,25 @@ def test_a_ladder_whose_top_budget_misses_does_not_climb() -> None:
     assert [k for k, *_ in runs] == [2, 4]
 
 
-def test_without_a_largest_budget_the_ladder_is_its_factors() -> None:
+def test_without_a_largest_budget_a_measured_cell_climbs_only_from_far_inside_its_slo() -> None:
+    """Little's budget came from a rate run (capped by the rate grid and the "kept up" rule): the ladder
+    climbs past its factors while a rung's P99 is at most half the target (CLIMB_ROOM) and it served
+    more, each climbed budget sending 3 requests per client; its own rungs send num_prompts."""
     runs = admitted_budgets({"percentile": 99, "tpot": 0.05}, budget_factors=(1, 2))
-    assert [(k, n) for k, _, _, n in runs] == [(2, 20), (4, 20)]
+    budgets = [k for k, *_ in runs]
+    assert budgets[:2] == [2, 4] and len(budgets) > 2, runs
+    for (_, below, _, _), (_, t, p99, _) in zip(runs[:-1], runs[1:-1]):  # each rung climbed from
+        assert p99 <= 0.025 and t >= 1.1 * below, runs
+    from extproc.profiling.plan import UNMEASURED_CAP
+
+    (_, before, _, _), (k, t, p99, _) = runs[-2:]
+    assert p99 > 0.025 or t < 1.1 * before or 2 * k > UNMEASURED_CAP, runs  # why it stopped
+    assert [n for *_, n in runs] == [20, 20] + [max(20, 3 * k) for k in budgets[2:]]
+
+
+def test_a_measured_cell_near_its_slo_keeps_its_factors() -> None:
+    runs = admitted_budgets({"percentile": 99, "tpot": 0.02}, budget_factors=(1, 2))
+    assert [(k, n) for k, _, _, n in runs] == [(2, 20), (4, 20)]  # x2's P99 (11 ms) is over 10 ms
 
 
 def test_a_cell_no_rate_served_within_the_slo_climbs_without_a_largest_budget() -> None:
