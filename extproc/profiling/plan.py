@@ -46,12 +46,15 @@ class LoadPlan:
         p = self.admitted
         if p is not None:
             return [Cell(i, o, float(k)) for ii, i in enumerate(p.inputs) for oi, o in enumerate(p.outputs)
-                    for k in self._ladder(p.tputs[oi][ii], p.e2e[oi][ii] if p.e2e else 0.0)]
+                    for k in self._ladder_at(oi, ii)]
         return [Cell(i, o, r) for i in sorted(set(self.input_lens)) for o in sorted(set(self.output_lens))
                 for r in sorted(set(self.rates))]
 
-    def _ladder(self, tput: float, e2e: float) -> list[int]:
-        ladder = budget_ladder(tput, e2e, self.budget_factors)
+    def _ladder_at(self, o: int, i: int) -> list[int]:
+        """The admitted profile's cell (output index o, input index i): its own ladder of budgets."""
+        p = self.admitted
+        assert p is not None
+        ladder = budget_ladder(p.tputs[o][i], p.e2e[o][i] if p.e2e else 0.0, self.budget_factors)
         if self.max_budget is None:
             return ladder
         return [k for k in ladder if k <= self.max_budget] or [min(ladder[0], self.max_budget)]
@@ -67,13 +70,10 @@ class LoadPlan:
         return self.max_budget if self.max_budget is not None else UNMEASURED_CAP
 
     def climb_needs_room(self, cell: Cell) -> bool:
-        """Without `max_budget`, a measured cell climbs only from a rung whose latency is at most
-        selection.CLIMB_ROOM of each target: its Little's budget comes from a rate run that the rate grid
-        and the "kept up" rule cap (num_prompts long answers drain for one e2e after the last arrival, so
-        a fast replica reads below the rate it was offered), so x8 of it can end far from the replica's
-        limit: an H100 at an 80 ms TPOT target held 24 requests of a 128-in / 256-out cell at 7.5 ms a
-        token. A rung near its target is where the replica is too, and climbing from there moved the
-        A10/L20 plans the wrong way (docs/optimizer.md, "A ladder that climbs")."""
+        """Without `max_budget`, a measured cell climbs only from a rung whose latencies are at most
+        selection.CLIMB_ROOM of their targets: its Little's budget is a measurement, but of a rate run the
+        rate grid and the "kept up" rule cap, so x8 of it can stop far short of a fast replica; a rung
+        near its target is where the replica is too (docs/profiling.md, "Admitted throughput")."""
         p = self.admitted
         if p is None or self.max_budget is not None:
             return False
@@ -90,10 +90,8 @@ class LoadPlan:
 
     def _top(self, cell: Cell) -> int:
         """The top rung of the admitted cell's own ladder (its factors)."""
-        p = self.admitted
-        assert p is not None
-        o, i = p.cell(cell.input_tokens, cell.output_tokens)
-        return max(self._ladder(p.tputs[o][i], p.e2e[o][i] if p.e2e else 0.0))
+        assert self.admitted is not None
+        return max(self._ladder_at(*self.admitted.cell(cell.input_tokens, cell.output_tokens)))
 
     def fit(self, max_model_len: int) -> LoadPlan:
         """The grid with every input length too long to leave room for the longest output replaced by the

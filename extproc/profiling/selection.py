@@ -204,12 +204,12 @@ CLIMB_ROOM = 0.5
 
 
 def climb_to(lines: Iterable[MetricLine], below: Iterable[MetricLine] | None, slos: SLOs,
-             budget: int, max_budget: int, room: float | None = None) -> int | None:
+             budget: int, max_budget: int, room: float = 1.0) -> int | None:
     """The next budget of a cell's ladder after `budget` ran (its `lines`; `below`: the rung before's),
     or None: it missed an SLO, served under CLIMB_GAIN x the rung before, or 2 x budget passes the cap;
-    with `room`, also when a latency is over `room` x its target."""
+    `room` < 1: also when a latency is over `room` x its target."""
     lines = list(lines)
-    if 2 * budget > max_budget or not rung_passes(lines, slos, room or 1.0):
+    if 2 * budget > max_budget or not rung_passes(lines, slos, room):
         return None
 
     def tput(rung: Iterable[MetricLine]) -> float:
@@ -226,7 +226,7 @@ def rung_passes(lines: Iterable[MetricLine], slos: SLOs, room: float = 1.0) -> b
     if not table:
         return False
     i, o, r, _ = next(iter(table))
-    within = slos if room == 1.0 else slos.scaled(room)
+    within = slos.scaled(room)
     return all(within.passes(m, table.get((i, o, r, m))) for m in SLO_METRICS)
 
 

@@ -251,7 +251,7 @@ class _Climb:
         cap = self.plan.climb_cap(cell)
         if cap is None or self.slos is None or not self.slos.targets:
             return None
-        room = CLIMB_ROOM if self.plan.climb_needs_room(cell) else None
+        room = CLIMB_ROOM if self.plan.climb_needs_room(cell) else 1.0
         k = climb_to(lines, below, self.slos, int(cell.rate), cap, room)
         return None if k is None else Cell(cell.input_tokens, cell.output_tokens, float(k))
 

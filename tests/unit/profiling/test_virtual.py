@@ -169,8 +169,9 @@ def test_without_a_largest_budget_a_measured_cell_climbs_only_from_far_inside_it
 
 
 def test_a_measured_cell_near_its_slo_keeps_its_factors() -> None:
-    runs = admitted_budgets({"percentile": 99, "tpot": 0.02}, budget_factors=(1, 2))
-    assert [(k, n) for k, _, _, n in runs] == [(2, 20), (4, 20)]  # x2's P99 (11 ms) is over 10 ms
+    runs = admitted_budgets({"percentile": 99, "tpot": 0.018}, budget_factors=(1, 2))
+    assert [(k, n) for k, _, _, n in runs] == [(2, 20), (4, 20)]
+    assert 0.009 < runs[-1][2] < 0.018, runs  # why: x2 met the SLO, its P99 over half the target
 
 
 def test_a_cell_no_rate_served_within_the_slo_climbs_without_a_largest_budget() -> None:
