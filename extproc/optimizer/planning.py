@@ -62,11 +62,49 @@ def replan(windows: Sequence[TraceWindow], now: float, window_s: float, profiles
     last rose (the feedback waits for that deployment's added replicas to serve)."""
     # a burst the fleet absorbs unstrained is left to the router's margin (read_workload)
     judge = None if feedback is None else partial(strained, profiles=profiles, target=feedback.target)
+    windows = list(windows)
     workload = read_workload(windows, now, window_s, judge)
     if feedback is not None:
         feedback.update(windows, now, profiles, grew)
         profiles = feedback.apply(profiles)
-    return replace(plan_demands(workload.demands, profiles, current, settings), burst=workload.burst)
+    out = plan_demands(workload.demands, profiles, current, settings)
+    if feedback is not None and out.plan is not None and _only_adds(out.plan, current):
+        span = [w for w in windows if now - feedback.span_s < w.end <= now + 1e-9]
+        if span and not strained(span, profiles, feedback.recover):
+            out = _held(out, profiles, current, settings)
+    return replace(out, burst=workload.burst)
+
+
+def _only_adds(plan: Plan, current: Mapping[str, int]) -> bool:
+    """The plan adds replicas and removes none (held, a swap would keep what it replaces)."""
+    moves = [n - current.get(g, 0) for g, n in plan.replicas.items()]
+    return any(m > 0 for m in moves) and not any(m < 0 for m in moves)
+
+
+def _held(out: Replan, profiles: Sequence[GpuProfile], current: Mapping[str, int],
+          settings: PlanSettings) -> Replan:
+    """The fleet running now in place of a plan that only adds to it, when that fleet has shown room
+    (the caller: nothing refused and the feedback's recovery bar, 99.5 % within the SLO, over its span)
+    and serves the load without the headroom. Else the plan as it is.
+
+    The headroom is square-root staffing on rates read from a 240 s window, and a few long requests
+    entering or leaving that window move a type's load by a tenth of a replica. Where the load with
+    its headroom sits near a whole replica, re-plans now and then ask for one more, and the autoscaler
+    keeps every count it is asked for through its scale-down stabilization (300 s), so each ask bills a
+    replica for five minutes. A fleet that keeps 99.5 % of its requests within the SLO has the room the
+    headroom would buy; one that falls below it, refuses a request, or a load it cannot carry gets the
+    plan's adds at once (docs/optimizer.md, "An add the running fleet has room for")."""
+    assert out.plan is not None
+    kept = {g: current.get(g, 0) for g in out.plan.replicas}
+    try:
+        within = solve(profiles, out.demands, settings.time_limit, skip_unservable=True, headroom=0.0,
+                       limits=kept)
+    except PlanError:
+        return out
+    if within.unserved != out.plan.unserved:
+        return out
+    cost = round(sum(p.cost * kept[p.gpu] for p in profiles), 9)
+    return replace(out, plan=replace(within, replicas=kept, cost=cost))
 
 
 def plan_demands(demands: list[Demand], profiles: Sequence[GpuProfile], current: Mapping[str, int],

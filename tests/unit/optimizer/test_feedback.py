@@ -281,3 +281,38 @@ def test_a_replan_leaves_a_burst_the_fleet_absorbs_to_the_router() -> None:
     assert replicas(steady + burst_ok) == (5, False)  # 10 req/s / 2 per replica; the burst is reported
     assert replicas(steady + burst_missed) == (8, True)  # 15 req/s, read at once
     assert replicas(steady)[1] is None
+
+
+def test_an_add_the_running_fleet_has_room_for_is_held() -> None:
+    """10 req/s at 2 per replica is 5 replicas of load; the headroom asks for a sixth. While the five
+    running keep 99.5 % of requests within the SLO and refuse nothing, they are kept (planning._held); a
+    fleet below that bar, or a load it cannot carry without the headroom, gets the add at once.
+    Removals are never held."""
+    p = profile("a10", 2.0, 1.0)
+    now = EPOCH + 241
+    calm = windows({"a10": [0.02]}, EPOCH, 24)
+    edge = windows({"a10": [0.02] * 199 + [0.09]}, EPOCH, 24)  # 99.5 %: room
+    missing = windows({"a10": [0.02] * 99 + [0.09]}, EPOCH, 24)  # 99 %: the SLO kept, but no room
+
+    def replan_once(ws, running: int):
+        fb = Feedback(first_seen={"a10": now})  # no factor moves: only the strain differs
+        return replan(ws, now, 240, [p], {"a10": running}, fb, PlanSettings(headroom=0.5))
+
+    held = replan_once(calm, 5)
+    assert held.plan.replicas == {"a10": 5} and held.plan.cost == pytest.approx(5.0)
+    assert held.plan.load == pytest.approx({"a10": 5.0})
+    assert replan_once(edge, 5).plan.replicas == {"a10": 5}
+    assert replan_once(missing, 5).plan.replicas == {"a10": 6}
+    assert replan_once(calm, 4).plan.replicas == {"a10": 6}  # the load alone needs a fifth: the whole plan
+    assert replan_once(calm, 9).plan.replicas == {"a10": 6}  # scaling down as before
+
+
+def test_a_swap_is_not_held() -> None:
+    """A plan that adds one type while it removes another is made as it is: held, it would keep the
+    replicas it replaces (the initial fleet's dear ones)."""
+    cheap, dear = profile("cheap", 2.0, 1.0), profile("dear", 2.0, 5.0)
+    now = EPOCH + 241
+    calm = windows({"cheap": [0.02], "dear": [0.02]}, EPOCH, 24)
+    fb = Feedback(first_seen={"cheap": now, "dear": now})
+    plan = replan(calm, now, 240, [cheap, dear], {"cheap": 3, "dear": 2}, fb, PlanSettings(headroom=0.5)).plan
+    assert plan.replicas == {"cheap": 6, "dear": 0}
