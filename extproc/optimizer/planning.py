@@ -75,6 +75,11 @@ def replan(windows: Sequence[TraceWindow], now: float, window_s: float, profiles
     return replace(out, burst=workload.burst)
 
 
+# The share of the headroom a fleet with room keeps while an add is held: the room it has shown stands
+# in for the rest, not for all of it (without any, a fleet held at its load met a burst with nothing spare).
+HELD_HEADROOM = 0.5
+
+
 def _only_adds(plan: Plan, current: Mapping[str, int]) -> bool:
     """The plan adds replicas and removes none (held, a swap would keep what it replaces)."""
     moves = [n - current.get(g, 0) for g, n in plan.replicas.items()]
@@ -97,8 +102,8 @@ def _held(out: Replan, profiles: Sequence[GpuProfile], current: Mapping[str, int
     assert out.plan is not None
     kept = {g: current.get(g, 0) for g in out.plan.replicas}
     try:
-        within = solve(profiles, out.demands, settings.time_limit, skip_unservable=True, headroom=0.0,
-                       limits=kept)
+        within = solve(profiles, out.demands, settings.time_limit, skip_unservable=True,
+                       headroom=settings.headroom * HELD_HEADROOM, limits=kept)
     except PlanError:
         return out
     if within.unserved != out.plan.unserved:

@@ -284,27 +284,27 @@ def test_a_replan_leaves_a_burst_the_fleet_absorbs_to_the_router() -> None:
 
 
 def test_an_add_the_running_fleet_has_room_for_is_held() -> None:
-    """10 req/s at 2 per replica is 5 replicas of load; the headroom asks for a sixth. While the five
-    running keep 99.5 % of requests within the SLO and refuse nothing, they are kept (planning._held); a
-    fleet below that bar, or a load it cannot carry without the headroom, gets the add at once.
+    """15 req/s at 2 per replica is 7.5 replicas of load; with its headroom (β = 0.5) the plan asks for a
+    ninth. While the eight running keep 99.5 % of requests within the SLO and refuse nothing, and carry
+    the load with half the headroom (7.5 + 0.48), they are kept (planning._held). A fleet below that bar
+    (99.3 %: the SLO kept, the room not shown), or one without half the headroom, gets the add at once.
     Removals are never held."""
     p = profile("a10", 2.0, 1.0)
     now = EPOCH + 241
-    calm = windows({"a10": [0.02]}, EPOCH, 24)
-    edge = windows({"a10": [0.02] * 199 + [0.09]}, EPOCH, 24)  # 99.5 %: room
-    missing = windows({"a10": [0.02] * 99 + [0.09]}, EPOCH, 24)  # 99 %: the SLO kept, but no room
+    calm = windows({"a10": [0.02]}, EPOCH, 24, rps=15)
+    short_of_room = windows({"a10": [0.02] * 149 + [0.09]}, EPOCH, 24, rps=15)  # 1 in 150 over 50 ms
 
     def replan_once(ws, running: int):
         fb = Feedback(first_seen={"a10": now})  # no factor moves: only the strain differs
         return replan(ws, now, 240, [p], {"a10": running}, fb, PlanSettings(headroom=0.5))
 
-    held = replan_once(calm, 5)
-    assert held.plan.replicas == {"a10": 5} and held.plan.cost == pytest.approx(5.0)
-    assert held.plan.load == pytest.approx({"a10": 5.0})
-    assert replan_once(edge, 5).plan.replicas == {"a10": 5}
-    assert replan_once(missing, 5).plan.replicas == {"a10": 6}
-    assert replan_once(calm, 4).plan.replicas == {"a10": 6}  # the load alone needs a fifth: the whole plan
-    assert replan_once(calm, 9).plan.replicas == {"a10": 6}  # scaling down as before
+    assert replan_once(calm, 9).plan.replicas == {"a10": 9}  # what the plan asks for
+    held = replan_once(calm, 8)
+    assert held.plan.replicas == {"a10": 8} and held.plan.cost == pytest.approx(8.0)
+    assert held.plan.load == pytest.approx({"a10": 7.5})
+    assert replan_once(short_of_room, 8).plan.replicas == {"a10": 9}
+    assert replan_once(calm, 7).plan.replicas == {"a10": 9}  # 7 would not keep half the headroom
+    assert replan_once(calm, 12).plan.replicas == {"a10": 9}  # scaling down as before
 
 
 def test_a_swap_is_not_held() -> None:
