@@ -90,15 +90,15 @@ def _held(out: Replan, profiles: Sequence[GpuProfile], current: Mapping[str, int
           settings: PlanSettings) -> Replan:
     """The fleet running now in place of a plan that only adds to it, when that fleet has shown room
     (the caller: nothing refused and the feedback's recovery bar, 99.5 % within the SLO, over its span)
-    and serves the load without the headroom. Else the plan as it is.
+    and carries the load with HELD_HEADROOM of the headroom. Else the plan as it is.
 
     The headroom is square-root staffing on rates read from a 240 s window, and a few long requests
     entering or leaving that window move a type's load by a tenth of a replica. Where the load with
     its headroom sits near a whole replica, re-plans now and then ask for one more, and the autoscaler
     keeps every count it is asked for through its scale-down stabilization (300 s), so each ask bills a
-    replica for five minutes. A fleet that keeps 99.5 % of its requests within the SLO has the room the
-    headroom would buy; one that falls below it, refuses a request, or a load it cannot carry gets the
-    plan's adds at once (docs/optimizer.md, "An add the running fleet has room for")."""
+    replica for five minutes. A fleet that keeps 99.5 % of its requests within the SLO has shown part of
+    the room the headroom buys; one that falls below it, refuses a request, or cannot carry the load
+    gets the plan's adds at once (docs/optimizer.md, "An add the running fleet has room for")."""
     assert out.plan is not None
     kept = {g: current.get(g, 0) for g in out.plan.replicas}
     try:

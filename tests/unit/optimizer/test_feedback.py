@@ -303,16 +303,19 @@ def test_an_add_the_running_fleet_has_room_for_is_held() -> None:
     assert held.plan.replicas == {"a10": 8} and held.plan.cost == pytest.approx(8.0)
     assert held.plan.load == pytest.approx({"a10": 7.5})
     assert replan_once(short_of_room, 8).plan.replicas == {"a10": 9}
-    assert replan_once(calm, 7).plan.replicas == {"a10": 9}  # 7 would not keep half the headroom
+    assert replan_once(calm, 7).plan.replicas == {"a10": 9}  # 7 cannot carry 7.5
     assert replan_once(calm, 12).plan.replicas == {"a10": 9}  # scaling down as before
+    # 16 req/s on 8: they carry the bare load (8.0), not half the headroom (8.5): the add is made
+    assert replan_once(windows({"a10": [0.02]}, EPOCH, 24, rps=16), 8).plan.replicas == {"a10": 9}
 
 
 def test_a_swap_is_not_held() -> None:
     """A plan that adds one type while it removes another is made as it is: held, it would keep the
-    replicas it replaces (the initial fleet's dear ones)."""
+    replicas it replaces (the initial fleet's dear ones). The 7 running carry the 5 replicas of load."""
     cheap, dear = profile("cheap", 2.0, 1.0), profile("dear", 2.0, 5.0)
     now = EPOCH + 241
     calm = windows({"cheap": [0.02], "dear": [0.02]}, EPOCH, 24)
     fb = Feedback(first_seen={"cheap": now, "dear": now})
-    plan = replan(calm, now, 240, [cheap, dear], {"cheap": 3, "dear": 2}, fb, PlanSettings(headroom=0.5)).plan
+    running = {"cheap": 3, "dear": 4}
+    plan = replan(calm, now, 240, [cheap, dear], running, fb, PlanSettings(headroom=0.5)).plan
     assert plan.replicas == {"cheap": 6, "dear": 0}
