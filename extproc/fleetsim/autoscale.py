@@ -103,7 +103,7 @@ class Optimizer:
         self.timeline.rps.append(sum(d.rps for d in demands))
         self.timeline.refused.append(sum(n for w in windows if w.end > wall - self.settings.window_s
                                          for n in w.rejected.values()))
-        self.state.apply(wall, demands, plan, error, result.burst)
+        self.state.apply(wall, demands, plan, error, result.burst, result.held)
         now_asked = {}
         for d, g in self.groups.items():
             metric = self.state.reported(d) * REPLICA_UNITS

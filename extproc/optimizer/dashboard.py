@@ -2,7 +2,8 @@
 
 The page carries its first data inline, so it renders at once, then refreshes from `/dash/<model>/data`.
 It shows the workload as a heatmap over (input, output) tokens in log2 cells, the plan and its cost, a burst
-in the newest windows and whether the plan was made for it or left it to the router, what each deployment
+in the newest windows and whether the plan was made for it or left it to the router, an add the plan held
+while the fleet running had room, what each deployment
 reports, the model's estimate (load: replicas' worth of work the plan sends it) next to what the gateways
 observed there (requests completed in the feedback's span, their TPOT SLO attainment and P99, and the
 factor the feedback keeps on its profile), and replicas per GPU type over time.
@@ -57,6 +58,7 @@ def dashboard_data(state: ModelState, profiles: dict[str, GpuProfile | None], no
             "optimal": plan.optimal,
         },
         "reported_cost": reported_cost,
+        "held": state.held,  # the plan's own counts while the fleet running is kept (planning._held)
         "burst": None if state.burst is None else {
             "rps": round(state.burst.rps, 4), "level": round(state.burst.level, 4),
             "planned": state.burst.planned},
@@ -109,6 +111,7 @@ _PAGE = """<!doctype html>
    <tbody></tbody></table>
   <div class="sub" id="solve"></div>
   <div class="sub" id="burst"></div>
+  <div class="sub" id="held"></div>
  </div>
  <div class="card"><h2>Workload (requests/s per cell)</h2><svg id="heatmap" width="100%" height="300"></svg></div>
  <div class="card wide"><h2>Replicas per GPU type over time</h2><svg id="history" width="100%" height="240"></svg></div>
@@ -211,8 +214,14 @@ function renderBurst(d){
   node.dataset.planned = b ? String(b.planned) : "";
 }
 
+function renderHeld(d){
+  const h = d.held, node = document.getElementById("held");
+  node.textContent = !h ? "" : "held: the plan asks for " + Object.keys(h).sort().map(k => k + " " + h[k]).join(", ") +
+    "; the fleet running is kept (99.5 % within the TPOT SLO, nothing refused, the load carried with half the headroom)";
+}
+
 function render(d){
-  renderPlan(d); renderHeatmap(d); renderHistory(d); renderBurst(d);
+  renderPlan(d); renderHeatmap(d); renderHistory(d); renderBurst(d); renderHeld(d);
   const st = document.getElementById("status"); clear(st);
   st.appendChild(document.createTextNode(d.updated ? "re-planned " + new Date(d.updated * 1000).toLocaleTimeString() :
     "waiting for the first re-plan"));

@@ -37,6 +37,7 @@ class ModelState:
     feedback: Feedback = field(default_factory=Feedback)  # how each type kept the SLO: the plan's correction
     grew_at: dict[str, float] = field(default_factory=dict)  # deployment -> when its count last rose
     burst: Burst | None = None  # a burst in the last re-plan's newest windows, and what the plan made of it
+    held: dict[str, int] | None = None  # the last re-plan's own counts when it kept the fleet running
 
     @property
     def has_load(self) -> bool:
@@ -54,10 +55,11 @@ class ModelState:
         return d.replicas if d.replicas is not None else d.min_replicas
 
     def apply(self, now: float, demands: list[Demand], plan: Plan | None, error: str | None,
-              burst: Burst | None = None) -> None:
+              burst: Burst | None = None, held: dict[str, int] | None = None) -> None:
         """Record one re-plan: the workload seen, and the plan or the reason there is none."""
         self.demands = demands
         self.burst = burst
+        self.held = held
         if plan is not None:
             self.plan = plan
         if plan is not None or not demands:

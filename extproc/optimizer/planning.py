@@ -24,6 +24,7 @@ class Replan:
     plan: Plan | None
     error: str | None  # no plan, or cells left out of it
     burst: Burst | None = None  # a burst in the newest windows, and whether the plan was made for it
+    held: dict[str, int] | None = None  # what the plan asked for when the fleet running was kept (_held)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +110,7 @@ def _held(out: Replan, profiles: Sequence[GpuProfile], current: Mapping[str, int
     if within.unserved != out.plan.unserved:
         return out
     cost = round(sum(p.cost * kept[p.gpu] for p in profiles), 9)
-    return replace(out, plan=replace(within, replicas=kept, cost=cost))
+    return replace(out, plan=replace(within, replicas=kept, cost=cost), held=dict(out.plan.replicas))
 
 
 def plan_demands(demands: list[Demand], profiles: Sequence[GpuProfile], current: Mapping[str, int],

@@ -160,7 +160,7 @@ class OptimizerService:
             log.warning("%s: %s", state.model, plan.unserved)  # planned without them: on the dashboard
         if plan is not None and not plan.optimal:
             log.warning("%s: solver time limit, using the best plan found", state.model)
-        state.apply(now, demands, plan, error, result.burst)
+        state.apply(now, demands, plan, error, result.burst, result.held)
         if plan is not None:
             log.info(
                 "%s: %.2f req/s -> %s (cost %.2f, %.0f ms)",
@@ -170,6 +170,9 @@ class OptimizerService:
                 plan.cost,
                 plan.solve_seconds * 1000,
             )
+            if result.held:
+                log.info("%s: the plan asks for %s; the fleet running has room for it, kept", state.model,
+                         result.held)
         else:
             log.warning("%s: no plan: %s", state.model, error)
 

@@ -271,3 +271,18 @@ def test_dashboard_says_what_the_plan_made_of_a_burst(log_dir: Path) -> None:
     page.write_text(render_page({**base, "burst": None}))  # no burst: no line
     assert re.search(r'<div class="sub" id="burst" data-planned="">\s*</div>',
                      chromium(log_dir, page.as_uri(), "--dump-dom"))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (make chromium)")
+def test_dashboard_says_when_an_add_is_held(log_dir: Path) -> None:
+    from extproc.optimizer.dashboard import render_page
+
+    base = {"model": MODEL, "now": 0, "updated": 0, "has_load": True, "error": None, "rps": 7.0,
+            "burst": None, "heatmap": [], "plan": None, "reported_cost": 0.0, "deployments": [],
+            "history": []}
+    page = log_dir / "held.html"
+    page.write_text(render_page({**base, "held": {"l20": 1, "a10": 4}}))
+    line = re.search(r'<div class="sub" id="held">([^<]*)<', chromium(log_dir, page.as_uri(), "--dump-dom"))
+    assert line is not None and "held: the plan asks for a10 4, l20 1" in line.group(1), line
+    page.write_text(render_page({**base, "held": None}))  # nothing held: no line
+    assert re.search(r'<div class="sub" id="held">\s*</div>', chromium(log_dir, page.as_uri(), "--dump-dom"))

@@ -299,8 +299,10 @@ def test_an_add_the_running_fleet_has_room_for_is_held() -> None:
         return replan(ws, now, 240, [p], {"a10": running}, fb, PlanSettings(headroom=0.5))
 
     assert replan_once(calm, 9).plan.replicas == {"a10": 9}  # what the plan asks for
+    assert replan_once(calm, 9).held is None
     held = replan_once(calm, 8)
     assert held.plan.replicas == {"a10": 8} and held.plan.cost == pytest.approx(8.0)
+    assert held.held == {"a10": 9}  # what the plan asked for, for the dashboard and the log
     assert held.plan.load == pytest.approx({"a10": 7.5})
     assert replan_once(short_of_room, 8).plan.replicas == {"a10": 9}
     assert replan_once(calm, 7).plan.replicas == {"a10": 9}  # 7 cannot carry 7.5
@@ -319,3 +321,21 @@ def test_a_swap_is_not_held() -> None:
     running = {"cheap": 3, "dear": 4}
     plan = replan(calm, now, 240, [cheap, dear], running, fb, PlanSettings(headroom=0.5)).plan
     assert plan.replicas == {"cheap": 6, "dear": 0}
+
+
+def test_the_dashboard_says_when_an_add_is_held() -> None:
+    from extproc.optimizer.dashboard import dashboard_data, render_page
+    from extproc.optimizer.deployments import Deployment
+    from extproc.optimizer.monitor import ModelState
+
+    state = ModelState("m", deployments={"default/a10": Deployment("default", "a10", "m", 1)})
+    p = profile("default/a10", 2.0, 1.0)
+    fb = Feedback(first_seen={"default/a10": EPOCH + 241})
+    calm = windows({"a10": [0.02]}, EPOCH, 24, rps=15)
+    result = replan(calm, EPOCH + 241, 240, [p], {"default/a10": 8}, fb, PlanSettings(headroom=0.5))
+    state.apply(EPOCH + 241, result.demands, result.plan, result.error, result.burst, result.held)
+    data = dashboard_data(state, {"default/a10": p}, EPOCH + 241)
+    assert data["held"] == {"default/a10": 9} and data["plan"]["replicas"] == {"default/a10": 8}
+    assert "held: the plan asks for" in render_page(data)
+    state.apply(EPOCH + 251, result.demands, result.plan, result.error)  # the next re-plan holds nothing
+    assert dashboard_data(state, {"default/a10": p}, EPOCH + 251)["held"] is None
