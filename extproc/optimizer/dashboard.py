@@ -217,7 +217,7 @@ function renderBurst(d){
 function renderHeld(d){
   const h = d.held, node = document.getElementById("held");
   node.textContent = !h ? "" : "held: the plan asks for " + Object.keys(h).sort().map(k => k + " " + h[k]).join(", ") +
-    "; the fleet running is kept (99.5 % within the TPOT SLO, nothing refused, the load carried with half the headroom)";
+    "; the fleet running is kept (it kept the TPOT SLO with room, refused nothing and carries the load)";
 }
 
 function render(d){

@@ -163,16 +163,14 @@ class OptimizerService:
         state.apply(now, demands, plan, error, result.burst, result.held)
         if plan is not None:
             log.info(
-                "%s: %.2f req/s -> %s (cost %.2f, %.0f ms)",
+                "%s: %.2f req/s -> %s (cost %.2f, %.0f ms)%s",
                 state.model,
                 plan.rps,
                 plan.replicas,
                 plan.cost,
                 plan.solve_seconds * 1000,
+                f"; held, the plan asks for {result.held}" if result.held else "",
             )
-            if result.held:
-                log.info("%s: the plan asks for %s; the fleet running has room for it, kept", state.model,
-                         result.held)
         else:
             log.warning("%s: no plan: %s", state.model, error)
 
