@@ -160,7 +160,8 @@ def _tokens(b: int, precision: int) -> float:
 
 BURST_SIGMAS = 2.0  # the latest window counts as a change only this many Poisson sigmas above the average
 # The windows the plan reads: this many window lengths back. Only the newest window length is averaged;
-# the older one shows where a run of windows above the level that starts it began (_without_excursions).
+# the older one counts toward the level a burst stands above, and shows where a run of windows above it
+# that starts the window began (_without_excursions).
 READ_SPAN = 2
 BURST_WINDOWS = 2  # ... and only when the window before it was above that line too (read_workload says why)
 
@@ -177,16 +178,19 @@ def _average(windows: Iterable[TraceWindow], span: float) -> dict[tuple[int, int
 
 def _without_excursions(windows: Sequence[TraceWindow], earlier: Sequence[TraceWindow], interval: int,
                         covered: float) -> dict[tuple[int, int, int], float] | None:
-    """The average without the windows above the trace's median level by over BURST_SIGMAS Poisson
-    sigmas, when they are fewer than half and an excursion: a window at the level comes before them.
-    `earlier`, the windows before the window, show where a run above it that starts the window began.
-    None otherwise: half or more above the level is a level that moved up, a run that goes back as far
-    as the trace is read (or to a window not read) one that moved down, and both are averaged as is."""
+    """The average without the windows above the level by over BURST_SIGMAS Poisson sigmas, when they
+    are an excursion: a window at the level comes before them. The level is the median of every window
+    read, `earlier` (the windows before the window) included, so a run above it is the new level only
+    once it fills half of what is read (a whole window length), and a burst as long as half the window
+    stays an excursion while it lasts and after. `earlier` also shows where a run above the level that
+    starts the window began. None otherwise: no window above the level, or a run that goes back as far
+    as the trace is read (or to a window not read), a level that moved down: averaged as is."""
     totals = {w.end: _total(w) for w in windows}
-    level = sorted(totals.values())[len(totals) // 2]
+    read = sorted([*totals.values(), *(_total(w) for w in earlier)])
+    level = read[len(read) // 2]  # so fewer than half the windows read can be above it
     line = level + BURST_SIGMAS * math.sqrt(level)
     high = {end for end, n in totals.items() if n > line}
-    if not high or 2 * len(high) >= len(totals):
+    if not high:
         return None
     if min(totals) in high:  # walk back to where that run began
         before = {w.end: _total(w) for w in earlier}
@@ -256,14 +260,14 @@ def read_workload(
     `strained(newest)`: whether the newest windows show the fleet falling short (requests refused, the
     SLO missed; planning.replan judges it). Given, a burst the fleet absorbs unstrained is left to the
     router, which admits past each pod's budget while its speed shows room: the burst is not read as
-    the latest rate, and a full trace's windows above its median level (the same 2 sigmas; fewer than
-    half of them, and a window at the level before them: `windows` may reach back further than
-    `window_seconds`, READ_SPAN windows, to show it) are left out of the average, so the burst neither
-    scales the fleet up nor, once over, keeps it up while it is still in the window. A replica added
-    for a burst serves a minute later and the autoscaler keeps it 300 s after its last ask: for a
-    burst the fleet holds, that buys nothing. A burst that strains the fleet is read at once, as
-    without the judge; one longer than half the window is the new level (the median has moved) and is
-    averaged in."""
+    the latest rate, and a full trace's windows above the level (the same 2 sigmas over the median of
+    every window read: `windows` may reach back further than `window_seconds`, READ_SPAN windows), with
+    a window at the level before them, are left out of the average, so the burst neither scales the
+    fleet up nor, once over, keeps it up while it is still in the window. A replica added for a burst
+    serves a minute later and the autoscaler keeps it 300 s after its last ask: for a burst the fleet
+    holds, that buys nothing. A burst that strains the fleet is read at once, as without the judge; a
+    rise that fills half the windows read (a window length, when READ_SPAN are read) is the new level
+    (the median has moved) and is averaged in."""
     windows = list(windows)
     recent = [w for w in windows if now - window_seconds < w.end <= now + 1e-9]
     if not recent:

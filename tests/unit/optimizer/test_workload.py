@@ -219,6 +219,33 @@ def test_a_level_change_is_averaged_in_once_it_fills_half_the_window() -> None:
     assert d.rps == pytest.approx(sum(sum(w.counts.values()) for w in ws) / 240)
 
 
+def test_a_burst_as_long_as_half_the_window_is_no_level_while_the_windows_before_show_one() -> None:
+    """The windows read before the window (READ_SPAN) count toward the level: a 120 s run above it,
+    half the window but a quarter of what is read, stays an excursion while it lasts and once it is
+    over, so a burst the fleet absorbed does not scale it up as it ends (`single-4090-h100pcie`'s)."""
+    earlier = _steady(until=1000)
+    for last in (24, 20):  # the run reaching the newest window, and over 40 s ago
+        ws = _steady()
+        for w in ws[last - 12:last]:
+            w.counts[(70, 30)] = 160
+        rest = [w for k, w in enumerate(ws) if not last - 12 <= k < last]
+        [d] = trace_rates(earlier + ws, now=1241, strained=lambda newest: False)
+        assert d.rps == pytest.approx(sum(sum(w.counts.values()) for w in rest) / 120)
+        [d] = trace_rates(ws, now=1241, strained=lambda newest: False)  # the window alone: the level moved
+        assert d.rps == pytest.approx(sum(sum(w.counts.values()) for w in ws) / 240)
+
+
+def test_a_rise_filling_half_of_what_is_read_is_the_level() -> None:
+    """A rise that has lasted the whole window is half the windows read: the median has moved, and it
+    is averaged in (the strain path reads it at once whenever the fleet falls short before that)."""
+    earlier = _steady(until=1000)
+    ws = _steady()
+    for w in ws:
+        w.counts[(70, 30)] = 160
+    [d] = trace_rates(earlier + ws, now=1241, strained=lambda newest: False)
+    assert d.rps == pytest.approx(160 * 24 / 240)
+
+
 def test_a_young_trace_keeps_every_window() -> None:
     """Before the trace covers the whole window there is no level to compare with (the model's first
     minutes ramp up): every window counts."""
