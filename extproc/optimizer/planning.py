@@ -14,7 +14,7 @@ from extproc.gpu_profiles import GpuProfile
 from extproc.optimizer.feedback import Feedback, strained
 from extproc.optimizer.monitor import ModelState
 from extproc.optimizer.policy import HEADROOM, PlanPolicy
-from extproc.optimizer.solver import ADD_COST, REMOVE_COST, Demand, Plan, PlanError, solve
+from extproc.optimizer.solver import ADD_COST, REMOVE_COST, Demand, Plan, PlanError, as_routed, solve
 from extproc.optimizer.workload import Burst, TraceWindow, read_workload
 
 
@@ -99,12 +99,17 @@ def _held(out: Replan, profiles: Sequence[GpuProfile], current: Mapping[str, int
     keeps every count it is asked for through its scale-down stabilization (300 s), so each ask bills a
     replica for five minutes. A fleet that keeps 99.5 % of its requests within the SLO has shown part of
     the room the headroom buys; one that falls below it, refuses a request, or cannot carry the load
-    gets the plan's adds at once (docs/optimizer.md, "An add the running fleet has room for")."""
+    gets the plan's adds at once (docs/optimizer.md, "An add the running fleet has room for").
+
+    The load is counted as the router routes it (`as_routed`: each trace bucket spread over the cells
+    its token range covers), not whole at its centre as the plan counts it, which one bucket in five
+    puts in the larger cell: the plan keeps that margin for a long prefill stalling the decodes batched
+    with it, which one-shape profiles do not see; the room the fleet has shown is that stall measured."""
     assert out.plan is not None
     kept = {g: current.get(g, 0) for g in out.plan.replicas}
     try:
-        within = solve(profiles, out.demands, settings.time_limit, skip_unservable=True,
-                       headroom=settings.headroom * HELD_HEADROOM, limits=kept)
+        within = solve(profiles, as_routed(profiles, out.demands), settings.time_limit,
+                       skip_unservable=True, headroom=settings.headroom * HELD_HEADROOM, limits=kept)
     except PlanError:
         return out
     if within.unserved != out.plan.unserved:

@@ -47,6 +47,7 @@ class Demand:
     input_tokens: float
     output_tokens: float
     rps: float
+    width: float = 0.0  # log2 range of the token counts it stands for (a trace bucket: 1/precision); 0: exact
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,37 @@ def _merge(profiles: Sequence[GpuProfile], demands: Iterable[Demand]) -> list[_C
         c.log_in += d.rps * math.log2(max(d.input_tokens, 1.0))
         c.log_out += d.rps * math.log2(max(d.output_tokens, 1.0))
     return list(cells.values())
+
+
+def as_routed(profiles: Sequence[GpuProfile], demands: Iterable[Demand]) -> list[Demand]:
+    """The demands as the router classifies them: each that stands for a range of token counts (a trace
+    bucket, `width`) split where any profile's cell changes inside that range, each piece at its share of
+    the range (token counts spread evenly in log2 across a tenth of a doubling). Mapped whole by its
+    centre, a bucket centred on the line between two cells of a power-of-two grid goes to the larger
+    (`nearest_index`'s tie rule), so one bucket in five counts heavier than the requests it holds."""
+    in_lines = _cell_lines(p.inputs for p in profiles)
+    out_lines = _cell_lines(p.outputs for p in profiles)
+    out: list[Demand] = []
+    for d in demands:
+        if d.width <= 0:
+            out.append(d)
+            continue
+        for x_in, f_in in _pieces(math.log2(max(d.input_tokens, 1.0)), d.width, in_lines):
+            for x_out, f_out in _pieces(math.log2(max(d.output_tokens, 1.0)), d.width, out_lines):
+                out.append(Demand(2.0 ** x_in, 2.0 ** x_out, d.rps * f_in * f_out))
+    return out
+
+
+def _cell_lines(grids: Iterable[Sequence[int]]) -> list[float]:
+    """log2 of where one cell of a grid ends and the next begins (halfway between ticks), every grid's."""
+    return sorted({(math.log2(a) + math.log2(b)) / 2 for g in grids for a, b in zip(g, g[1:])})
+
+
+def _pieces(x: float, width: float, lines: Sequence[float]) -> list[tuple[float, float]]:
+    """(centre, share) of each part of [x - width/2, x + width/2] between the lines that cross it."""
+    lo, hi = x - width / 2, x + width / 2
+    cuts = [lo, *(v for v in lines if lo < v < hi), hi]
+    return [((a + b) / 2, (b - a) / width) for a, b in zip(cuts, cuts[1:])]
 
 
 def _shape(c: _Cell) -> tuple[float, float]:

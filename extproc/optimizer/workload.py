@@ -310,6 +310,6 @@ def read_workload(
     for key in sorted(rates):
         i, o, precision = key
         if rates[key] > 0:
-            out.append(Demand(_tokens(i, precision), _tokens(o, precision), rates[key]))
+            out.append(Demand(_tokens(i, precision), _tokens(o, precision), rates[key], width=1 / precision))
     seen = Burst(math.fsum(current.values()), mean_total, planned=not absorbing) if burst else None
     return Workload(out, seen)

@@ -311,6 +311,37 @@ def test_an_add_the_running_fleet_has_room_for_is_held() -> None:
     assert replan_once(windows({"a10": [0.02]}, EPOCH, 24, rps=16), 8).plan.replicas == {"a10": 9}
 
 
+def test_the_hold_counts_the_load_as_the_router_routes_it() -> None:
+    """Requests of 181 tokens sit in trace bucket 75, centred on the line between a 128-token cell (4
+    req/s a replica) and a 256-token one (2): the plan maps the bucket by its centre, whole to the
+    slower cell (15 req/s = 7.5 replicas; 9 with its headroom). The hold reads it as the router routes
+    it, half on each side (5.6 replicas), so 7 running with room are kept, where by the centre they
+    could not carry the load at all. The plan itself keeps the heavier count (docs/optimizer.md says
+    why: margin for a stall its profiles do not see)."""
+    p = parse_profile({"gpu": "a10", "cost": 1.0, "tputs": [[4.0, 2.0], [4.0, 2.0]],
+                       "indexes": [[16, 1024], [128, 256]], "e2e": [[1.0] * 2] * 2,
+                       "slos": {"percentile": 99, "tpot": 0.05}, "created": 1.0})
+    now = EPOCH + 241
+    rec = TraceRecorder()
+    calm = []
+    for k in range(24):
+        t = EPOCH + 10 * k + 5
+        for _ in range(150):
+            rec.completed("m", 181, 100, t, "a10", 0.02)
+        rec.arrived("m", t)
+        calm += [parse_trace(int(key.rsplit("_", 1)[1]), json.loads(raw)) for key, raw in rec.due(t + 10)]
+
+    def replan_once(running: int):
+        fb = Feedback(first_seen={"a10": now})
+        return replan(calm, now, 240, [p], {"a10": running}, fb, PlanSettings(headroom=0.5))
+
+    assert replan_once(9).plan.replicas == {"a10": 9}
+    held = replan_once(7)
+    assert held.plan.replicas == {"a10": 7} and held.held == {"a10": 9}
+    assert held.plan.load == pytest.approx({"a10": 5.625})
+    assert replan_once(6).plan.replicas == {"a10": 9}  # 5.6 and half the headroom do not fit in 6
+
+
 def test_a_swap_is_not_held() -> None:
     """A plan that adds one type while it removes another is made as it is: held, it would keep the
     replicas it replaces (the initial fleet's dear ones). The 7 running carry the 5 replicas of load."""

@@ -12,6 +12,7 @@ from scipy.optimize import linprog
 
 from extproc.gpu_profiles import GpuProfile
 from extproc.optimizer import Demand, PlanError, solve
+from extproc.optimizer.solver import as_routed
 from tests.unit.optimizer.support import LONG, SHORT, one_cell, profile
 
 
@@ -246,3 +247,31 @@ def test_limits_bound_a_type_and_the_rest_goes_elsewhere() -> None:
     assert plan.replicas == {"cheap": 3, "dear": 2}
     with pytest.raises(PlanError):
         solve([cheap], [Demand(128, 16, 50.0)], limits={"cheap": 3})  # cannot serve it at all
+
+
+def _halves() -> GpuProfile:
+    """Inputs 128 / 256 tokens (the line between them at 2^7.5 = 181), outputs 16 / 32 (at 2^4.5)."""
+    return GpuProfile(gpu="g", cost=1.0, outputs=(16, 32), inputs=(128, 256),
+                      tputs=((4.0, 2.0), (2.0, 1.0)), e2e=None, ttft=None, slos={}, created=1.0)
+
+
+def test_a_trace_bucket_on_a_cell_line_is_counted_as_the_router_routes_it() -> None:
+    """Bucket 75 (precision 10) holds 2^7.45-2^7.55 tokens and is centred on the line between the 128 and
+    256 cells: mapped by its centre it goes whole to 256 (the tie rule); as routed, half of it lands on
+    each side. A bucket inside one cell, and an exact shape (width 0), stay as they are."""
+    p = _halves()
+    centre = 2 ** 7.5
+    on_both_lines = Demand(centre, 2 ** 4.5, 8.0, width=0.1)
+    pieces = as_routed([p], [on_both_lines])
+    assert sum(d.rps for d in pieces) == pytest.approx(8.0)
+    assert sorted((p.cell(d.input_tokens, d.output_tokens), d.rps) for d in pieces) == [
+        ((0, 0), pytest.approx(2.0)), ((0, 1), pytest.approx(2.0)),
+        ((1, 0), pytest.approx(2.0)), ((1, 1), pytest.approx(2.0))]
+    assert p.cell(centre, 2 ** 4.5) == (1, 1)  # whole, by its centre
+    # the load: as routed 2/4 + 2/2 + 2/2 + 2/1 = 4.5 replicas; by the centre 8/1 = 8
+    assert solve([p], pieces).load["g"] == pytest.approx(4.5)
+    assert solve([p], [on_both_lines]).load["g"] == pytest.approx(8.0)
+    inside = Demand(2 ** 7.2, 2 ** 4.0, 3.0, width=0.1)
+    assert [p.cell(d.input_tokens, d.output_tokens) for d in as_routed([p], [inside])] == [(0, 0)]
+    exact = Demand(centre, 2 ** 4.5, 3.0)
+    assert as_routed([p], [exact]) == [exact]

@@ -65,7 +65,8 @@ def test_reads_aibrix_v2_traces() -> None:
 
 def test_v1_traces_are_whole_log2() -> None:
     w = parse_trace(20, {"7:3": 4})
-    assert w.precision == 1 and trace_rates([w], now=20, window_seconds=40) == [Demand(128, 8, 0.4)]
+    assert w.precision == 1
+    assert trace_rates([w], now=20, window_seconds=40) == [Demand(128, 8, 0.4, width=1.0)]
 
 
 @pytest.mark.parametrize("bad", [{"7-3": 1}, {"7:3": -1}, {"7:3": "many"}, {"meta_v": "x"}, [1]])
