@@ -104,9 +104,9 @@ def _merge(profiles: Sequence[GpuProfile], demands: Iterable[Demand]) -> list[_C
 def as_routed(profiles: Sequence[GpuProfile], demands: Iterable[Demand]) -> list[Demand]:
     """The demands as the router classifies them: each that stands for a range of token counts (a trace
     bucket, `width`) split where any profile's cell changes inside that range, each piece at its share of
-    the range (token counts spread evenly in log2 across a tenth of a doubling). Mapped whole by its
-    centre, a bucket centred on the line between two cells of a power-of-two grid goes to the larger
-    (`nearest_index`'s tie rule), so one bucket in five counts heavier than the requests it holds."""
+    the range (token counts taken as spread evenly in log2 across it). Mapped whole by its centre, a
+    bucket centred on the line between two cells of a power-of-two grid goes to the larger
+    (`nearest_index`'s tie rule): at precision 10, one bucket in five counts heavier than its requests."""
     in_lines = _cell_lines(p.inputs for p in profiles)
     out_lines = _cell_lines(p.outputs for p in profiles)
     out: list[Demand] = []
