@@ -110,12 +110,12 @@ def _held(out: Replan, profiles: Sequence[GpuProfile], current: Mapping[str, int
     try:
         within = solve(profiles, as_routed(profiles, out.demands), settings.time_limit,
                        skip_unservable=True, headroom=settings.headroom * HELD_HEADROOM, limits=kept)
-    except PlanError:
+    except PlanError:  # the running fleet cannot carry it
         return out
-    if within.unserved != out.plan.unserved:
-        return out
+    # The cells no type serves depend on the shapes alone, not on any count: the plan's say which.
     cost = round(sum(p.cost * kept[p.gpu] for p in profiles), 9)
-    return replace(out, plan=replace(within, replicas=kept, cost=cost), held=dict(out.plan.replicas))
+    plan = replace(within, replicas=kept, cost=cost, unserved=out.plan.unserved, skipped=out.plan.skipped)
+    return replace(out, plan=plan, held=dict(out.plan.replicas))
 
 
 def plan_demands(demands: list[Demand], profiles: Sequence[GpuProfile], current: Mapping[str, int],

@@ -186,14 +186,14 @@ def _without_excursions(windows: Sequence[TraceWindow], earlier: Sequence[TraceW
     starts the window began. None otherwise: no window above the level, or a run that goes back as far
     as the trace is read (or to a window not read), a level that moved down: averaged as is."""
     totals = {w.end: _total(w) for w in windows}
-    read = sorted([*totals.values(), *(_total(w) for w in earlier)])
+    before = {w.end: _total(w) for w in earlier}
+    read = sorted([*totals.values(), *before.values()])
     level = read[len(read) // 2]  # so fewer than half the windows read can be above it
     line = level + BURST_SIGMAS * math.sqrt(level)
     high = {end for end, n in totals.items() if n > line}
     if not high:
         return None
     if min(totals) in high:  # walk back to where that run began
-        before = {w.end: _total(w) for w in earlier}
         end = min(totals) - interval
         while before.get(end, -1.0) > line:
             end -= interval

@@ -71,9 +71,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     b.add_argument("--max-budget", type=int, default=None,
                    help="with --admitted: past the factors, double the largest budget while it meets every "
                         "SLO of the profile and serves at least 10%% more than half of it, up to this one "
-                        "(e.g. 256, vLLM's default max_num_seqs). Without it every cell climbs up to 256, a "
-                        "measured one only while each latency is at most half its target. A budget climbed "
-                        "to (with it: every budget) sends at least 3 requests per client")
+                        "(e.g. 256, vLLM's default max_num_seqs). Without it every cell climbs up to 256, "
+                        "but one where some rate met the SLO only from a budget whose latencies are at "
+                        "most half their targets. A budget climbed to (with it: every budget) sends at "
+                        "least 3 requests per client")
     b.add_argument("--drain-timeout", type=float, default=600.0,
                    help="cut a cell off as overloaded when requests still run this long after its last "
                         "arrival (with --admitted: when one request runs this long; seconds, default 600)")

@@ -39,6 +39,21 @@ def windows(per_window: dict[str, list[float]], start: int, count: int, rps: int
     return out
 
 
+def shaped_windows(per_window: dict[tuple[int, int], int], count: int = 24) -> list:
+    """`count` 10 s windows from EPOCH, each with the given completions per (input, output) tokens, all
+    on deployment a10 at 20 ms a token."""
+    rec = TraceRecorder()
+    out = []
+    for k in range(count):
+        t = EPOCH + 10 * k + 5
+        for (prompt, output), n in per_window.items():
+            for _ in range(n):
+                rec.completed("m", prompt, output, t, "a10", 0.02)
+        rec.arrived("m", t)
+        out += [parse_trace(int(key.rsplit("_", 1)[1]), json.loads(raw)) for key, raw in rec.due(t + 10)]
+    return out
+
+
 def test_histogram_buckets_round_trip_within_two_percent() -> None:
     for tpot in (0.004, 0.0237, 0.05, 0.31):
         assert tpot_of_bucket(tpot_bucket(tpot)) == pytest.approx(tpot, rel=0.012)
@@ -322,14 +337,7 @@ def test_the_hold_counts_the_load_as_the_router_routes_it() -> None:
                        "indexes": [[16, 1024], [128, 256]], "e2e": [[1.0] * 2] * 2,
                        "slos": {"percentile": 99, "tpot": 0.05}, "created": 1.0})
     now = EPOCH + 241
-    rec = TraceRecorder()
-    calm = []
-    for k in range(24):
-        t = EPOCH + 10 * k + 5
-        for _ in range(150):
-            rec.completed("m", 181, 100, t, "a10", 0.02)
-        rec.arrived("m", t)
-        calm += [parse_trace(int(key.rsplit("_", 1)[1]), json.loads(raw)) for key, raw in rec.due(t + 10)]
+    calm = shaped_windows({(181, 100): 150})
 
     def replan_once(running: int):
         fb = Feedback(first_seen={"a10": now})
@@ -340,6 +348,23 @@ def test_the_hold_counts_the_load_as_the_router_routes_it() -> None:
     assert held.plan.replicas == {"a10": 7} and held.held == {"a10": 9}
     assert held.plan.load == pytest.approx({"a10": 5.625})
     assert replan_once(6).plan.replicas == {"a10": 9}  # 5.6 and half the headroom do not fit in 6
+
+
+def test_an_add_is_held_beside_a_shape_no_type_serves() -> None:
+    """A few 4K-token prompts no profile serves are left out of the plan and named (`unserved`); the
+    chat beside them is the add above, held on 8 running. Their trace bucket (128 output tokens) sits on
+    a cell line, so the hold's routed count sees it as two cells: what it names is the plan's."""
+    p = parse_profile({"gpu": "a10", "cost": 1.0, "tputs": [[2.0, 0.0], [2.0, 0.0]],
+                       "indexes": [[16, 1024], [128, 4096]], "e2e": [[1.0] * 2] * 2,
+                       "slos": {"percentile": 99, "tpot": 0.05}, "created": 1.0})
+    now = EPOCH + 241
+    calm = shaped_windows({(200, 100): 150, (4000, 128): 2})
+    fb = Feedback(first_seen={"a10": now})
+    asked = replan(calm, now, 240, [p], {"a10": 9}, fb, PlanSettings(headroom=0.5)).plan
+    held = replan(calm, now, 240, [p], {"a10": 8}, fb, PlanSettings(headroom=0.5))
+    assert asked.replicas == {"a10": 9} and asked.unserved
+    assert held.plan.replicas == {"a10": 8} and held.held == {"a10": 9}
+    assert held.plan.unserved == asked.unserved and held.plan.skipped == asked.skipped == 1
 
 
 def test_a_swap_is_not_held() -> None:
