@@ -32,22 +32,28 @@ def shape_of(sig: Signature) -> Shape:
 
 
 class Mix:
-    """Recent arrivals per shape: counts decayed with time constant `tau_s`, so count / tau_s is a rate."""
+    """Recent arrivals per shape: counts decayed with time constant `tau_s`, so count / tau_s is a rate;
+    and the longest prompt each shape has held while it stayed in the mix (`longest`)."""
 
     def __init__(self, tau_s: float = 60.0) -> None:
         self.tau_s = tau_s
         self.counts: dict[Shape, float] = {}
+        self.longest: dict[Shape, int] = {}
         self.at = 0.0
 
     def _decay(self, now: float) -> None:
         if now > self.at:
             factor = math.exp(-(now - self.at) / self.tau_s)
             self.counts = {k: c * factor for k, c in self.counts.items() if c * factor > 1e-3}
+            if len(self.longest) > len(self.counts):  # a shape gone from the mix forgets its longest
+                self.longest = {k: n for k, n in self.longest.items() if k in self.counts}
             self.at = now
 
-    def observe(self, shape: Shape, now: float) -> None:
+    def observe(self, shape: Shape, now: float, prompt_tokens: int = 0) -> None:
         self._decay(now)
         self.counts[shape] = self.counts.get(shape, 0.0) + 1.0
+        if prompt_tokens > self.longest.get(shape, 0):
+            self.longest[shape] = prompt_tokens
 
     def rates(self, now: float) -> dict[Shape, float]:
         self._decay(now)

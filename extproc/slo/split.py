@@ -24,7 +24,7 @@ class Split:
         mix = self.mixes.get(model)
         if mix is None:
             mix = self.mixes[model] = Mix()
-        mix.observe(shape_of(sig), now)
+        mix.observe(shape_of(sig), now, sig.input_tokens)
 
     def assigned(self, model: str, table: Mapping[str, DeploymentModel], sig: Signature,
                  pods: Mapping[str, int], now: float) -> frozenset[str]:
@@ -41,7 +41,9 @@ class Split:
     def whole_hosts(self, model: str, table: Mapping[str, DeploymentModel]) -> frozenset[str]:
         """The deployments the current split gives a whole-pod shape (consumption 1: a long prompt a
         pod serves only alone): `slo` packs their other requests so that such a shape finds an empty
-        pod. Worked out once per split."""
+        pod. A shape is judged at its representative and at the longest prompt it has held (`Mix`):
+        it spans half a doubling either side of the representative, and a profile measured between
+        doublings (6,144 tokens) puts its longer prompts in a heavier cell. Worked out once per split."""
         cached = self.assignments.get(model)
         if cached is None:
             return frozenset()
@@ -49,13 +51,16 @@ class Split:
         memo = self._whole.get(model)
         if memo is not None and memo[0] is split:
             return memo[1]
+        mix = self.mixes.get(model)
         hosts = set()
-        for (prompt, output), deployments in split.items():
-            sig = Signature(2 ** prompt, 2 ** output)
+        for shape, deployments in split.items():
+            prompt, output = shape
+            sigs = [Signature(2 ** prompt, 2 ** output)]
+            if mix is not None and shape in mix.longest:
+                sigs.append(Signature(mix.longest[shape], 2 ** output))
             for name in deployments:
                 dm = table.get(name)
-                c = dm.consumption(sig) if dm is not None else None
-                if c is not None and c >= 1.0 - 1e-9:  # DeploymentModel.consumption caps at 1
+                if dm is not None and any(_whole(dm.consumption(sig)) for sig in sigs):
                     hosts.add(name)
         self._whole[model] = (split, frozenset(hosts))
         return self._whole[model][1]
@@ -66,3 +71,7 @@ class Split:
     def forget(self, model: str) -> None:
         """The model's profiles changed: its split is solved again."""
         self.assignments.pop(model, None)
+
+
+def _whole(consumption: float | None) -> bool:
+    return consumption is not None and consumption >= 1.0 - 1e-9  # DeploymentModel.consumption caps at 1

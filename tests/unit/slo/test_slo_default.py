@@ -217,3 +217,35 @@ def test_a_lane_both_shapes_share_is_packed_so_a_long_prompt_finds_an_empty_pod(
     assert s["slo"].pick(req(CODE), views(big0=2), 2.0).pod.name == "big1"
     assert table.whole_hosts("m") == frozenset({"big"})
     # with small pods beside them, code has big to itself and chat small: chat is spread (above)
+
+
+def test_a_shape_takes_a_whole_pod_where_the_longest_prompt_it_held_does():
+    """A shape spans half a doubling either side of its representative (2,896-5,792 prompt tokens for
+    4,096), and a profile measured at 6,144 tokens puts the longer of them in that cell: judged at
+    4,096 alone, a type whose 6,144 cell takes a whole pod was left spread and those prefills stalled
+    its chat (docs/slo-routing.md, "Not done yet"). Judged also at the longest prompt the shape held."""
+    from extproc.slo.split import Split
+
+    def fine(last_e2e: float):
+        """Chat at 128 tokens, half a pod at 4,096, and at 6,144 `last_e2e` s at 0.5 req/s."""
+        return parse_profile({"gpu": "fine", "cost": 1.0, "tputs": [[8.0, 1.0, 0.5]] * 2,
+                              "e2e": [[0.5, 2.0, last_e2e]] * 2, "indexes": [[8, 256], [128, 4096, 6144]],
+                              "slos": {"percentile": 99, "e2e": 10.0}, "created": 1.0})
+
+    # 1 / (0.5 x 1.5) > 1: the 6,144 cell takes a whole pod; at 4.0 s half of one
+    for longest, last_e2e, whole in ((5500, 1.5, True), (4000, 1.5, False), (5500, 4.0, False)):
+        split = Split()
+        for tokens in (3000, longest, 3500):  # all of shape (12, 3): 4,096 in, 8 out
+            split.observe_arrival("m", Signature(tokens, 8), 0.0)
+        split.store("m", (("fine", 2),), 0.0, {(12, 3): frozenset({"fine"})})
+        hosts = split.whole_hosts("m", build_table({"fine": fine(last_e2e)}))
+        assert (hosts == {"fine"}) is whole, (longest, last_e2e)
+
+
+def test_the_mix_forgets_a_shapes_longest_prompt_with_the_shape():
+    mix = Mix(tau_s=10.0)
+    mix.observe((12, 3), 0.0, 5500)
+    mix.observe((12, 3), 1.0, 3000)
+    assert mix.longest == {(12, 3): 5500}  # the longest, not the last
+    mix.observe((7, 3), 200.0, 150)  # 20 time constants later (12, 3) has left the mix
+    assert mix.longest == {(7, 3): 150} and (12, 3) not in mix.rates(200.0)
