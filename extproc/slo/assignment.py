@@ -44,8 +44,9 @@ class Mix:
     def _decay(self, now: float) -> None:
         if now > self.at:
             factor = math.exp(-(now - self.at) / self.tau_s)
+            before = len(self.counts)
             self.counts = {k: c * factor for k, c in self.counts.items() if c * factor > 1e-3}
-            if len(self.longest) > len(self.counts):  # a shape gone from the mix forgets its longest
+            if len(self.counts) < before:  # a shape gone from the mix forgets its longest prompt
                 self.longest = {k: n for k, n in self.longest.items() if k in self.counts}
             self.at = now
 

@@ -247,5 +247,7 @@ def test_the_mix_forgets_a_shapes_longest_prompt_with_the_shape():
     mix.observe((12, 3), 0.0, 5500)
     mix.observe((12, 3), 1.0, 3000)
     assert mix.longest == {(12, 3): 5500}  # the longest, not the last
-    mix.observe((7, 3), 200.0, 150)  # 20 time constants later (12, 3) has left the mix
-    assert mix.longest == {(7, 3): 150} and (12, 3) not in mix.rates(200.0)
+    mix.observe((5, 3), 200.0)  # 20 time constants later (12, 3) has left the mix; no prompt counted
+    assert mix.longest == {} and (12, 3) not in mix.rates(200.0)
+    mix.observe((7, 3), 201.0, 150)
+    assert mix.longest == {(7, 3): 150}
