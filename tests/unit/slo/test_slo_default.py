@@ -223,7 +223,7 @@ def test_a_shape_takes_a_whole_pod_where_the_longest_prompt_it_held_does():
     """A shape spans half a doubling either side of its representative (2,896-5,792 prompt tokens for
     4,096), and a profile measured at 6,144 tokens puts the longer of them in that cell: judged at
     4,096 alone, a type whose 6,144 cell takes a whole pod was left spread and those prefills stalled
-    its chat (docs/slo-routing.md, "Not done yet"). Judged also at the longest prompt the shape held."""
+    its chat (docs/slo-routing.md, item 5). Judged also at the longest prompt the shape held."""
     from extproc.slo.split import Split
 
     def fine(last_e2e: float):
