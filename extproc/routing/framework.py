@@ -54,6 +54,14 @@ class Picker(Protocol):
 
 
 @runtime_checkable
+class PostArrival(Protocol):
+    """Told a request reached the gateway, once, before its first pick: whatever comes of it (routed,
+    held in a waiting room and routed later, refused, or no pod to take it)."""
+
+    def post_arrival(self, request: Request, now: float) -> None: ...
+
+
+@runtime_checkable
 class PostChoice(Protocol):
     """Told which pod a request went to (GIE's PostCycle)."""
 
@@ -177,12 +185,15 @@ class Hooks:
     when several profiles share it."""
 
     def __init__(self) -> None:
+        self._arrival: list[PostArrival] = []
         self._choice: list[PostChoice] = []
         self._response: list[PostResponse] = []
         self._reject: list[PostReject] = []
         self._serve: list[PostServe] = []
 
     def add(self, plugin: object) -> None:
+        if isinstance(plugin, PostArrival) and plugin not in self._arrival:
+            self._arrival.append(plugin)
         if isinstance(plugin, PostChoice) and plugin not in self._choice:
             self._choice.append(plugin)
         if isinstance(plugin, PostResponse) and plugin not in self._response:
@@ -191,6 +202,13 @@ class Hooks:
             self._reject.append(plugin)
         if isinstance(plugin, PostServe) and plugin not in self._serve:
             self._serve.append(plugin)
+
+    def post_arrival(self, request: Request, now: float) -> None:
+        for hook in self._arrival:
+            try:
+                hook.post_arrival(request, now)
+            except Exception:  # one plugin's bug must not cost the request or the other hooks
+                log.exception("post_arrival hook %r failed", hook)
 
     def post_choice(self, request: Request, chosen: PodView, now: float) -> None:
         for hook in self._choice:

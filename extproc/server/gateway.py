@@ -156,7 +156,8 @@ class Gateway:
         self.shared.track(config.pods)
 
     def add_hook(self, plugin: object) -> None:
-        """Register a post_choice / post_response hook that is not part of any strategy."""
+        """Register a lifecycle hook (post_arrival, post_choice, post_response, ...) that is not part of
+        any strategy."""
         self._extra_hooks.append(plugin)
         self.hooks.add(plugin)
 
@@ -191,6 +192,8 @@ class Gateway:
         ready pod. `queued`: the request is leaving the waiting room (extproc.slo.room). With the data
         plane's subset hint (`request.endpoint_subset`), only the pods at those addresses are eligible."""
         now = self.clock()
+        if not queued:
+            self.hooks.post_arrival(request, now)
         candidates = self._eligible(request, now)
         if not candidates:
             return None

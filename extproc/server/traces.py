@@ -13,7 +13,7 @@ from extproc.cancellation import raise_if_cancelled
 from extproc.openai import Request
 from extproc.pool.pod import deployment_of
 from extproc.redis_connect import RedisTarget
-from extproc.routing.framework import PodView, held_back
+from extproc.routing.framework import held_back
 from extproc.routing.outcome import Rejected
 from extproc.server.gateway import Gateway
 from extproc.tracing.flusher import TraceFlusher
@@ -31,7 +31,10 @@ class TraceHooks:
         self.recorder = recorder
         self.wall = wall
 
-    def post_choice(self, request: Request, chosen: PodView, now: float) -> None:
+    def post_arrival(self, request: Request, now: float) -> None:
+        # Counted on arrival, not when routed: a request the SLO queue holds and routes later, or
+        # refuses, is offered load all the same, and counting it as it left the queue read a queue
+        # draining onto new replicas as a burst above the load (docs/optimizer.md, Workload).
         self.recorder.arrived(request.model, self.wall())
 
     def post_reject(self, model: str, rejected: Rejected, now: float) -> None:

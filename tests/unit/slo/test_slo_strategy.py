@@ -243,6 +243,30 @@ def test_breached_while_waiting_and_full_queue_get_429():
                                                 {"model": "m", "reason": reason}) == 1
         [(_, raw)] = recorder.due(1_700_000_010.0)
         assert json.loads(raw)["meta_rejected"] == {"fast": 2}  # both refusals, the deployment's misses
+        assert json.loads(raw)["meta_total_reqs"] == 4  # the refused arrived too: offered load
+    asyncio.run(main())
+
+
+def test_a_held_request_counts_as_arriving_once_when_it_arrived():
+    """The optimizer's traces count a request held in the SLO queue in the window it arrived in, not
+    again nor later when it leaves the queue: a queue draining onto new replicas is not more load."""
+    async def main():
+        gw, room = gateway()
+        recorder = TraceRecorder()
+        wall = [1_700_000_005.0]
+        gw.add_hook(TraceHooks(recorder, lambda: wall[0]))
+        p = gw.profile(None, "m")
+        d1 = gw.route(req(), p, "r1")
+        gw.route(req(), p, "r2")
+        w = gw.route(req(), p, "r3")
+        assert type(w) is Queued
+        task = asyncio.create_task(admitted_wait(room, req(), p, "r3", w))
+        await poll(lambda: room.state.queues.length("m") == 1)
+        wall[0] = 1_700_000_015.0  # the next window: r1 ends, r3 leaves the queue
+        gw.complete(d1.key, RequestEnd(200, prompt_tokens=128, output_tokens=8))
+        await asyncio.wait_for(task, 5)
+        windows = {key: json.loads(raw) for key, raw in recorder.due(1_700_000_020.0)}
+        assert [w["meta_total_reqs"] for _, w in sorted(windows.items())] == [3, 0]
     asyncio.run(main())
 
 
