@@ -2,8 +2,9 @@
 
 A strategy is a Profile: Filters narrow the candidates, Scorers rate each pod, a Picker chooses. Routing
 alone, a strategy's picker reads its raw scores; blended (blend.py), each scorer's scores are normalised
-to [0, 1] per request and weighted. Lifecycle hooks let plugins learn: `post_choice` runs after a pod is
-chosen, `post_response` when the request's record arrives. Adding a strategy is one module that calls
+to [0, 1] per request and weighted. Lifecycle hooks let plugins learn: `post_arrival` runs once as a
+request reaches the router, `post_choice` after a pod is chosen, `post_response` when the request's
+record arrives. Adding a strategy is one module that calls
 `register` (with `params=` when it owns a section of `routing:`); its factory gets a typed BuildContext.
 Everything here is pure: time comes in as `now`, nothing does I/O.
 """
