@@ -5,8 +5,9 @@ It shows the workload as a heatmap over (input, output) tokens in log2 cells, th
 in the newest windows and whether the plan was made for it or left it to the router, an add the plan held
 while the fleet running had room, what each deployment
 reports, the model's estimate (load: replicas' worth of work the plan sends it) next to what the gateways
-observed there (requests completed in the feedback's span, their TPOT SLO attainment and P99, and the
-factor the feedback keeps on its profile), and replicas per GPU type over time.
+observed there (requests completed in the feedback's span, their SLO attainment and P99, of the SLO
+latency the deployment keeps worst, and the factor the feedback keeps on its profile), and replicas per
+GPU type over time.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def dashboard_data(state: ModelState, profiles: dict[str, GpuProfile | None], no
             "observed": None if seen is None or not seen.requests else {
                 "completed": seen.completed, "rejected": seen.rejected,
                 "attainment": round(seen.attainment, 5),
-                "p99_tpot_s": round(seen.p99_s, 5)},
+                "metric": seen.metric, "p99_s": round(seen.p99_s, 5),
+                **({"p99_tpot_s": round(seen.p99_s, 5)} if seen.metric == "tpot" else {})},
             "factor": round(feedback.factor(key), 4),
         })
     return {
@@ -107,7 +109,7 @@ _PAGE = """<!doctype html>
    <div class="kpi"><span>requests / s</span><b class="big" id="rps">–</b></div>
   </div>
   <table id="plan"><thead><tr><th>deployment</th><th>replicas</th><th>plan</th><th>load</th><th>min</th>
-   <th>cost/replica</th><th>seen</th><th>SLO %</th><th>P99 TPOT ms</th><th>factor</th></tr></thead>
+   <th>cost/replica</th><th>seen</th><th>SLO %</th><th>P99 ms</th><th>factor</th></tr></thead>
    <tbody></tbody></table>
   <div class="sub" id="solve"></div>
   <div class="sub" id="burst"></div>
@@ -139,7 +141,7 @@ function renderPlan(d){
     const cells = [x.key, x.reported, x.planned === null ? "–" : x.planned, fmt(x.load, 2), x.min_replicas,
                    x.cost === null ? "no profile" : fmt(x.cost, 2),
                    o ? o.completed + (o.rejected ? " (+" + o.rejected + " refused)" : "") : "–",
-                   o ? fmt(o.attainment * 100, 1) : "–", o ? fmt(o.p99_tpot_s * 1000, 1) : "–", fmt(x.factor, 2)];
+                   o ? fmt(o.attainment * 100, 1) : "–", o ? fmt(o.p99_s * 1000, 1) + " " + o.metric.toUpperCase() : "–", fmt(x.factor, 2)];
     cells.forEach((c, j) => { const td = document.createElement("td"); td.textContent = c;
       if (j === 0) td.style.color = COLORS[i % COLORS.length];
       if (j === 1) { td.className = "replicas"; if (x.override !== null) { const s = document.createElement("span");

@@ -26,7 +26,12 @@ only windows that ended since, so it sees the fleet the change produced (the aut
 take that long), not a fleet in transition. After one that removes replicas (a factor raised) it reads
 the windows that ended since the change and no settle: a smaller fleet serves at once, and what it
 refuses then is the change's doing (waiting `settle_s` there kept a raised factor through a whole burst
-it was refusing); it raises again only `settle_s` after its last move. Only a TPOT SLO is read this way.
+it was refusing); it raises again only `settle_s` after its last move.
+
+The SLO is the profile's: TPOT, TTFT and E2E each have a histogram in the traces (`meta_tpot`,
+`meta_ttft`, `meta_e2e`, from the routing decision), and a profile naming several is judged on the one
+its deployment keeps worst, its room on the least of them. TPAT is not recorded: a profile whose only
+SLO is TPAT plans without feedback.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from extproc.gpu_profiles import GpuProfile
 from extproc.optimizer.workload import TraceWindow
 from extproc.tracing.window import tpot_of_bucket
 
+FED_BACK = ("tpot", "ttft", "e2e")  # the SLO metrics the traces carry a histogram of (LATENCY_KEYS)
 MAX_STEP_UP = 1.25  # growth per step with room: sqrt(room), between a tenth and a quarter
 # The gain: a shortfall s below the 99 % target cuts the type's throughput by gain·s, the step capped at
 # a fifth; gain = that cap over a shortfall of 4 points (96 %), the most a fleet that nearly keeps the SLO
@@ -55,9 +61,10 @@ class Outcome:
     """What one deployment's requests saw over the span."""
 
     completed: int
-    within: int  # TPOT at most the SLO target
+    within: int  # the latency at most the SLO target
     p99_s: float
     rejected: int = 0  # refused by the SLO router while this deployment could have served them
+    metric: str = "tpot"  # which latency: "tpot", "ttft" or "e2e"
 
     @property
     def requests(self) -> int:
@@ -102,12 +109,13 @@ class Feedback:
         # when the router refused anything in the span, no type shows spare room (below)
         refusing = any(any(w.rejected.values()) for w in windows if now - self.span_s < w.end <= now)
         for p in profiles:
-            slo = p.slos.get("tpot")
-            if not slo:
+            targets = slo_targets(p)
+            if not targets:
                 continue
             since = max(now - self.span_s, self.read_from.get(p.gpu, -math.inf),
                         (grew or {}).get(p.gpu, -math.inf) + self.settle_s)
-            seen = outcome(windows, p.gpu, since, now, slo)
+            each = [outcome(windows, p.gpu, since, now, slo, m) for m, slo in targets.items()]
+            seen = worst(each)
             self.outcomes[p.gpu] = seen
             first = self.first_seen.setdefault(p.gpu, now)
             if seen.requests < self.min_requests or now - first < self.span_s:
@@ -122,7 +130,8 @@ class Feedback:
                 # profile undercounts). Not while the router refuses any of the model's requests: the
                 # fleet is short, and the P99 of what it admitted is the router's doing (it holds each
                 # pod's batch at its budget), not spare capacity; the refusal may name another type.
-                room = self.headroom * slo / max(seen.p99_s, 1e-6) if not refusing else 0.0
+                room = 0.0 if refusing else min(self.headroom * targets[o.metric] / max(o.p99_s, 1e-6)
+                                                for o in each)
                 step = min(MAX_STEP_UP, math.sqrt(room)) if room >= 1.0 else 1.1
                 new = max(old, min(self.ceiling_of(p) if room >= 1.0 else 1.0, old * max(1.1, step)))
             else:
@@ -160,32 +169,44 @@ def _named(trace_name: str, deployment: str) -> bool:
     return trace_name == deployment or deployment.endswith("/" + trace_name)
 
 
+def slo_targets(p: GpuProfile) -> dict[str, float]:
+    """The profile's SLO targets (seconds) the traces can judge: metric -> target."""
+    return {m: p.slos[m] for m in FED_BACK if p.slos.get(m)}
+
+
+def worst(seen: Sequence[Outcome]) -> Outcome:
+    """Of one deployment's outcomes, one per SLO metric, the one it keeps least (the first on a tie)."""
+    return min(seen, key=lambda o: o.attainment)
+
+
 def outcome(windows: Iterable[TraceWindow], deployment: str, since: float, now: float,
-            slo_s: float) -> Outcome:
+            slo_s: float, metric: str = "tpot") -> Outcome:
     hist: dict[int, int] = {}
     rejected = 0
     for w in windows:
         if not since < w.end <= now:
             continue
-        for name, h in w.tpot.items():
+        for name, h in w.latency(metric).items():
             if _named(name, deployment):
                 for b, n in h.items():
                     hist[b] = hist.get(b, 0) + n
         rejected += sum(n for name, n in w.rejected.items() if _named(name, deployment))
     total = sum(hist.values())
     within = sum(n for b, n in hist.items() if tpot_of_bucket(b) <= slo_s)
-    return Outcome(total, within, _p99(hist, total), rejected)
+    return Outcome(total, within, _p99(hist, total), rejected, metric)
 
 
 def strained(windows: Sequence[TraceWindow], profiles: Sequence[GpuProfile], target: float) -> bool:
     """Whether these windows show the fleet short: the SLO router refused a request, or fewer than
-    `target` of the completed requests kept their deployment's TPOT SLO. True when that cannot be read
-    (no profile states a TPOT SLO, or the windows carry no TPOT of those deployments, as an AIBrix
-    gateway's do): then a burst is planned for (workload.read_workload)."""
+    `target` of the completed requests kept their deployment's SLO (the latency it keeps worst). True
+    when that cannot be read (no profile states an SLO the traces record, or the windows carry no
+    latencies of those deployments, as an AIBrix gateway's do): then a burst is planned for
+    (workload.read_workload)."""
     if not windows or any(any(w.rejected.values()) for w in windows):
         return True
     since, now = min(w.end for w in windows) - 1, max(w.end for w in windows)
-    seen = [outcome(windows, p.gpu, since, now, p.slos["tpot"]) for p in profiles if p.slos.get("tpot")]
+    seen = [worst([outcome(windows, p.gpu, since, now, slo, m) for m, slo in targets.items()])
+            for p in profiles if (targets := slo_targets(p))]
     completed = sum(o.completed for o in seen)
     return completed == 0 or sum(o.within for o in seen) < target * completed
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from extproc.optimizer.solver import Demand
-from extproc.tracing.window import REJECTED_KEY, TPOT_KEY
+from extproc.tracing.window import LATENCY_KEYS, REJECTED_KEY
 
 DEFAULT_WINDOW_SECONDS = 240.0  # AIBrix's ModelMonitor window
 _CELL = re.compile(r"^(\d+):(\d+)$")
@@ -85,6 +85,12 @@ class TraceWindow:
     queueing: int
     tpot: dict[str, dict[int, int]] = field(default_factory=dict)  # meta_tpot (ours): deployment -> histogram
     rejected: dict[str, int] = field(default_factory=dict)  # meta_rejected (ours): deployment -> refused
+    ttft: dict[str, dict[int, int]] = field(default_factory=dict)  # meta_ttft (ours), as tpot
+    e2e: dict[str, dict[int, int]] = field(default_factory=dict)  # meta_e2e (ours), as tpot
+
+    def latency(self, metric: str) -> dict[str, dict[int, int]]:
+        """Per deployment, the histogram of "tpot", "ttft" or "e2e" (tracing.window.LATENCY_KEYS)."""
+        return {"tpot": self.tpot, "ttft": self.ttft, "e2e": self.e2e}[metric]
 
     @property
     def completed(self) -> int:
@@ -118,9 +124,10 @@ def parse_trace(end: int, data: Any) -> TraceWindow:
         counts[cell] = counts.get(cell, 0) + v
     completed = sum(counts.values())
     arrived = meta("meta_total_reqs", completed) if version >= 3 else completed
+    hists = {m: _histograms(end, key, data.get(key)) for m, key in LATENCY_KEYS.items()}
     return TraceWindow(end, counts, precision, interval, arrived, meta("meta_pending_reqs", 0),
-                       meta("meta_queueing_reqs", 0), _tpot_histograms(end, data.get(TPOT_KEY)),
-                       _rejected(end, data.get(REJECTED_KEY)))
+                       meta("meta_queueing_reqs", 0), hists["tpot"], _rejected(end, data.get(REJECTED_KEY)),
+                       hists["ttft"], hists["e2e"])
 
 
 def _rejected(end: int, raw: Any) -> dict[str, int]:
@@ -131,10 +138,10 @@ def _rejected(end: int, raw: Any) -> dict[str, int]:
     return {str(d): n for d, n in raw.items()}
 
 
-def _tpot_histograms(end: int, raw: Any) -> dict[str, dict[int, int]]:
+def _histograms(end: int, key: str, raw: Any) -> dict[str, dict[int, int]]:
     if raw is None:
         return {}
-    bad = WorkloadError(f'trace {end}: {TPOT_KEY} must be {{"<deployment>": {{"<bucket>": count}}}}')
+    bad = WorkloadError(f'trace {end}: {key} must be {{"<deployment>": {{"<bucket>": count}}}}')
     if not isinstance(raw, Mapping):
         raise bad
     out: dict[str, dict[int, int]] = {}

@@ -42,8 +42,10 @@ class TraceHooks:
 
     def post_response(self, record: RequestRecord, now: float) -> None:
         if record.ok and record.output_tokens is not None:
+            # from the routing decision, as the pod served it (a wait in the SLO queue is the router's)
             self.recorder.completed(record.model, record.prompt_tokens or 0, record.output_tokens,
-                                    self.wall(), deployment_of(record.pod), tpot(record))
+                                    self.wall(), deployment_of(record.pod), tpot(record), record.ttfb_s,
+                                    record.e2e_s)
 
 
 def tpot(record: RequestRecord) -> float | None:

@@ -41,11 +41,14 @@ def window_end(now_wall: float, interval: int = INTERVAL_SEC) -> int:
 
 TPOT_PRECISION = 32  # TPOT histogram buckets per doubling (2.2 % apart): round(log2(ms) x 32)
 TPOT_KEY = "meta_tpot"  # ours: {deployment: {bucket: completed}}; AIBrix's reader skips meta_ keys
+# ours, the same shape: the latencies a profile's SLO may name besides TPOT (gen-profile's "ttft", "e2e")
+LATENCY_KEYS = {"tpot": TPOT_KEY, "ttft": "meta_ttft", "e2e": "meta_e2e"}
 REJECTED_KEY = "meta_rejected"  # ours: {deployment: requests refused that it could have served}
 
 
 def tpot_bucket(tpot_s: float) -> int:
-    """The histogram bucket of a time per output token: round(log2(milliseconds) x TPOT_PRECISION)."""
+    """The histogram bucket of a latency (a time per output token, a TTFT, an E2E):
+    round(log2(milliseconds) x TPOT_PRECISION)."""
     return math.floor(math.log2(max(tpot_s * 1000.0, 1e-3)) * TPOT_PRECISION + 0.5)
 
 
@@ -54,11 +57,26 @@ def tpot_of_bucket(b: int) -> float:
     return 2.0 ** (b / TPOT_PRECISION) / 1000.0
 
 
+def _count(latency: dict[str, dict[str, dict[int, int]]], metric: str, deployment: str,
+           seconds: float) -> None:
+    """One request's latency in its metric's histogram of its deployment (no setdefault chain: this
+    runs up to three times per completed request)."""
+    per_deployment = latency.get(metric)
+    if per_deployment is None:
+        per_deployment = latency[metric] = {}
+    hist = per_deployment.get(deployment)
+    if hist is None:
+        hist = per_deployment[deployment] = {}
+    b = tpot_bucket(seconds)
+    hist[b] = hist.get(b, 0) + 1
+
+
 @dataclass(slots=True)
 class _Window:
     counts: dict[str, int] = field(default_factory=dict)
     arrived: int = 0
-    tpot: dict[str, dict[int, int]] = field(default_factory=dict)  # deployment -> bucket -> completed
+    # metric ("tpot", "ttft", "e2e") -> deployment -> bucket -> completed
+    latency: dict[str, dict[str, dict[int, int]]] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)  # deployment -> refused requests
 
 
@@ -92,17 +110,23 @@ class TraceRecorder:
         self._window(model, now_wall).arrived += 1
 
     def completed(self, model: str, prompt_tokens: int, output_tokens: int, now_wall: float,
-                  deployment: str = "", tpot_s: float | None = None) -> None:
+                  deployment: str = "", tpot_s: float | None = None, ttft_s: float | None = None,
+                  e2e_s: float | None = None) -> None:
         """A request finished: count it in its (input, output) bucket of the window it finished in, and
-        its time per output token in its deployment's histogram (what the optimizer's feedback reads:
-        how each GPU type kept the SLO under the plan)."""
+        its latencies (time per output token, TTFT, E2E: those given) in its deployment's histograms
+        (what the optimizer's feedback reads: how each GPU type kept the SLO under the plan)."""
         w = self._window(model, now_wall)
         key = f"{bucket(prompt_tokens, self.precision)}:{bucket(output_tokens, self.precision)}"
         w.counts[key] = w.counts.get(key, 0) + 1
-        if deployment and tpot_s is not None and tpot_s >= 0:
-            hist = w.tpot.setdefault(deployment, {})
-            b = tpot_bucket(tpot_s)
-            hist[b] = hist.get(b, 0) + 1
+        if not deployment:
+            return
+        latency = w.latency
+        if tpot_s is not None and tpot_s >= 0:
+            _count(latency, "tpot", deployment, tpot_s)
+        if ttft_s is not None and ttft_s >= 0:
+            _count(latency, "ttft", deployment, ttft_s)
+        if e2e_s is not None and e2e_s >= 0:
+            _count(latency, "e2e", deployment, e2e_s)
 
     def rejected(self, model: str, deployments: Iterable[str], now_wall: float) -> None:
         """The SLO router refused a request (a 429) that these deployments could have served within its
@@ -131,9 +155,9 @@ class TraceRecorder:
         value: dict[str, object] = dict(sorted(w.counts.items()))
         value.update(meta_v=TRACE_VERSION, meta_interval_sec=self.interval, meta_precision=self.precision,
                      meta_total_reqs=w.arrived, meta_pending_reqs=pending, meta_queueing_reqs=queueing)
-        if w.tpot:
-            value[TPOT_KEY] = {d: {str(b): n for b, n in sorted(h.items())}
-                               for d, h in sorted(w.tpot.items())}
+        for metric, per_deployment in sorted(w.latency.items()):
+            value[LATENCY_KEYS[metric]] = {d: {str(b): n for b, n in sorted(h.items())}
+                                           for d, h in sorted(per_deployment.items())}
         if w.rejected:
             value[REJECTED_KEY] = dict(sorted(w.rejected.items()))
         return value

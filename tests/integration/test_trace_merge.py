@@ -49,8 +49,8 @@ def gateway_window(arrived: int, shapes: dict[tuple[int, int], int], pending: in
         for _ in range(n):
             r.completed(MODEL, prompt, output, AT)
     for deployment, tpots in (tpot or {}).items():
-        for t in tpots:
-            r.completed(MODEL, 128, 64, AT, deployment, t)
+        for t in tpots:  # TTFT 10x the TPOT, E2E 100x: each its own histogram
+            r.completed(MODEL, 128, 64, AT, deployment, t, 10 * t, 100 * t)
     for lane in rejected or []:
         r.rejected(MODEL, lane, AT)
     r.snapshot(MODEL, pending=pending, queueing=1)
@@ -90,6 +90,8 @@ async def test_three_gateways_windows_add_up(redis_server: RedisServer, client: 
     assert (window.precision, window.interval) == (10, 10) and value["meta_v"] == 4
     a100, l20 = tpot_bucket(0.020), tpot_bucket(0.045)
     assert window.tpot == {"ns/a100": {a100: 3}, "ns/l20": {l20: 1}}
+    assert window.ttft == {"ns/a100": {tpot_bucket(0.2): 3}, "ns/l20": {tpot_bucket(0.45): 1}}
+    assert window.e2e == {"ns/a100": {tpot_bucket(2.0): 3}, "ns/l20": {tpot_bucket(4.5): 1}}
     assert window.rejected == {"ns/a100": 2, "ns/l20": 2}  # refusals per deployment, each lane member
     assert len(value["meta_writers"]) == 3
     assert 590 <= await client.ttl(trace_key(MODEL, END)) <= 600

@@ -224,10 +224,11 @@ def test_the_dashboard_shows_what_the_gateways_observed_beside_the_plan() -> Non
     state.feedback.first_seen["default/a10"] = EPOCH - 500
     state.feedback.update(windows({"a10": [0.03] * 9 + [0.06]}, EPOCH, 12), EPOCH + 120, [p])
     [row] = dashboard_data(state, {"default/a10": p}, EPOCH + 120)["deployments"]
-    assert row["observed"] == {"completed": 1200, "rejected": 0, "attainment": 0.9,
+    assert row["observed"] == {"completed": 1200, "rejected": 0, "attainment": 0.9, "metric": "tpot",
+                               "p99_s": pytest.approx(0.06, rel=0.02),
                                "p99_tpot_s": pytest.approx(0.06, rel=0.02)}
     assert row["factor"] == pytest.approx(0.8)
-    assert "P99 TPOT ms" in render_page(dashboard_data(state, {"default/a10": p}, EPOCH + 120))
+    assert "P99 ms" in render_page(dashboard_data(state, {"default/a10": p}, EPOCH + 120))
 
 
 def test_no_raise_while_the_router_refuses_any_of_the_models_requests() -> None:
@@ -395,3 +396,48 @@ def test_the_dashboard_says_when_an_add_is_held() -> None:
     assert "held: the plan asks for" in render_page(data)
     state.apply(EPOCH + 251, result.demands, result.plan, result.error)  # the next re-plan holds nothing
     assert dashboard_data(state, {"default/a10": p}, EPOCH + 251)["held"] is None
+
+
+def slo_profile(name: str, slos: dict[str, float]):
+    return parse_profile({"gpu": name, "cost": 1.0, "tputs": [[2.0] * 2] * 2,
+                          "indexes": [[16, 1024], [128, 4096]], "e2e": [[1.0] * 2] * 2,
+                          "slos": {"percentile": 99, **slos}, "created": 1.0})
+
+
+def latency_windows(ttft_s: float, e2e_s: float, count: int = 12) -> list:
+    """`count` 10 s windows from EPOCH, 100 completions each on a10: TPOT 20 ms, the given TTFT and E2E
+    (every tenth request 3x slower to its first token)."""
+    rec = TraceRecorder()
+    out = []
+    for k in range(count):
+        t = EPOCH + 10 * k + 5
+        for j in range(100):
+            rec.completed("m", 200, 100, t, "a10", 0.02, ttft_s * (3 if j % 10 == 0 else 1), e2e_s)
+        out += [parse_trace(int(key.rsplit("_", 1)[1]), json.loads(raw)) for key, raw in rec.due(t + 10)]
+    return out
+
+
+def test_ttft_and_e2e_histograms_round_trip_through_the_trace() -> None:
+    [w] = latency_windows(0.2, 2.5, count=1)
+    assert sum(w.ttft["a10"].values()) == sum(w.e2e["a10"].values()) == sum(w.tpot["a10"].values()) == 100
+    assert tpot_of_bucket(max(w.ttft["a10"])) == pytest.approx(0.6, rel=0.012)
+    assert tpot_of_bucket(max(w.e2e["a10"])) == pytest.approx(2.5, rel=0.012)
+    with pytest.raises(WorkloadError, match="meta_ttft"):
+        parse_trace(EPOCH, {"70:30": 1, "meta_v": 4, "meta_ttft": {"a10": {"x": 1}}})
+
+
+def test_a_ttft_slo_is_fed_back_from_the_ttft_the_traces_carry() -> None:
+    """TPOT is fine (20 ms); a tenth of the requests take 3x the TTFT: against a 0.5 s TTFT SLO they
+    miss (90 %) and the factor is cut; against 1 s they keep it. A profile naming TPOT and TTFT is
+    judged on the one it keeps worst."""
+    ws = latency_windows(0.2, 2.5)
+    for slos, cut in (({"ttft": 0.5}, True), ({"ttft": 1.0}, False), ({"tpot": 0.05, "ttft": 0.5}, True),
+                      ({"tpot": 0.05}, False), ({"e2e": 2.0}, True)):
+        f = Feedback()
+        f.first_seen["a10"] = EPOCH - 500
+        f.update(ws, EPOCH + 120, [slo_profile("a10", slos)])
+        assert (f.factor("a10") < 1.0) == cut, slos
+        if cut:
+            assert f.outcomes["a10"].metric == ("e2e" if "e2e" in slos else "ttft")
+    assert strained(ws[-2:], [slo_profile("a10", {"ttft": 0.5})], 0.99)
+    assert not strained(ws[-2:], [slo_profile("a10", {"ttft": 1.0})], 0.99)
