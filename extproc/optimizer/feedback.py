@@ -42,9 +42,9 @@ from dataclasses import dataclass, field, replace
 
 from extproc.gpu_profiles import GpuProfile
 from extproc.optimizer.workload import TraceWindow
-from extproc.tracing.window import tpot_of_bucket
+from extproc.tracing.window import LATENCY_KEYS, tpot_of_bucket
 
-FED_BACK = ("tpot", "ttft", "e2e")  # the SLO metrics the traces carry a histogram of (LATENCY_KEYS)
+FED_BACK = tuple(LATENCY_KEYS)  # the SLO metrics the traces carry a histogram of: tpot, ttft, e2e
 MAX_STEP_UP = 1.25  # growth per step with room: sqrt(room), between a tenth and a quarter
 # The gain: a shortfall s below the 99 % target cuts the type's throughput by gain·s, the step capped at
 # a fifth; gain = that cap over a shortfall of 4 points (96 %), the most a fleet that nearly keeps the SLO
