@@ -45,8 +45,7 @@ def dashboard_data(state: ModelState, profiles: dict[str, GpuProfile | None], no
             "observed": None if seen is None or not seen.requests else {
                 "completed": seen.completed, "rejected": seen.rejected,
                 "attainment": round(seen.attainment, 5),
-                "metric": seen.metric, "p99_s": round(seen.p99_s, 5),
-                **({"p99_tpot_s": round(seen.p99_s, 5)} if seen.metric == "tpot" else {})},
+                "metric": seen.metric, "p99_s": round(seen.p99_s, 5)},
             "factor": round(feedback.factor(key), 4),
         })
     return {

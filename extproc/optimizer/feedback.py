@@ -114,7 +114,7 @@ class Feedback:
                 continue
             since = max(now - self.span_s, self.read_from.get(p.gpu, -math.inf),
                         (grew or {}).get(p.gpu, -math.inf) + self.settle_s)
-            each = [outcome(windows, p.gpu, since, now, slo, m) for m, slo in targets.items()]
+            each = per_slo(windows, p, since, now)
             seen = worst(each)
             self.outcomes[p.gpu] = seen
             first = self.first_seen.setdefault(p.gpu, now)
@@ -174,6 +174,11 @@ def slo_targets(p: GpuProfile) -> dict[str, float]:
     return {m: p.slos[m] for m in FED_BACK if p.slos.get(m)}
 
 
+def per_slo(windows: Sequence[TraceWindow], p: GpuProfile, since: float, now: float) -> list[Outcome]:
+    """The deployment's outcome against each SLO of its profile the traces can judge."""
+    return [outcome(windows, p.gpu, since, now, slo, m) for m, slo in slo_targets(p).items()]
+
+
 def worst(seen: Sequence[Outcome]) -> Outcome:
     """Of one deployment's outcomes, one per SLO metric, the one it keeps least (the first on a tie)."""
     return min(seen, key=lambda o: o.attainment)
@@ -205,8 +210,7 @@ def strained(windows: Sequence[TraceWindow], profiles: Sequence[GpuProfile], tar
     if not windows or any(any(w.rejected.values()) for w in windows):
         return True
     since, now = min(w.end for w in windows) - 1, max(w.end for w in windows)
-    seen = [worst([outcome(windows, p.gpu, since, now, slo, m) for m, slo in targets.items()])
-            for p in profiles if (targets := slo_targets(p))]
+    seen = [worst(each) for p in profiles if (each := per_slo(windows, p, since, now))]
     completed = sum(o.completed for o in seen)
     return completed == 0 or sum(o.within for o in seen) < target * completed
 
