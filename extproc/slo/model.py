@@ -27,6 +27,14 @@ METRIC_PRECEDENCE = ("tpot", "ttft", "tpat", "e2e")
 PER_TOKEN = frozenset({"tpot", "tpat"})
 
 
+def tokens_per(metric: str | None, input_tokens: int, output_tokens: int) -> int:
+    """The tokens a per-token metric divides a latency by: TPOT the output's, TPAT every token (AIBrix's
+    time per all tokens, E2E / (prompt + output): its gen_profile and SLO queue); at least 1."""
+    if metric == "tpat":
+        return max(1, input_tokens + output_tokens)
+    return max(1, output_tokens)
+
+
 @dataclass(frozen=True, slots=True)
 class Signature:
     """A request's shape: prompt tokens and predicted output tokens."""
@@ -85,8 +93,12 @@ class DeploymentModel:
                 return max(0.0, e2e - ttft) / (out - 1)
             return e2e / out  # holds the prefill: a long prompt with a short answer reads slow
         if self.metric == "tpat":
-            return e2e / out
+            return e2e / self.tokens(sig)
         return e2e
+
+    def tokens(self, sig: Signature) -> int:
+        """What the SLO's metric is per: a per-token target times this is the request's latency budget."""
+        return tokens_per(self.metric, sig.input_tokens, sig.output_tokens) if self.metric in PER_TOKEN else 1
 
     def slack(self, sig: Signature) -> float:
         """target − expected (positive: room to spare); +inf without a target."""
@@ -116,8 +128,9 @@ def deployment_model(name: str, profile: GpuProfile) -> DeploymentModel | None:
     per_token = next((k for k in ("tpot", "tpat") if slos.get(k, 0) > 0), None)
     if per_token is not None:
         value = float(slos[per_token])
-        matrix = tuple(tuple(value * out for _ in profile.inputs) for out in profile.outputs)
-        log.warning("profile %s has no e2e table: latency estimated as %s target %gs x output tokens",
+        matrix = tuple(tuple(value * tokens_per(per_token, int(i), int(out)) for i in profile.inputs)
+                       for out in profile.outputs)
+        log.warning("profile %s has no e2e table: latency estimated as %s target %gs x the tokens it is per",
                     name, per_token, value)
         return DeploymentModel(name, profile, matrix, metric, target, estimated=True)
     log.warning("profile %s has no e2e table and no latency SLO to estimate one from: its pods are "

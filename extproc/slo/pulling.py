@@ -9,7 +9,7 @@ import math
 from extproc.openai import Request
 from extproc.routing.framework import PodView
 from extproc.routing.outcome import Queued, Rejected
-from extproc.slo.model import PER_TOKEN, Signature
+from extproc.slo.model import Signature
 from extproc.slo.policy import EPS, Row, SloPolicy, fitting
 from extproc.slo.queue import REJECT_BREACHED, Entry
 
@@ -76,11 +76,10 @@ class Pulling(SloPolicy):
         could = frozenset(named)
         best = max(usable, key=lambda dm: dm.slack(sig))
         slack = best.slack(sig)
-        scale = float(sig.output_tokens) if best.metric in PER_TOKEN else 1.0
+        scale = float(best.tokens(sig))
         max_wait = self.state.settings.max_wait_seconds
         wait = max_wait if math.isinf(slack) else min(max_wait, slack * scale)
-        retry = max(1.0, min(dm.expected(sig) if dm.metric not in PER_TOKEN else
-                             dm.expected(sig) * sig.output_tokens for dm in usable))
+        retry = max(1.0, min(dm.expected(sig) * dm.tokens(sig) for dm in usable))
         if wait <= 0:
             return Rejected(REJECT_BREACHED, retry, could)
         entry = Entry(request.model, best.cell(sig) if lane is None else lane, now,

@@ -75,6 +75,20 @@ def test_metric_precedence_tpot_over_e2e():
     assert dm.expected(Signature(128, 64)) == pytest.approx((3.2 - 0.05) / 63)
 
 
+def test_tpat_is_time_per_prompt_and_output_token_as_gen_profile_and_aibrix_read_it():
+    # TPAT = E2E / (prompt + output), gen-profile's derivation and AIBrix's SLO queue: a 2K-token prompt
+    # with a 64-token answer in 1.4 s is 0.67 ms a token, within 1 ms (read per output token: 22 ms)
+    dm = deployment_model("g", _profile([[10, 5], [2, 1]], e2e=[[1, 1], [3.2, 1.4]], slos={"tpat": 0.001}))
+    sig = Signature(2048, 64)
+    assert dm.metric == "tpat" and dm.tokens(sig) == 2048 + 64
+    assert dm.expected(sig) == pytest.approx(1.4 / 2112)
+    assert dm.slack(sig) == pytest.approx(0.001 - 1.4 / 2112)
+    assert deployment_model("g", _profile([[10, 5], [2, 1]], slos={"tpot": 0.02})).tokens(sig) == 64
+    # no e2e table: the latency estimated as the target times every token of the cell
+    est = deployment_model("g", _profile([[10, 5], [2, 1]], slos={"tpat": 0.001}))
+    assert est.estimated and est.e2e[1][1] == pytest.approx(0.001 * (1024 + 64))
+
+
 def test_a_measured_tpot_is_what_a_tpot_slo_expects_not_the_prefill_held_e2e():
     # 2K-token prompt, short answer: 1.4 s e2e over 64 tokens reads 22 ms a token, past a 20 ms target,
     # though the benchmark measured 12 ms between its tokens

@@ -97,6 +97,19 @@ def test_breached_on_arrival_is_rejected(routing):
     assert rej.deployments == {"fast"}  # the deployment that could have served it: a miss of its plan
 
 
+def test_a_tpat_slo_waits_its_slack_over_every_token_of_the_request(routing):
+    # TPAT 2 ms, e2e 0.5 s: a 1,024-token prompt with an 8-token answer expects 0.5 / 1032 a token, so
+    # it may wait (2 ms - 0.48 ms) x 1032 tokens; read per output token (62 ms) it was refused at once
+    s, slo = routing
+    tpat = parse_profile({"gpu": "fast", "cost": 1.0, "tputs": [[10, 10], [10, 10]],
+                          "indexes": [[8, 256], [128, 1024]], "e2e": [[0.5, 0.5], [0.5, 0.5]],
+                          "slos": {"percentile": 99, "tpat": 0.002}, "created": 1.0})
+    slo.set_profiles("m", {"fast": tpat})
+    wait = s["slo-least-load-pulling"].pick(req(prompt=1024), views(fast0=5, fast1=5), 0)
+    assert type(wait) is Queued
+    assert wait.entry.deadline == pytest.approx((0.002 - 0.5 / 1032) * 1032)
+
+
 def test_without_profiles_load_balance_routes(routing):
     s, slo = routing
     slo.tables.clear()
