@@ -28,10 +28,10 @@ the windows that ended since the change and no settle: a smaller fleet serves at
 refuses then is the change's doing (waiting `settle_s` there kept a raised factor through a whole burst
 it was refusing); it raises again only `settle_s` after its last move.
 
-The SLO is the profile's: TPOT, TTFT and E2E each have a histogram in the traces (`meta_tpot`,
-`meta_ttft`, `meta_e2e`, from the routing decision), and a profile naming several is judged on the one
-its deployment keeps worst, its room on the least of them. TPAT is not recorded: a profile whose only
-SLO is TPAT plans without feedback.
+The SLO is the profile's: TPOT, TTFT, E2E and TPAT (E2E over prompt + output tokens) each have a
+histogram in the traces (`meta_tpot`, `meta_ttft`, `meta_e2e`, `meta_tpat`, from the routing decision),
+and a profile naming several is judged on the one its deployment keeps worst, its room on the least of
+them.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from extproc.gpu_profiles import GpuProfile
 from extproc.optimizer.workload import TraceWindow
 from extproc.tracing.window import LATENCY_KEYS, tpot_of_bucket
 
-FED_BACK = tuple(LATENCY_KEYS)  # the SLO metrics the traces carry a histogram of: tpot, ttft, e2e
+FED_BACK = tuple(LATENCY_KEYS)  # the SLO metrics the traces carry a histogram of: tpot, ttft, e2e, tpat
 MAX_STEP_UP = 1.25  # growth per step with room: sqrt(room), between a tenth and a quarter
 # The gain: a shortfall s below the 99 % target cuts the type's throughput by gain·s, the step capped at
 # a fifth; gain = that cap over a shortfall of 4 points (96 %), the most a fleet that nearly keeps the SLO
@@ -64,7 +64,7 @@ class Outcome:
     within: int  # the latency at most the SLO target
     p99_s: float
     rejected: int = 0  # refused by the SLO router while this deployment could have served them
-    metric: str = "tpot"  # which latency: "tpot", "ttft" or "e2e"
+    metric: str = "tpot"  # which latency: "tpot", "ttft", "e2e" or "tpat"
 
     @property
     def requests(self) -> int:

@@ -87,10 +87,11 @@ class TraceWindow:
     rejected: dict[str, int] = field(default_factory=dict)  # meta_rejected (ours): deployment -> refused
     ttft: dict[str, dict[int, int]] = field(default_factory=dict)  # meta_ttft (ours), as tpot
     e2e: dict[str, dict[int, int]] = field(default_factory=dict)  # meta_e2e (ours), as tpot
+    tpat: dict[str, dict[int, int]] = field(default_factory=dict)  # meta_tpat (ours): E2E / every token
 
     def latency(self, metric: str) -> dict[str, dict[int, int]]:
-        """Per deployment, the histogram of "tpot", "ttft" or "e2e" (tracing.window.LATENCY_KEYS)."""
-        return {"tpot": self.tpot, "ttft": self.ttft, "e2e": self.e2e}[metric]
+        """Per deployment, the histogram of "tpot", "ttft", "e2e" or "tpat" (tracing.window.LATENCY_KEYS)."""
+        return {"tpot": self.tpot, "ttft": self.ttft, "e2e": self.e2e, "tpat": self.tpat}[metric]
 
     @property
     def completed(self) -> int:
@@ -127,7 +128,7 @@ def parse_trace(end: int, data: Any) -> TraceWindow:
     hists = {m: _histograms(end, key, data.get(key)) for m, key in LATENCY_KEYS.items()}
     return TraceWindow(end, counts, precision, interval, arrived, meta("meta_pending_reqs", 0),
                        meta("meta_queueing_reqs", 0), hists["tpot"], _rejected(end, data.get(REJECTED_KEY)),
-                       hists["ttft"], hists["e2e"])
+                       hists["ttft"], hists["e2e"], hists["tpat"])
 
 
 def _rejected(end: int, raw: Any) -> dict[str, int]:

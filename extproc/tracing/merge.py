@@ -4,10 +4,10 @@ AIBrix's gateway SETs its window, so with N gateways the last writer wins and th
 about 1/N of the load. The key stays a JSON string (AIBrix's GatewayLoadReader GETs and parses it), so
 the merge reads it, adds ours and writes it back inside one script: counts, meta_total_reqs and the
 in-flight gauges (meta_pending_reqs, meta_queueing_reqs: each gateway's own) add up; the latency
-histograms (`meta_tpot`, `meta_ttft`, `meta_e2e`) add up per deployment and bucket, the `meta_rejected`
-counts per deployment. `meta_writers` lists the writes merged so far, so a retry of a write that did
-land (a timeout after Redis ran the script) is not counted twice. Readers skip `meta_` keys they do not
-know (AIBrix's and ours), so the value stays readable by both.
+histograms (`meta_tpot`, `meta_ttft`, `meta_e2e`, `meta_tpat`) add up per deployment and bucket, the
+`meta_rejected` counts per deployment. `meta_writers` lists the writes merged so far, so a retry of a
+write that did land (a timeout after Redis ran the script) is not counted twice. Readers skip `meta_`
+keys they do not know (AIBrix's and ours), so the value stays readable by both.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ end
 table.insert(writers, ARGV[3])
 local function num(x) return tonumber(x) or 0 end
 for k, v in pairs(ours) do
-  if k == 'meta_tpot' or k == 'meta_ttft' or k == 'meta_e2e' then
+  if k == 'meta_tpot' or k == 'meta_ttft' or k == 'meta_e2e' or k == 'meta_tpat' then
     local tpot = cur[k]
     if type(tpot) ~= 'table' then tpot = {} end
     for dep, hist in pairs(v) do

@@ -41,8 +41,9 @@ def window_end(now_wall: float, interval: int = INTERVAL_SEC) -> int:
 
 TPOT_PRECISION = 32  # TPOT histogram buckets per doubling (2.2 % apart): round(log2(ms) x 32)
 TPOT_KEY = "meta_tpot"  # ours: {deployment: {bucket: completed}}; AIBrix's reader skips meta_ keys
-# ours, the same shape: the latencies a profile's SLO may name besides TPOT (gen-profile's "ttft", "e2e")
-LATENCY_KEYS = {"tpot": TPOT_KEY, "ttft": "meta_ttft", "e2e": "meta_e2e"}
+# ours, the same shape: the latencies a profile's SLO may name besides TPOT (gen-profile's "ttft",
+# "e2e", "tpat")
+LATENCY_KEYS = {"tpot": TPOT_KEY, "ttft": "meta_ttft", "e2e": "meta_e2e", "tpat": "meta_tpat"}
 REJECTED_KEY = "meta_rejected"  # ours: {deployment: requests refused that it could have served}
 
 
@@ -60,7 +61,7 @@ def tpot_of_bucket(b: int) -> float:
 def _count(latency: dict[str, dict[str, dict[int, int]]], metric: str, deployment: str,
            seconds: float) -> None:
     """One request's latency in its metric's histogram of its deployment (no setdefault chain: this
-    runs up to three times per completed request)."""
+    runs up to four times per completed request)."""
     per_deployment = latency.get(metric)
     if per_deployment is None:
         per_deployment = latency[metric] = {}
@@ -75,7 +76,7 @@ def _count(latency: dict[str, dict[str, dict[int, int]]], metric: str, deploymen
 class _Window:
     counts: dict[str, int] = field(default_factory=dict)
     arrived: int = 0
-    # metric ("tpot", "ttft", "e2e") -> deployment -> bucket -> completed
+    # metric ("tpot", "ttft", "e2e", "tpat") -> deployment -> bucket -> completed
     latency: dict[str, dict[str, dict[int, int]]] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)  # deployment -> refused requests
 
@@ -113,8 +114,9 @@ class TraceRecorder:
                   deployment: str = "", tpot_s: float | None = None, ttft_s: float | None = None,
                   e2e_s: float | None = None) -> None:
         """A request finished: count it in its (input, output) bucket of the window it finished in, and
-        its latencies (time per output token, TTFT, E2E: those given) in its deployment's histograms
-        (what the optimizer's feedback reads: how each GPU type kept the SLO under the plan)."""
+        its latencies (time per output token, TTFT, E2E: those given; TPAT, E2E over every token of
+        prompt and output, with E2E) in its deployment's histograms (what the optimizer's feedback
+        reads: how each GPU type kept the SLO under the plan)."""
         w = self._window(model, now_wall)
         key = f"{bucket(prompt_tokens, self.precision)}:{bucket(output_tokens, self.precision)}"
         w.counts[key] = w.counts.get(key, 0) + 1
@@ -127,6 +129,7 @@ class TraceRecorder:
             _count(latency, "ttft", deployment, ttft_s)
         if e2e_s is not None and e2e_s >= 0:
             _count(latency, "e2e", deployment, e2e_s)
+            _count(latency, "tpat", deployment, e2e_s / max(1, prompt_tokens + output_tokens))
 
     def rejected(self, model: str, deployments: Iterable[str], now_wall: float) -> None:
         """The SLO router refused a request (a 429) that these deployments could have served within its

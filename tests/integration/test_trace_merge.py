@@ -49,7 +49,7 @@ def gateway_window(arrived: int, shapes: dict[tuple[int, int], int], pending: in
         for _ in range(n):
             r.completed(MODEL, prompt, output, AT)
     for deployment, tpots in (tpot or {}).items():
-        for t in tpots:  # TTFT 10x the TPOT, E2E 100x: each its own histogram
+        for t in tpots:  # TTFT 10x the TPOT, E2E 100x, TPAT the E2E over 192 tokens: each its own
             r.completed(MODEL, 128, 64, AT, deployment, t, 10 * t, 100 * t)
     for lane in rejected or []:
         r.rejected(MODEL, lane, AT)
@@ -92,6 +92,7 @@ async def test_three_gateways_windows_add_up(redis_server: RedisServer, client: 
     assert window.tpot == {"ns/a100": {a100: 3}, "ns/l20": {l20: 1}}
     assert window.ttft == {"ns/a100": {tpot_bucket(0.2): 3}, "ns/l20": {tpot_bucket(0.45): 1}}
     assert window.e2e == {"ns/a100": {tpot_bucket(2.0): 3}, "ns/l20": {tpot_bucket(4.5): 1}}
+    assert window.tpat == {"ns/a100": {tpot_bucket(2.0 / 192): 3}, "ns/l20": {tpot_bucket(4.5 / 192): 1}}
     assert window.rejected == {"ns/a100": 2, "ns/l20": 2}  # refusals per deployment, each lane member
     assert len(value["meta_writers"]) == 3
     assert 590 <= await client.ttl(trace_key(MODEL, END)) <= 600

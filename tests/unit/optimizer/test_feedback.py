@@ -416,11 +416,13 @@ def latency_windows(ttft_s: float, e2e_s: float, count: int = 12) -> list:
     return out
 
 
-def test_ttft_and_e2e_histograms_round_trip_through_the_trace() -> None:
+def test_ttft_e2e_and_tpat_histograms_round_trip_through_the_trace() -> None:
     [w] = latency_windows(0.2, 2.5, count=1)
     assert sum(w.ttft["a10"].values()) == sum(w.e2e["a10"].values()) == sum(w.tpot["a10"].values()) == 100
+    assert sum(w.tpat["a10"].values()) == 100
     assert tpot_of_bucket(max(w.ttft["a10"])) == pytest.approx(0.6, rel=0.012)
     assert tpot_of_bucket(max(w.e2e["a10"])) == pytest.approx(2.5, rel=0.012)
+    assert tpot_of_bucket(max(w.tpat["a10"])) == pytest.approx(2.5 / 300, rel=0.012)  # 200 + 100 tokens
     with pytest.raises(WorkloadError, match="meta_ttft"):
         parse_trace(EPOCH, {"70:30": 1, "meta_v": 4, "meta_ttft": {"a10": {"x": 1}}})
 
@@ -440,3 +442,23 @@ def test_a_ttft_slo_is_fed_back_from_the_ttft_the_traces_carry() -> None:
             assert f.outcomes["a10"].metric == ("e2e" if "e2e" in slos else "ttft")
     assert strained(ws[-2:], [slo_profile("a10", {"ttft": 0.5})], 0.99)
     assert not strained(ws[-2:], [slo_profile("a10", {"ttft": 1.0})], 0.99)
+
+
+def test_a_tpat_slo_is_fed_back_from_e2e_over_every_token() -> None:
+    """E2E over 300 tokens: a tenth of the requests at 3x (6 s: 20 ms a token), the rest at 2 s (6.7 ms).
+    A 10 ms TPAT SLO is missed by that tenth and the factor cut; 25 ms is kept. Before the traces
+    carried TPAT, a TPAT-only profile had no outcome at all."""
+    rec = TraceRecorder()
+    ws = []
+    for k in range(12):
+        t = EPOCH + 10 * k + 5
+        for j in range(100):
+            e2e = 6.0 if j % 10 == 0 else 2.0
+            rec.completed("m", 200, 100, t, "a10", 0.02, 0.2, e2e)
+        ws += [parse_trace(int(key.rsplit("_", 1)[1]), json.loads(raw)) for key, raw in rec.due(t + 10)]
+    for target, cut in ((0.01, True), (0.025, False)):
+        f = Feedback()
+        f.first_seen["a10"] = EPOCH - 500
+        f.update(ws, EPOCH + 120, [slo_profile("a10", {"tpat": target})])
+        assert f.outcomes["a10"].metric == "tpat"
+        assert (f.factor("a10") < 1.0) == cut, target
