@@ -24,15 +24,17 @@ log = logging.getLogger(__name__)
 
 # Which SLO the urgency is measured in when a profile states several (AIBrix's precedence).
 METRIC_PRECEDENCE = ("tpot", "ttft", "tpat", "e2e")
-PER_TOKEN = frozenset({"tpot", "tpat"})
 
 
 def tokens_per(metric: str | None, input_tokens: int, output_tokens: int) -> int:
-    """The tokens a per-token metric divides a latency by: TPOT the output's, TPAT every token (AIBrix's
-    time per all tokens, E2E / (prompt + output): its gen_profile and SLO queue); at least 1."""
+    """The tokens an SLO metric is per (a per-token target times this is the request's latency budget):
+    TPOT the output's, TPAT every token (AIBrix's time per all tokens, E2E / (prompt + output): its
+    gen_profile and SLO queue), at least 1; a latency (TTFT, E2E) is per request: 1."""
     if metric == "tpat":
         return max(1, input_tokens + output_tokens)
-    return max(1, output_tokens)
+    if metric == "tpot":
+        return max(1, output_tokens)
+    return 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +99,7 @@ class DeploymentModel:
         return e2e
 
     def tokens(self, sig: Signature) -> int:
-        """What the SLO's metric is per: a per-token target times this is the request's latency budget."""
-        return tokens_per(self.metric, sig.input_tokens, sig.output_tokens) if self.metric in PER_TOKEN else 1
+        return tokens_per(self.metric, sig.input_tokens, sig.output_tokens)
 
     def slack(self, sig: Signature) -> float:
         """target − expected (positive: room to spare); +inf without a target."""
