@@ -96,12 +96,14 @@ class FleetRun:
         self.res = res = self._result(name)
         self.decision_key: list[str | None] = [None] * n
         self.warmup, self.duration = warmup, duration = scenario.warmup_s, scenario.duration_s
-        self.slo_tpot = scenario.slo.tpot_s if give_up and scenario.slo.tpot_s is not None else math.inf
-        self.slo_ttft = scenario.slo.ttft_s if give_up and scenario.slo.ttft_s is not None else math.inf
+        bounds = scenario.slo.targets if give_up else {}
+        self.slo_tpot, self.slo_ttft, self.slo_e2e, self.slo_tpat = (
+            bounds.get(m, math.inf) for m in ("tpot", "ttft", "e2e", "tpat"))
         # p99 (nearest rank) of at most `measured` values exceeds a bound once more than 1 % exceed it
         self.allowed = 0.01 * sum(1 for a in arrivals if warmup <= a.time < duration) if give_up else math.inf
-        # measured requests over the TPOT bound, over the TTFT bound, rejected or failed
-        self.misses = [0, 0, 0]
+        # measured requests over the TPOT bound, over the TTFT bound, rejected or failed, over the E2E
+        # bound, over the TPAT bound
+        self.misses = [0, 0, 0, 0, 0]
         self.heap: list[tuple[float, int, int, int]] = []  # (time, kind, order, arg)
         self.order = 0
         self.open_count = 0
@@ -315,8 +317,10 @@ class FleetRun:
                     res.tpot[i] = (finish - seq.first_token_time) / (out - 1)
                     if measured and res.tpot[i] > self.slo_tpot:
                         misses[0] += 1
-                if measured and ttfb > self.slo_ttft:
-                    misses[1] += 1
+                if measured:
+                    misses[1] += ttfb > self.slo_ttft
+                    misses[3] += res.e2e[i] > self.slo_e2e
+                    misses[4] += res.e2e[i] / max(1, arrival.prompt_tokens + out) > self.slo_tpat
         key = self.decision_key[i]
         now = self.clock.now
         if not r.ready and not r.open:
@@ -402,7 +406,7 @@ class FleetRun:
             self.record_estimates(t)
             res.queue_samples.append((t, len(self.queued)))
             self.next_estimate = t + BUCKET_S
-        if self.give_up and (misses[2] or misses[0] > self.allowed or misses[1] > self.allowed):
+        if self.give_up and (misses[2] or max(misses[0], misses[1], misses[3], misses[4]) > self.allowed):
             res.gave_up = True
             return True
         if self.progress is not None and g == 0 and t - self.last_progress >= 5.0:

@@ -57,7 +57,7 @@ def max_rate(search: Search, options: Options, precision: float = PRECISION) -> 
     """Requests per second at the highest rate scale found to meet the SLO; None when the scenario has
     no SLO or even the guess halved MAX_RUNS // 2 - 1 times misses it."""
     sc = search.scenario
-    if sc.slo.tpot_s is None and sc.slo.ttft_s is None:
+    if not sc.slo.targets:
         return None
 
     def ok(scale: float) -> bool:

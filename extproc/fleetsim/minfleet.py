@@ -226,7 +226,7 @@ def fewest(ok: Callable[[int], bool], hi: int, lo: int = 1) -> int | None:
 def find_min_fleet(scenario: Scenario, strategy: str, seed: int = 0, jobs: int = 0,
                    settings: RunSettings | None = None) -> MinFleet:
     """The cheapest fixed fleet for `strategy` on `scenario` (see the module's docstring)."""
-    if scenario.slo.tpot_s is None and scenario.slo.ttft_s is None:
+    if not scenario.slo.targets:
         raise ValueError(f"scenario {scenario.name} has no SLO: there is no fleet to find")
     scenario, strategy = only_deployment(scenario, strategy)
     settings = settings or RunSettings(seed)

@@ -20,7 +20,7 @@ from extproc.fleetsim.arrivals import generate
 from extproc.fleetsim.loop import run
 from extproc.fleetsim.metrics import summarize
 from extproc.fleetsim.saturation import saturated_throughput
-from extproc.fleetsim.scenario import Scenario
+from extproc.fleetsim.scenario import SLO_KEYS, Scenario
 from extproc.gpu_profiles import GpuProfile, load_profile
 
 
@@ -95,7 +95,7 @@ def compare(scenario: Scenario, strategies: Sequence[str], options: Options,
         "rate_rps": scenario.total_rate,
         "duration_s": scenario.duration_s,
         "warmup_s": scenario.warmup_s,
-        "slo": {"tpot_s": scenario.slo.tpot_s, "ttft_s": scenario.slo.ttft_s},
+        "slo": {key: getattr(scenario.slo, key) for key in SLO_KEYS},
         "gateways": options.gateways,
         "token_sharing": options.share_tokens,
         "capacity": "oracle" if options.oracle_capacity else "learned",

@@ -101,13 +101,30 @@ class ReplicaLoss:
     fraction: float
 
 
+SLO_KEYS = ("tpot_s", "ttft_s", "e2e_s", "tpat_s")  # gen-profile's --tpot, --ttft, --e2e, --tpat
+
+
 @dataclass(frozen=True, slots=True)
 class Slo:
+    """Each target a P99 bound in seconds (None: not set); a request meets the SLO when it keeps all."""
+
     tpot_s: float | None = None  # per-request mean time per output token
     ttft_s: float | None = None
+    e2e_s: float | None = None
+    tpat_s: float | None = None  # E2E over prompt + output tokens (AIBrix's time per all tokens)
 
-    def met(self, ttft: float, tpot: float | None) -> bool:
+    @property
+    def targets(self) -> dict[str, float]:
+        """The targets set, by gen-profile's metric names ("tpot", "ttft", "e2e", "tpat")."""
+        return {key[:-2]: v for key in SLO_KEYS if (v := getattr(self, key)) is not None}
+
+    def met(self, ttft: float, tpot: float | None, e2e: float = math.nan, tokens: int = 1) -> bool:
+        """`tokens`: the request's prompt + output tokens (TPAT's divisor)."""
         if self.ttft_s is not None and ttft > self.ttft_s:
+            return False
+        if self.e2e_s is not None and e2e > self.e2e_s:
+            return False
+        if self.tpat_s is not None and e2e / max(1, tokens) > self.tpat_s:
             return False
         return not (self.tpot_s is not None and tpot is not None and tpot > self.tpot_s)
 
@@ -207,8 +224,7 @@ def parse(raw: Any, default_name: str = "scenario") -> Scenario:
     if unknown:
         raise ValueError(f"events: no stream named {sorted(unknown)}")
     autoscale = _autoscale(raw["autoscale"]) if raw.get("autoscale") is not None else None
-    slo_raw = raw.get("slo") or {}
-    slo = Slo(tpot_s=_opt_float(slo_raw.get("tpot_s")), ttft_s=_opt_float(slo_raw.get("ttft_s")))
+    slo = _slo(raw.get("slo") or {})
     gw = raw.get("gateway") or {}
     timing = GatewayTiming(**{k: float(v) for k, v in gw.items()})
     strategies = raw.get("strategies") or list(DEFAULT_STRATEGIES)
@@ -332,6 +348,19 @@ def _events(raw: list[Any], gpus: set[str]) -> tuple[tuple[RateChange, ...], tup
         else:
             raise ValueError(f"events[{i}]: kind is 'rate' or 'lose-replicas'")
     return tuple(changes), tuple(losses)
+
+
+def _slo(raw: Any) -> Slo:
+    if not isinstance(raw, dict):
+        raise ValueError("slo: expected a mapping")
+    extra = set(raw) - set(SLO_KEYS)
+    if extra:  # silently ignored, a misspelt target would be a run with no SLO at all
+        raise ValueError(f"slo: unknown keys {sorted(extra)} (known: {', '.join(SLO_KEYS)})")
+    slo = Slo(**{k: _opt_float(v) for k, v in raw.items()})
+    bad = [k for k, v in raw.items() if v is not None and not getattr(slo, k) > 0]
+    if bad:
+        raise ValueError(f"slo: {bad[0]} must be > 0 seconds, not {raw[bad[0]]!r}")
+    return slo
 
 
 def _opt_float(v: Any) -> float | None:

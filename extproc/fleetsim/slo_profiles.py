@@ -32,8 +32,7 @@ FLEET_PLAN = LoadPlan(input_lens=(128, 512, 2048, 4096, 6144, 8192), output_lens
 
 
 def scenario_slos(scenario: Scenario) -> SLOs:
-    targets = {k: v for k, v in (("tpot", scenario.slo.tpot_s), ("ttft", scenario.slo.ttft_s)) if v}
-    return SLOs(percentile=99, targets=targets)
+    return SLOs(percentile=99, targets=scenario.slo.targets)
 
 
 def virtual_profile(scenario: Scenario, gpu: str, deployment: str,

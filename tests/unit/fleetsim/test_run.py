@@ -130,6 +130,23 @@ def test_shared_prefixes_hit_more_where_routing_follows_them():
     assert run_strategy(small(), "random", Options())["cluster"]["prefix_hit_rate"] is None  # no prefixes
 
 
+def test_a_tpat_slo_is_judged_per_prompt_and_output_token():
+    """TPAT (E2E over prompt + output tokens) counts in the attainment and the P99 verdict like TPOT."""
+    from extproc.fleetsim.slo_profiles import scenario_slos
+
+    rag = {"name": "rag", "rate": 4, "prompt": {"dist": "uniform", "low": 1500, "high": 3000},
+           "output": {"dist": "uniform", "low": 16, "high": 64}}
+    loose = run_strategy(small(streams=[rag], slo={"tpat_s": 1.0}), "load-balance", Options())["cluster"]
+    assert loose["completed"] > 0 and loose["slo_attainment"] == loose["completed"] / loose["arrived"]
+    p99 = loose["tpat_p99_s"]
+    assert 0 < p99 < loose["e2e_p99_s"] / 1500  # per token of the prompt too, not of the output alone
+    for target, kept in ((p99 * 1.01, True), (p99 * 0.5, False)):
+        sc = small(streams=[rag], slo={"tpat_s": target})
+        s = run_strategy(sc, "load-balance", Options())
+        assert s["slo_met"] is kept and (s["cluster"]["slo_attainment"] < 0.99) is not kept
+        assert scenario_slos(sc).targets == {"tpat": target}  # what the virtual gen-profile is given
+
+
 def test_slo_routing_in_the_simulation_queues_and_rejects_instead_of_overloading(monkeypatch):
     from extproc.fleetsim import slo_profiles
     from extproc.profiling.plan import LoadPlan
