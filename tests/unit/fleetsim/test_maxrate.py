@@ -1,4 +1,5 @@
-"""The rate search: early give-up agrees with a full run, the upper bound, job-count independence."""
+"""The rate search: early give-up agrees with a full run (under each SLO metric), the upper bound,
+job-count independence."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from extproc.fleetsim.runner import Options
 from tests.unit.fleetsim.conftest import small
 
 
-@pytest.mark.parametrize("scale", [0.5, 12.0])
-def test_giving_up_early_agrees_with_the_full_run(scale):
-    sc = small().scaled(scale)
+@pytest.mark.parametrize("scale, slo", [(0.5, None), (12.0, None),  # the default: P99 TPOT 50 ms
+                                        (0.5, {"e2e_s": 4.0}), (12.0, {"e2e_s": 4.0}),
+                                        (0.5, {"tpat_s": 0.05}), (12.0, {"tpat_s": 0.05})])
+def test_giving_up_early_agrees_with_the_full_run(scale, slo):
+    sc = (small(slo=slo) if slo else small()).scaled(scale)
     full = run(sc, "least-request", generate(sc, 0, 1))
     expected = summarize(full)["slo_met"]
     early = run(sc, "least-request", generate(sc, 0, 1), give_up=True)
