@@ -58,8 +58,10 @@ class RequestEnd:
     prompt_tokens: int | None = None  # None: not reported (the request's own estimate stands)
     output_tokens: int | None = None  # None when unknown: adds nothing to capacity
     token_source: str = TOKENS_UNKNOWN
-    ttfb_s: float | None = None       # routing decision to the first response byte from the pod
-    e2e_s: float | None = None        # to the last byte sent to the client; None: the gateway's own clock
+    # From the request's first byte at Envoy (the access log's intervals, so a wait in the SLO queue is
+    # in both) to the first response byte from the pod, and to the last byte sent to the client.
+    ttfb_s: float | None = None
+    e2e_s: float | None = None        # None: the gateway's own clock, from the routing decision
     connect_failure: bool = False     # the pod refused or reset the connection before answering
     aborted: bool = False             # the client went away, or the stream was reset mid-body
     upstream: str = ""                # the pod as Envoy reached it ("host:port"): credits a peer's record
@@ -82,8 +84,8 @@ class RequestRecord:
     prompt_tokens: int | None
     output_tokens: int | None    # None when unknown: adds nothing to capacity
     token_source: str
-    ttfb_s: float | None         # routing decision to the first response byte from the pod
-    e2e_s: float                 # routing decision to the last byte sent to the client
+    ttfb_s: float | None         # the request's first byte at Envoy to the first response byte (RequestEnd)
+    e2e_s: float                 # to the last byte sent to the client
     connect_failure: bool = False  # the pod refused or reset the connection before answering
     aborted: bool = False          # the client went away, or the stream was reset mid-body
     stream: bool = False

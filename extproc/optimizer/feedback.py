@@ -29,7 +29,7 @@ refuses then is the change's doing (waiting `settle_s` there kept a raised facto
 it was refusing); it raises again only `settle_s` after its last move.
 
 The SLO is the profile's: TPOT, TTFT, E2E and TPAT (E2E over prompt + output tokens) each have a
-histogram in the traces (`meta_tpot`, `meta_ttft`, `meta_e2e`, `meta_tpat`, from the routing decision),
+histogram in the traces (`meta_tpot`, `meta_ttft`, `meta_e2e`, `meta_tpat`, as the client saw them),
 and a profile naming several is judged on the one its deployment keeps worst, its room on the least of
 them.
 """

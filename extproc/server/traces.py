@@ -42,7 +42,8 @@ class TraceHooks:
 
     def post_response(self, record: RequestRecord, now: float) -> None:
         if record.ok and record.output_tokens is not None:
-            # from the routing decision, as the pod served it (a wait in the SLO queue is the router's)
+            # as the client saw it (from the first byte at Envoy): TTFT, E2E and TPAT hold a wait in the
+            # SLO queue, TPOT (after the first byte) does not
             self.recorder.completed(record.model, record.prompt_tokens or 0, record.output_tokens,
                                     self.wall(), deployment_of(record.pod), tpot(record), record.ttfb_s,
                                     record.e2e_s)
