@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from extproc.routing.framework import Held, VirtualRoom
 
 STEP, SCRAPE, REFRESH, SYNC, LOSS, EXPIRE, DISPATCH, REPLAN, PROVISIONED, RETIRE = range(10)
+# What a measured request missed (`give_up` counts them): a latency bound of the SLO, or service at all
+MISSES = TPOT, TTFT, E2E, TPAT, REFUSED = range(5)
 
 __all__ = ["BUCKET_S", "FAILED", "OK", "PENDING", "REJECTED", "Clock", "FleetRun", "RunResult", "run"]
 
@@ -101,9 +103,7 @@ class FleetRun:
             bounds.get(m, math.inf) for m in ("tpot", "ttft", "e2e", "tpat"))
         # p99 (nearest rank) of at most `measured` values exceeds a bound once more than 1 % exceed it
         self.allowed = 0.01 * sum(1 for a in arrivals if warmup <= a.time < duration) if give_up else math.inf
-        # measured requests over the TPOT bound, over the TTFT bound, rejected or failed, over the E2E
-        # bound, over the TPAT bound
-        self.misses = [0, 0, 0, 0, 0]
+        self.misses = [0] * len(MISSES)  # measured requests, by MISSES
         self.heap: list[tuple[float, int, int, int]] = []  # (time, kind, order, arg)
         self.order = 0
         self.open_count = 0
@@ -276,7 +276,7 @@ class FleetRun:
     def reject(self, i: int) -> None:
         self.res.status[i] = REJECTED
         if self.warmup <= self.arrivals[i].time < self.duration:
-            self.misses[2] += 1
+            self.misses[REFUSED] += 1
 
     def start(self, i: int, decision: Routed, text: str, t: float) -> None:
         a = self.arrivals[i]
@@ -303,7 +303,7 @@ class FleetRun:
         arrival = self.arrivals[i]
         measured = self.warmup <= arrival.time < self.duration
         if measured and status != OK:
-            misses[2] += 1
+            misses[REFUSED] += 1
         out = seq.num_output if seq is not None else 0
         res.output[i] = out
         ttfb = None
@@ -316,11 +316,11 @@ class FleetRun:
                 if out > 1:
                     res.tpot[i] = (finish - seq.first_token_time) / (out - 1)
                     if measured and res.tpot[i] > self.slo_tpot:
-                        misses[0] += 1
+                        misses[TPOT] += 1
                 if measured:
-                    misses[1] += ttfb > self.slo_ttft
-                    misses[3] += res.e2e[i] > self.slo_e2e
-                    misses[4] += res.e2e[i] / max(1, arrival.prompt_tokens + out) > self.slo_tpat
+                    misses[TTFT] += ttfb > self.slo_ttft
+                    misses[E2E] += res.e2e[i] > self.slo_e2e
+                    misses[TPAT] += res.e2e[i] / max(1, arrival.prompt_tokens + out) > self.slo_tpat
         key = self.decision_key[i]
         now = self.clock.now
         if not r.ready and not r.open:
@@ -406,7 +406,8 @@ class FleetRun:
             self.record_estimates(t)
             res.queue_samples.append((t, len(self.queued)))
             self.next_estimate = t + BUCKET_S
-        if self.give_up and (misses[2] or max(misses[0], misses[1], misses[3], misses[4]) > self.allowed):
+        if self.give_up and (misses[REFUSED] or max(misses[TPOT], misses[TTFT], misses[E2E], misses[TPAT])
+                             > self.allowed):
             res.gave_up = True
             return True
         if self.progress is not None and g == 0 and t - self.last_progress >= 5.0:
