@@ -356,11 +356,15 @@ def _slo(raw: Any) -> Slo:
     extra = set(raw) - set(SLO_KEYS)
     if extra:  # silently ignored, a misspelt target would be a run with no SLO at all
         raise ValueError(f"slo: unknown keys {sorted(extra)} (known: {', '.join(SLO_KEYS)})")
-    slo = Slo(**{k: _opt_float(v) for k, v in raw.items()})
-    bad = [k for k, v in raw.items() if v is not None and not getattr(slo, k) > 0]
-    if bad:
-        raise ValueError(f"slo: {bad[0]} must be > 0 seconds, not {raw[bad[0]]!r}")
-    return slo
+    targets: dict[str, float | None] = {}
+    for key, v in raw.items():
+        try:
+            targets[key] = target = _opt_float(v)
+        except (TypeError, ValueError):
+            target = math.nan
+        if target is not None and not target > 0:
+            raise ValueError(f"slo: {key} must be a number of seconds > 0, not {v!r}")
+    return Slo(**targets)
 
 
 def _opt_float(v: Any) -> float | None:

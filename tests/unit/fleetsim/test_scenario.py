@@ -39,6 +39,7 @@ def test_production_results_pairs_two_gpu_types():
     # a misspelt target is refused, not a run with no SLO
     ({"fleet": [{"gpu": "A100"}], "streams": [CHAT], "slo": {"tpat": 0.001}}, "'tpat'"),
     ({"fleet": [{"gpu": "A100"}], "streams": [CHAT], "slo": {"e2e_s": 0}}, "e2e_s"),
+    ({"fleet": [{"gpu": "A100"}], "streams": [CHAT], "slo": {"tpat_s": "fast"}}, "tpat_s"),
 ])
 def test_bad_scenarios_are_refused(raw, message):
     with pytest.raises((ValueError, KeyError), match=message):
