@@ -28,6 +28,11 @@ VENV_BIN = Path(sys.executable).parent
 
 
 def free_port() -> int:
+    """A port free now, below the kernel's ephemeral range (`free_ports`: the same reason)."""
+    return free_ports(1)
+
+
+def _kernel_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -47,14 +52,22 @@ def free_ports(count: int) -> int:
 
     Taken below the kernel's ephemeral range: a port inside it that is free now can become the local
     port of any process's outgoing connection (an engine scrape, a Redis client) before the worker
-    binds it, and stays taken while that connection lives. connect() never picks a port below it.
+    binds it, and stays taken while that connection lives (Envoy once failed to start on such a port).
+    connect() never picks a port below it. A port handed out once is not handed out again by this
+    process: a stack takes several before it binds any.
     """
     low = _ephemeral_low()
     for _ in range(200):
-        base = random.randrange(10000, low - count) if low - count > 10000 else free_port()
-        if base + count - 1 <= 65535 and all(port_free(p) for p in range(base, base + count)):
+        base = random.randrange(10000, low - count) if low - count > 10000 else _kernel_port()
+        ports = range(base, base + count)
+        if (base + count - 1 <= 65535 and not _HANDED.intersection(ports)
+                and all(port_free(p) for p in ports)):
+            _HANDED.update(ports)
             return base
     raise OSError(f"no {count} consecutive free ports found")
+
+
+_HANDED: set[int] = set()  # ports free_ports returned (one process's tests take hundreds of 22,000)
 
 
 def _ephemeral_low() -> int:
