@@ -37,6 +37,7 @@ from extproc.routing.outcome import Outcome, Queued, Rejected, Routed
 from extproc.sim.prefix import block_hashes
 from extproc.sim.sequences import CapacityError, SeqState, SimRequest
 from extproc.slo.fleet_factors import decode, factors_key
+from extproc.slo.model import tokens_per
 from extproc.slo.state import learned
 from extproc.vocabulary import TOKENS_FROM_USAGE, RequestEnd
 
@@ -320,7 +321,8 @@ class FleetRun:
                 if measured:
                     misses[TTFT] += ttfb > self.slo_ttft
                     misses[E2E] += res.e2e[i] > self.slo_e2e
-                    misses[TPAT] += res.e2e[i] / max(1, arrival.prompt_tokens + out) > self.slo_tpat
+                    tpat = res.e2e[i] / tokens_per("tpat", arrival.prompt_tokens, out)
+                    misses[TPAT] += tpat > self.slo_tpat
         key = self.decision_key[i]
         now = self.clock.now
         if not r.ready and not r.open:

@@ -24,6 +24,7 @@ from typing import Any
 
 from extproc.fleetsim.autoscale import summary as autoscale_summary
 from extproc.fleetsim.loop import BUCKET_S, FAILED, OK, REJECTED, RunResult
+from extproc.slo.model import tokens_per
 
 CAPACITY_AFTER_S = 120.0  # the capacity metric is judged after two minutes of traffic
 
@@ -74,12 +75,12 @@ def summarize(run: RunResult) -> dict[str, Any]:
         counts["completed"] += 1
         ttft, tpot, e2e = run.ttft[i], run.tpot[i], run.e2e[i]
         has_tpot = not math.isnan(tpot)
-        tokens = a.prompt_tokens + run.output[i]
-        met = slo.met(ttft, tpot if has_tpot else None, e2e, tokens)
+        tpat = e2e / tokens_per("tpat", a.prompt_tokens, run.output[i])
+        met = slo.met(ttft, tpot if has_tpot else None, e2e, tpat)
         met_total += met
         all_ttft.append(ttft)
         all_e2e.append(e2e)
-        all_tpat.append(e2e / max(1, tokens))
+        all_tpat.append(tpat)
         if has_tpot:
             all_tpot.append(tpot)
         out_tokens += run.output[i]

@@ -118,13 +118,12 @@ class Slo:
         """The targets set, by gen-profile's metric names ("tpot", "ttft", "e2e", "tpat")."""
         return {key[:-2]: v for key in SLO_KEYS if (v := getattr(self, key)) is not None}
 
-    def met(self, ttft: float, tpot: float | None, e2e: float = math.nan, tokens: int = 1) -> bool:
-        """`tokens`: the request's prompt + output tokens (TPAT's divisor)."""
+    def met(self, ttft: float, tpot: float | None, e2e: float = math.nan, tpat: float = math.nan) -> bool:
         if self.ttft_s is not None and ttft > self.ttft_s:
             return False
         if self.e2e_s is not None and e2e > self.e2e_s:
             return False
-        if self.tpat_s is not None and e2e / max(1, tokens) > self.tpat_s:
+        if self.tpat_s is not None and tpat > self.tpat_s:
             return False
         return not (self.tpot_s is not None and tpot is not None and tpot > self.tpot_s)
 

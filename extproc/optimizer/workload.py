@@ -90,8 +90,11 @@ class TraceWindow:
     tpat: dict[str, dict[int, int]] = field(default_factory=dict)  # meta_tpat (ours): E2E / every token
 
     def latency(self, metric: str) -> dict[str, dict[int, int]]:
-        """Per deployment, the histogram of "tpot", "ttft", "e2e" or "tpat" (tracing.window.LATENCY_KEYS)."""
-        return {"tpot": self.tpot, "ttft": self.ttft, "e2e": self.e2e, "tpat": self.tpat}[metric]
+        """Per deployment, the histogram of "tpot", "ttft", "e2e" or "tpat" (tracing.window.LATENCY_KEYS:
+        each is the field of that name)."""
+        if metric not in LATENCY_KEYS:
+            raise KeyError(metric)
+        return getattr(self, metric)
 
     @property
     def completed(self) -> int:

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from extproc.tracing.window import LATENCY_KEYS
+
 WRITERS_KEY = "meta_writers"
 
 # KEYS[1] the window's key; ARGV[1] our window as JSON, ARGV[2] the TTL in seconds, ARGV[3] this write's
 # id. Returns 1 when merged, 0 when this write was merged before. A value that is not a JSON object
 # (nothing a gateway writes) is replaced rather than failing every gateway's write for the window.
 MERGE_LUA = """
+local histograms = {%s}
 local ours = cjson.decode(ARGV[1])
 local ok, cur = pcall(cjson.decode, redis.call('GET', KEYS[1]) or 'null')
 if not ok or type(cur) ~= 'table' then cur = {} end
@@ -31,7 +34,7 @@ end
 table.insert(writers, ARGV[3])
 local function num(x) return tonumber(x) or 0 end
 for k, v in pairs(ours) do
-  if k == 'meta_tpot' or k == 'meta_ttft' or k == 'meta_e2e' or k == 'meta_tpat' then
+  if histograms[k] then
     local tpot = cur[k]
     if type(tpot) ~= 'table' then tpot = {} end
     for dep, hist in pairs(v) do
@@ -55,7 +58,7 @@ end
 cur['meta_writers'] = writers
 redis.call('SET', KEYS[1], cjson.encode(cur), 'EX', ARGV[2])
 return 1
-"""
+""" % ", ".join(f"{key} = true" for key in sorted(LATENCY_KEYS.values()))
 
 
 class _Script(Protocol):

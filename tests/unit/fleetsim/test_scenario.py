@@ -50,8 +50,8 @@ def test_every_gen_profile_slo_metric_is_a_scenario_target():
     sc = small(slo={"tpot_s": 0.05, "ttft_s": 1.0, "e2e_s": 8.0, "tpat_s": 0.004})
     assert sc.slo.targets == {"tpot": 0.05, "ttft": 1.0, "e2e": 8.0, "tpat": 0.004}
     # 6 s over 2,000 prompt + 16 output tokens: 3 ms a token, within 4 ms; 9 s misses the 8 s E2E
-    assert sc.slo.met(0.5, 0.04, 6.0, 2016) and not sc.slo.met(0.5, 0.04, 9.0, 2016)
-    assert not small(slo={"tpat_s": 0.002}).slo.met(0.5, 0.04, 6.0, 2016)
+    assert sc.slo.met(0.5, 0.04, 6.0, 6.0 / 2016) and not sc.slo.met(0.5, 0.04, 9.0, 9.0 / 2016)
+    assert not small(slo={"tpat_s": 0.002}).slo.met(0.5, 0.04, 6.0, 6.0 / 2016)
 
 
 def test_lengths_stay_in_bounds_and_centre_on_the_mean():

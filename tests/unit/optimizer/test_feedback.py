@@ -403,15 +403,17 @@ def slo_profile(name: str, slos: dict[str, float]):
                           "slos": {"percentile": 99, **slos}, "created": 1.0})
 
 
-def latency_windows(ttft_s: float, e2e_s: float, count: int = 12) -> list:
-    """`count` 10 s windows from EPOCH, 100 completions each on a10: TPOT 20 ms, the given TTFT and E2E
-    (every tenth request 3x slower to its first token)."""
+def latency_windows(ttft_s: float, e2e_s: float, count: int = 12, slow_e2e_s: float | None = None) -> list:
+    """`count` 10 s windows from EPOCH, 100 completions each on a10 (200 + 100 tokens): TPOT 20 ms, the
+    given TTFT and E2E (every tenth request 3x slower to its first token, and `slow_e2e_s` to its end)."""
     rec = TraceRecorder()
     out = []
     for k in range(count):
         t = EPOCH + 10 * k + 5
         for j in range(100):
-            rec.completed("m", 200, 100, t, "a10", 0.02, ttft_s * (3 if j % 10 == 0 else 1), e2e_s)
+            tenth = j % 10 == 0
+            rec.completed("m", 200, 100, t, "a10", 0.02, ttft_s * (3 if tenth else 1),
+                          slow_e2e_s if tenth and slow_e2e_s is not None else e2e_s)
         out += [parse_trace(int(key.rsplit("_", 1)[1]), json.loads(raw)) for key, raw in rec.due(t + 10)]
     return out
 
@@ -448,14 +450,7 @@ def test_a_tpat_slo_is_fed_back_from_e2e_over_every_token() -> None:
     """E2E over 300 tokens: a tenth of the requests at 3x (6 s: 20 ms a token), the rest at 2 s (6.7 ms).
     A 10 ms TPAT SLO is missed by that tenth and the factor cut; 25 ms is kept. Before the traces
     carried TPAT, a TPAT-only profile had no outcome at all."""
-    rec = TraceRecorder()
-    ws = []
-    for k in range(12):
-        t = EPOCH + 10 * k + 5
-        for j in range(100):
-            e2e = 6.0 if j % 10 == 0 else 2.0
-            rec.completed("m", 200, 100, t, "a10", 0.02, 0.2, e2e)
-        ws += [parse_trace(int(key.rsplit("_", 1)[1]), json.loads(raw)) for key, raw in rec.due(t + 10)]
+    ws = latency_windows(0.2, 2.0, slow_e2e_s=6.0)
     for target, cut in ((0.01, True), (0.025, False)):
         f = Feedback()
         f.first_seen["a10"] = EPOCH - 500
